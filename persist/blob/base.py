@@ -1,0 +1,128 @@
+"""The Blob protocol: a durable ``str -> bytes`` store, split into a read half and a write half.
+
+``BlobRead`` (get, list_keys) is all a read-only replica is ever handed, so it cannot write by
+construction. ``Blob(BlobRead)`` adds atomic ``set``, conditional ``set_if_absent`` (the commit
+primitive) and idempotent ``delete``.
+
+Every value is framed in the envelope of :mod:`persist.blob.envelope` by these base classes, so
+no implementation can forget to checksum. Implementations provide only the raw ``_`` methods;
+they translate their own errors (OSError, botocore) into :mod:`persist.errors` at this edge.
+
+Invariant: a key once created by ``set_if_absent`` is never overwritten by a later
+``set_if_absent``; exactly one of any number of racing creators of a key wins.
+Invariant: ``set`` and ``set_if_absent`` are atomic: a reader sees the old value (or nothing)
+or the whole new value, never a prefix.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from persist.blob import envelope
+
+
+class BlobRead(ABC):
+    """The read half of a blob store."""
+
+    #: True when ``set_if_absent`` is atomic against other processes and machines.
+    supports_conditional_create: bool = True
+    #: True when values are on this machine (affects caching and latency expectations).
+    is_local: bool = True
+
+    def get(self, key: str) -> bytes | None:
+        """Returns the verified payload stored under ``key``, or None if there is none.
+
+        Raises:
+            Corruption / ChecksumMismatch: the stored bytes fail verification.
+            IncompatibleFormat: the envelope is newer than this persist.
+            ExternalError: the store failed (Determinate: nothing to worry about, retry).
+        """
+        raw = self._get(key)
+        if raw is None:
+            return None
+        return bytes(envelope.unframe(key, raw))
+
+    def list_keys(self, prefix: str) -> list[str]:
+        """Returns every key starting with ``prefix``, sorted.
+
+        Raises:
+            ExternalError: the store failed.
+        """
+        return sorted(self._list(prefix))
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Releases resources (connections). Idempotent."""
+
+    @abstractmethod
+    def _get(self, key: str) -> bytes | None:
+        """Returns the raw framed bytes under ``key`` or None."""
+
+    @abstractmethod
+    def _list(self, prefix: str) -> list[str]:
+        """Returns the keys under ``prefix`` in any order."""
+
+
+class Blob(BlobRead):
+    """A blob store that can also write."""
+
+    def set(self, key: str, value: bytes | bytearray | memoryview) -> None:
+        """Atomically and durably stores ``value`` under ``key``, replacing any old value.
+
+        When this returns, the value survives a crash or power loss.
+
+        Raises:
+            Determinate: definitely not stored.
+            Indeterminate: may or may not be stored.
+        """
+        self._set(key, envelope.frame(key, value))
+
+    def set_if_absent(self, key: str, value: bytes | bytearray | memoryview) -> bool:
+        """Atomically and durably creates ``key`` with ``value`` unless it already exists.
+
+        Returns:
+            True if this call created the key; False if the key already existed (nothing written).
+
+        Raises:
+            Determinate: definitely not created (and it is unknown whether the key exists).
+            Indeterminate: may or may not have been created by this call.
+        """
+        return self._set_if_absent(key, envelope.frame(key, value))
+
+    def delete(self, key: str) -> None:
+        """Deletes ``key``. Deleting an absent key is not an error (idempotent).
+
+        Raises:
+            ExternalError: the store failed.
+        """
+        self._delete(key)
+
+    def read_only(self) -> BlobRead:
+        """Returns a view of this store with only the read half."""
+        return ReadOnlyView(self)
+
+    @abstractmethod
+    def _set(self, key: str, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _set_if_absent(self, key: str, data: bytes) -> bool: ...
+
+    @abstractmethod
+    def _delete(self, key: str) -> None: ...
+
+
+class ReadOnlyView(BlobRead):
+    """Only the read half of another store: it has no method that writes."""
+
+    def __init__(self, inner: BlobRead) -> None:
+        self._inner = inner
+        self.supports_conditional_create = inner.supports_conditional_create
+        self.is_local = inner.is_local
+
+    def _get(self, key: str) -> bytes | None:
+        return self._inner._get(key)
+
+    def _list(self, prefix: str) -> list[str]:
+        return self._inner._list(prefix)
+
+    def close(self) -> None:
+        self._inner.close()

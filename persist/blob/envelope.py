@@ -1,0 +1,69 @@
+"""The envelope every stored value sits in: magic, version, length and a crc32c.
+
+Layout (little endian, 24 bytes of header, then the payload)::
+
+    offset  size  field
+    0       4     magic  b"PST1"
+    4       2     envelope format version (ENVELOPE_VERSION)
+    6       2     reserved, zero
+    8       8     payload length in bytes
+    16      4     crc32c(key || header[0:16] || payload)
+    20      4     crc32c(header[0:16]) (so a torn header is told apart from a torn payload)
+
+NB: the key is folded into the checksum but not stored. Two valid values swapped between keys
+(a misdirected write, a bad copy) therefore fail verification instead of decoding into a wrong
+answer, at no cost in space.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import crc32c
+
+from persist.errors import ChecksumMismatch, Corruption, IncompatibleFormat
+
+MAGIC = b"PST1"
+ENVELOPE_VERSION = 1
+_HEADER = struct.Struct("<4sHHQII")
+HEADER_LEN = _HEADER.size  # 24
+
+
+def frame(key: str, payload: bytes | bytearray | memoryview) -> bytes:
+    """Wraps ``payload`` for storage under ``key``."""
+    prefix = struct.pack("<4sHHQ", MAGIC, ENVELOPE_VERSION, 0, len(payload))
+    head_crc = crc32c.crc32c(prefix)
+    body_crc = crc32c.crc32c(payload, crc32c.crc32c(prefix, crc32c.crc32c(key.encode())))
+    return prefix + struct.pack("<II", body_crc, head_crc) + bytes(payload)
+
+
+def unframe(key: str, data: bytes | bytearray | memoryview) -> memoryview:
+    """Verifies and strips the envelope of a value read from ``key``.
+
+    Raises:
+        Corruption: bad magic, truncated or over-long data.
+        ChecksumMismatch: the crc32c does not match (flipped bits, or the value of another key).
+        IncompatibleFormat: written by a newer envelope version.
+    """
+    view = memoryview(data)
+    if len(view) < HEADER_LEN:
+        raise Corruption(key, f"truncated: {len(view)} bytes is shorter than the envelope header")
+    magic, version, _reserved, length, body_crc, head_crc = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise Corruption(key, f"bad magic {bytes(magic)!r}")
+    prefix = view[:16]
+    if crc32c.crc32c(prefix) != head_crc:
+        raise ChecksumMismatch(key, "header checksum mismatch")
+    if version > ENVELOPE_VERSION:
+        raise IncompatibleFormat(
+            f"blob {key!r} uses envelope version {version}; this persist reads up to "
+            f"{ENVELOPE_VERSION}: upgrade persist"
+        )
+    if len(view) - HEADER_LEN != length:
+        raise Corruption(
+            key, f"length mismatch: header says {length} bytes, found {len(view) - HEADER_LEN}"
+        )
+    payload = view[HEADER_LEN:]
+    if crc32c.crc32c(payload, crc32c.crc32c(prefix, crc32c.crc32c(key.encode()))) != body_crc:
+        raise ChecksumMismatch(key, "payload checksum mismatch")
+    return payload

@@ -1,0 +1,61 @@
+"""An in-memory Blob, shareable between handles of one process by name (``mem://name``)."""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+from typing_extensions import override
+
+from persist.blob.base import Blob
+
+
+class MemoryBlob(Blob):
+    """A dict behind a lock. Opening the same ``name`` twice gives two handles on one store."""
+
+    _registry: ClassVar[dict[str, tuple[threading.Lock, dict[str, bytes]]]] = {}
+    _registry_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is None:
+            self._lock, self._data = threading.Lock(), {}
+        else:
+            with MemoryBlob._registry_lock:
+                if name not in MemoryBlob._registry:
+                    MemoryBlob._registry[name] = (threading.Lock(), {})
+                self._lock, self._data = MemoryBlob._registry[name]
+        self.is_local = True
+
+    @classmethod
+    def forget(cls, name: str) -> None:
+        """Drops the shared store ``name`` (tests use it to start clean)."""
+        with cls._registry_lock:
+            cls._registry.pop(name, None)
+
+    @override
+    def _get(self, key: str) -> bytes | None:
+        with self._lock:
+            return self._data.get(key)
+
+    @override
+    def _list(self, prefix: str) -> list[str]:
+        with self._lock:
+            return [k for k in self._data if k.startswith(prefix)]
+
+    @override
+    def _set(self, key: str, data: bytes) -> None:
+        with self._lock:
+            self._data[key] = data
+
+    @override
+    def _set_if_absent(self, key: str, data: bytes) -> bool:
+        with self._lock:
+            if key in self._data:
+                return False
+            self._data[key] = data
+            return True
+
+    @override
+    def _delete(self, key: str) -> None:
+        with self._lock:
+            self._data.pop(key, None)

@@ -1,0 +1,46 @@
+"""Named seams between durable steps where a test can kill the process.
+
+A crash point costs one dict lookup when nothing is armed. Tests arm points in a child process
+through the environment: ``PERSIST_CRASH_AT="name"`` or ``"name:N"`` kills the process with
+SIGKILL the N-th time (default first) that ``hit("name")`` runs, exactly as a power cut or
+``kill -9`` would between those two syscalls.
+
+Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``,
+``file.linked``, ``commit.data_written``, ``commit.meta_written``, ``compact.part_written``,
+``gc.before_delete``, ``gc.after_delete``, ``rollup.written``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_armed: dict[str, int] = {}
+
+
+def _load() -> None:
+    spec = os.environ.get("PERSIST_CRASH_AT", "")
+    for item in filter(None, spec.split(",")):
+        name, _, count = item.partition(":")
+        _armed[name.strip()] = int(count) if count else 1
+
+
+_load()
+
+
+def hit(name: str) -> None:
+    """Marks that execution passed the seam ``name``; dies here if a test armed it."""
+    if not _armed or name not in _armed:
+        return
+    _armed[name] -= 1
+    if _armed[name] <= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(name: str, count: int = 1) -> None:
+    """Arms ``name`` in this process (tests that fork use the environment instead)."""
+    _armed[name] = count
+
+
+def disarm_all() -> None:
+    _armed.clear()

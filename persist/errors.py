@@ -1,0 +1,110 @@
+"""The persist error tree, sorted by what the caller should do about it.
+
+    PersistError
+    ├── InvalidUsage            a caller bug; nothing changed (write below upper, seal backwards, ...)
+    │   ├── UnknownCollection   no collection by that name
+    │   ├── SchemaMismatch      re-registration with other types, or updates of the wrong shape
+    │   └── ReadOnly            a read-only handle was asked to write
+    ├── ExternalError           storage (or the lock service) misbehaved
+    │   ├── Determinate         definitely did not happen; safe to retry
+    │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
+    ├── LockHeld                another writer holds the location's lock
+    ├── Fenced                  a newer writer took over; this writer can never commit again
+    ├── RuntimeShutdown         the runtime stopped (or poisoned itself) before the command ran
+    ├── Timeout                 waited for a frontier that did not arrive in time
+    ├── Corruption              stored bytes fail their checksum / framing / decoding
+    │   └── ChecksumMismatch
+    └── IncompatibleFormat      stored by a newer persist than this one
+
+Boto3 and OS errors are translated into this tree only at the blob/lock edge, always with
+``raise ... from e`` so the original stays attached.
+"""
+
+from __future__ import annotations
+
+
+class PersistError(Exception):
+    """Root of every error persist raises on purpose."""
+
+
+class InvalidUsage(PersistError, ValueError):
+    """The caller asked for something the contract forbids. Nothing was changed."""
+
+
+class UnknownCollection(InvalidUsage, KeyError):
+    """No collection with that name exists at this location."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
+        return str(self.args[0]) if self.args else "unknown collection"
+
+
+class SchemaMismatch(InvalidUsage):
+    """Types differ from those the collection was registered with, or input is malformed."""
+
+
+class ReadOnly(InvalidUsage):
+    """A read-only handle (a replica) was asked to write, seal, compact or delete."""
+
+
+class ExternalError(PersistError):
+    """Storage or the lock service failed."""
+
+
+class Determinate(ExternalError):
+    """The operation definitely did not take effect; it is safe to retry."""
+
+
+class Indeterminate(ExternalError):
+    """The operation may or may not have taken effect (for example a timeout after sending)."""
+
+
+class LockHeld(PersistError):
+    """Another writer (with a different reentrance id) holds the writer lock."""
+
+
+class Fenced(PersistError):
+    """A newer writer took over the location; this handle can never commit again."""
+
+
+class RuntimeShutdown(PersistError):
+    """The runtime was stopped, or stopped itself after an indeterminate failure."""
+
+
+class Timeout(PersistError, TimeoutError):
+    """A wait (for a frontier, a lock) ran out of time."""
+
+
+class Corruption(PersistError):
+    """Stored bytes are not what persist wrote: bad framing, truncation, undecodable content."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(f"corrupt blob {key!r}: {detail}")
+        self.key = key
+        self.detail = detail
+
+
+class ChecksumMismatch(Corruption):
+    """The crc32c of a stored value does not match its contents (or it sits under another key)."""
+
+
+class IncompatibleFormat(PersistError):
+    """Stored data uses a format version newer than this persist understands."""
+
+
+__all__ = [
+    "ChecksumMismatch",
+    "Corruption",
+    "Determinate",
+    "ExternalError",
+    "Fenced",
+    "IncompatibleFormat",
+    "Indeterminate",
+    "InvalidUsage",
+    "LockHeld",
+    "PersistError",
+    "ReadOnly",
+    "RuntimeShutdown",
+    "SchemaMismatch",
+    "Timeout",
+    "UnknownCollection",
+]

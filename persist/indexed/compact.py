@@ -1,0 +1,97 @@
+"""Compaction: merging parts so reads stay fast however many small writes came before.
+
+Policy (size-tiered, like an LSM): a part's level is ``floor(log4(rows))``. Whenever some level
+holds ``FANIN`` parts, they are merged with every smaller part into one, consolidated and sorted
+by (key, value, time), with times below the effective since forwarded to it. Each level thus
+holds fewer than ``FANIN`` parts, so a read touches ``O(FANIN * log4(rows))`` parts after any
+number of seals. Parts of ``final_rows`` rows or more are left alone: they are already cheap to
+read and rewriting them again and again would cost more than it saves.
+
+Merging never changes the contents as of any time at or after the frontier it forwards to, so
+it is invisible to every definite read. It runs off the commit path and lands as one
+``ReplaceParts`` op.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from persist import crashpoints
+from persist.blob.base import Blob
+from persist.indexed import columnar
+from persist.indexed.meta import DATA_PREFIX, CollectionMeta, PartMeta, ReplaceParts
+from persist.indexed.read import PartReader, Types
+from persist.indexed.state import effective_since
+
+FANIN = 4
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    fanin: int = FANIN
+    final_rows: int = 1 << 19
+    #: Inline parts are flushed into a blob part once they hold this many bytes together.
+    inline_flush_bytes: int = 1 << 20
+    inline_threshold: int = 64 << 10
+
+
+def level(p: PartMeta) -> int:
+    return int(math.log(max(p.rows, 1), FANIN))
+
+
+def plan(c: CollectionMeta, policy: CompactionPolicy) -> tuple[PartMeta, ...]:
+    """Chooses parts of ``c`` to merge now, or () if none need it."""
+    live = [p for p in c.parts if p.rows < policy.final_rows]
+    if len(live) < 2:
+        return ()
+    inline = [p for p in live if p.inline is not None]
+    by_level: dict[int, list[PartMeta]] = {}
+    for p in live:
+        by_level.setdefault(level(p), []).append(p)
+    for lvl in sorted(by_level):
+        if len(by_level[lvl]) >= policy.fanin:
+            chosen = [p for p in live if level(p) <= lvl]
+            return tuple(chosen)
+    if len(inline) > 1 and sum(p.nbytes for p in inline) >= policy.inline_flush_bytes:
+        return tuple(inline)
+    return ()
+
+
+def new_part(
+    blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool
+) -> PartMeta:
+    """Encodes ``table`` as a part: inline when small, else in a fresh, uniquely named blob."""
+    part_id = uuid.uuid4().hex
+    data = columnar.encode_part(table)
+    lo, hi = columnar.time_range(table) if len(table) else (0, 0)
+    if len(data) <= inline_threshold:
+        return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
+                        consolidated=consolidated, inline=data)
+    key = f"{DATA_PREFIX}{c.id}/{part_id}"
+    blob.set(key, data)
+    return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
+                    consolidated=consolidated, blob_key=key)
+
+
+def merge(
+    blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...],
+    policy: CompactionPolicy, *, frontier: int | None = None,
+) -> ReplaceParts:
+    """Merges ``parts`` of ``c`` into at most one new part (written to ``blob``), forwarding
+    times to ``frontier`` (default and maximum: the effective since)."""
+    since = effective_since(c)
+    frontier = since if frontier is None else min(frontier, since)
+    schema = Types.of(c).schema
+    table = pa.concat_tables([reader.read(p, schema) for p in parts])
+    merged = columnar.consolidate(columnar.forward(table, frontier))
+    added: tuple[PartMeta, ...] = ()
+    if len(merged):
+        added = (new_part(blob, c, merged, inline_threshold=policy.inline_threshold,
+                          consolidated=True),)
+    crashpoints.hit("compact.part_written")
+    return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=added,
+                        frontier=frontier)

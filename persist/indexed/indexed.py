@@ -1,0 +1,363 @@
+"""The engine: named collections over a Blob, with one conditional metadata commit per step.
+
+``Indexed`` is single-threaded and synchronous: the runtime thread owns one and feeds it groups
+of commands; tests drive it directly. Reads (``snapshot``, ``updates_between``) work on any
+``State`` and are safe from any thread.
+
+Commit pipeline for one step (a ``Txn``)::
+
+    stage ops against a working copy (each command checked alone; a refused one changes nothing)
+    -> one part per written collection: inline in the commit when small, else one data blob
+    -> one metadata commit: set_if_absent(meta/log/<seq+1>)
+    -> new state = apply(old state, commit)   (the readers' replay code, so writer == reader)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persist import crashpoints
+from persist.blob.base import Blob, BlobRead
+from persist.errors import Indeterminate, InvalidUsage, ReadOnly, SchemaMismatch
+from persist.indexed import columnar, compact, gc
+from persist.indexed.columnar import Codec
+from persist.indexed.machine import Machine
+from persist.indexed.meta import (
+    AddPart,
+    AllowCompaction,
+    CollectionMeta,
+    Op,
+    Register,
+    ReplaceParts,
+    Seal,
+    SetHold,
+    State,
+)
+from persist.indexed.read import PartReader, Snapshot, Types, updates_between
+from persist.indexed.state import apply, apply_op, check, collection, plan
+
+replace = msgspec.structs.replace
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Txn:
+    """Ops staged against a working copy of ``base``; committed together as one step."""
+
+    base: State
+    collections: dict[str, CollectionMeta] = field(init=False)
+    retired: list[Any] = field(init=False)
+    ops: list[Op] = field(default_factory=list)
+    writes: dict[str, list[pa.Table]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.collections = dict(self.base.collections)
+        self.retired = list(self.base.retired)
+
+    def stage(self, op: Op) -> None:
+        """Checks ``op`` against the working copy and applies it, or raises and changes nothing."""
+        check(self.collections, op)
+        apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
+        self.ops.append(op)
+
+    def stage_write(self, name: str, table: pa.Table) -> None:
+        """Stages updates (already normalized to the collection's schema)."""
+        c = collection(self.collections, name)
+        if len(table):
+            lo = pc.min(table.column("time")).as_py()
+            if lo < c.upper:
+                raise InvalidUsage(
+                    f"write to {name!r} at time {lo} is below its upper {c.upper}: "
+                    f"times below upper are sealed"
+                )
+            self.writes.setdefault(name, []).append(table)
+
+    def atomically(self) -> _Savepoint:
+        """``with txn.atomically(): ...`` stages several ops all or nothing."""
+        return _Savepoint(self)
+
+    @property
+    def empty(self) -> bool:
+        return not self.ops and not self.writes
+
+
+class _Savepoint:
+    def __init__(self, txn: Txn) -> None:
+        self.txn = txn
+
+    def __enter__(self) -> None:
+        t = self.txn
+        self._saved = (dict(t.collections), list(t.retired), len(t.ops),
+                       {k: len(v) for k, v in t.writes.items()})
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if exc_type is None:
+            return
+        t = self.txn
+        collections, retired, n_ops, writes = self._saved
+        t.collections, t.retired = collections, retired
+        del t.ops[n_ops:]
+        for k in list(t.writes):
+            if k not in writes:
+                del t.writes[k]
+            else:
+                del t.writes[k][writes[k]:]
+
+
+@dataclass(frozen=True)
+class Options:
+    #: Parts encoding to at most this many bytes ride inside the metadata commit (one file,
+    #: one fsync per commit for small writes); larger ones get their own blob.
+    inline_threshold: int = 64 << 10
+    #: Write a rollup (whole state) after this many commits, bounding replay on open.
+    rollup_every: int = 64
+    gc_grace_seconds: float = 300.0
+    compaction: compact.CompactionPolicy = field(default_factory=compact.CompactionPolicy)
+    cache_bytes: int = 256 << 20
+
+
+class Indexed:
+    """Named, definite collections at one location. Not thread-safe for writing."""
+
+    def __init__(
+        self,
+        blob: BlobRead,
+        *,
+        epoch: int = 0,
+        writer: str = "",
+        options: Options | None = None,
+    ) -> None:
+        self.blob = blob
+        self.epoch = epoch
+        self.writer = writer
+        self.options = options or Options()
+        self.machine = Machine(blob, gc_grace_seconds=self.options.gc_grace_seconds)
+        self.reader = PartReader(blob, cache_bytes=self.options.cache_bytes)
+        self.state = self.machine.load()
+        self._last_rollup_seq = self.state.seq
+        self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
+
+    @property
+    def writable(self) -> bool:
+        return isinstance(self.blob, Blob)
+
+    def _blob(self) -> Blob:
+        if not isinstance(self.blob, Blob):
+            raise ReadOnly("this location was opened read-only; it cannot write")
+        return self.blob
+
+    # -- commits ---------------------------------------------------------------------------
+
+    def fence(self) -> State:
+        """Claims the log for this writer's epoch with an empty commit (see machine.py)."""
+        from persist.indexed.machine import CommitConflict
+
+        while True:
+            self.state = self.machine.load()
+            try:
+                return self.commit(Txn(self.state), force=True)
+            except CommitConflict:
+                continue
+
+    def commit(self, txn: Txn, *, force: bool = False) -> State:
+        """Makes ``txn`` durable as one step and returns the new state.
+
+        Raises:
+            Fenced: a newer writer took over; nothing was committed.
+            CommitConflict / Determinate: nothing was committed; the state is unchanged.
+            Indeterminate: the commit may have landed; the caller must reload before going on.
+        """
+        if txn.base is not self.state:
+            raise InvalidUsage("txn was staged against an old state")
+        if txn.empty and not force:
+            return self.state
+        blob = self._blob()
+        ops: list[Op] = [op for op in txn.ops if isinstance(op, Register)]
+        for name, tables in txn.writes.items():
+            c = txn.collections[name]
+            table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            part = compact.new_part(blob, c, table,
+                                    inline_threshold=self.options.inline_threshold,
+                                    consolidated=False)
+            ops.append(AddPart(name=name, part=part))
+        crashpoints.hit("commit.data_written")
+        ops.extend(op for op in txn.ops if not isinstance(op, Register))
+        commit = plan(self.state, ops, epoch=self.epoch, writer=self.writer, wall_ms=_now_ms())
+        new_state = apply(self.state, commit)
+        self.machine.commit(commit)
+        crashpoints.hit("commit.meta_written")
+        self.state = new_state
+        return new_state
+
+    def reload(self) -> State:
+        """Reads the truth from storage (after an indeterminate commit, or to follow a writer)."""
+        self.state = self.machine.load()
+        return self.state
+
+    def refresh(self) -> State:
+        """Follows the log cheaply (read-only replicas)."""
+        self.state = self.machine.refresh(self.state)
+        return self.state
+
+    # -- convenience: one command per commit --------------------------------------------------
+
+    def register(self, name: str, key_type: Any, value_type: Any) -> CollectionMeta:
+        """Registers ``name`` with its types, or checks them if it exists (create_or_load)."""
+        if not isinstance(name, str) or not name:
+            raise InvalidUsage(f"collection name must be a non-empty string, not {name!r}")
+        k, v = Codec.of(key_type), Codec.of(value_type)
+        existing = self.state.collections.get(name)
+        if existing is not None:
+            check_types(existing, k, v)
+            return existing
+        txn = Txn(self.state)
+        txn.stage(Register(new_collection(self.state, txn, name, k, v)))
+        return self.commit(txn).collections[name]
+
+    def write(self, updates: Mapping[str, Any]) -> State:
+        """Writes updates to one or more collections atomically (all or nothing)."""
+        txn = Txn(self.state)
+        with txn.atomically():
+            for name, u in updates.items():
+                txn.stage_write(name, self.normalize(name, u))
+        return self.commit(txn)
+
+    def seal(self, name: str, upper: int) -> State:
+        txn = Txn(self.state)
+        txn.stage(Seal(name=name, upper=upper))
+        return self.commit(txn)
+
+    def allow_compaction(self, name: str, since: int) -> State:
+        txn = Txn(self.state)
+        txn.stage(AllowCompaction(name=name, since=since))
+        return self.commit(txn)
+
+    def set_hold(self, name: str, hold_id: str, frontier: int | None) -> State:
+        txn = Txn(self.state)
+        txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
+        return self.commit(txn)
+
+    def normalize(self, name: str, updates: Any, state: State | None = None) -> pa.Table:
+        c = collection((state or self.state).collections, name)
+        types = Types.of(c)
+        return columnar.from_updates(updates, types.schema, types.key, types.value)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def snapshot(self, name: str, as_of: int, state: State | None = None) -> Snapshot:
+        c = collection((state or self.state).collections, name)
+        return Snapshot(c, as_of, self.reader)
+
+    def updates_between(
+        self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False
+    ) -> Iterator[pa.Table]:
+        c = collection((state or self.state).collections, name)
+        return updates_between(c, lo, hi, self.reader, held=held)
+
+    # -- maintenance: compaction, rollups, GC ---------------------------------------------------
+
+    def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
+        out = []
+        for c in state.collections.values():
+            chosen = compact.plan(c, self.options.compaction)
+            if chosen:
+                out.append((c.name, chosen))
+        return out
+
+    def run_compaction(
+        self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
+    ) -> ReplaceParts:
+        """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread."""
+        c = state.collections[name]
+        return compact.merge(self._blob(), self.reader, c, parts, self.options.compaction,
+                             frontier=frontier)
+
+    def maintain(self) -> int:
+        """Runs compaction, GC and rollups until none has work left (synchronous use).
+        Returns the number of commits made."""
+        commits = 0
+        while True:
+            planned = self.plan_compaction(self.state)
+            if not planned:
+                break
+            txn = Txn(self.state)
+            for name, parts in planned:
+                txn.stage(self.run_compaction(self.state, name, parts))
+            self.commit(txn)
+            commits += 1
+        commits += self.collect_garbage()
+        self.maybe_rollup()
+        return commits
+
+    def collect_garbage(self, now_ms: int | None = None) -> int:
+        """Deletes retired parts past the grace period and trims old metadata. Returns commits."""
+        blob = self._blob()
+        grace_ms = int(self.options.gc_grace_seconds * 1000)
+        keys = gc.collectable(self.state, now_ms=now_ms or _now_ms(), grace_ms=grace_ms)
+        commits = 0
+        if keys:
+            forget = gc.delete_retired(blob, keys)
+            txn = Txn(self.state)
+            txn.stage(forget)
+            self.commit(txn)
+            commits += 1
+        self.trim_metadata()
+        return commits
+
+    def maybe_rollup(self, state: State | None = None) -> bool:
+        state = state or self.state
+        if state.seq - self._last_rollup_seq < self.options.rollup_every:
+            return False
+        self.machine.write_rollup(state)
+        crashpoints.hit("rollup.written")
+        self._last_rollup_seq = state.seq
+        self._rollups.append((state.seq, time.monotonic()))
+        return True
+
+    def trim_metadata(self) -> int:
+        """Deletes metadata older than the newest rollup that is at least ``grace`` old."""
+        now = time.monotonic()
+        ripe = [seq for seq, at in self._rollups if now - at >= self.options.gc_grace_seconds]
+        if not ripe:
+            return 0
+        r = max(ripe)
+        self._rollups = [(s, at) for s, at in self._rollups if s > r]
+        return gc.trim_metadata(self._blob(), r)
+
+
+def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> CollectionMeta:
+    taken = {c.id for c in txn.collections.values()}
+    cid = max([state.next_cid, *(i + 1 for i in taken)])
+    return CollectionMeta(
+        id=cid,
+        name=name,
+        key_type=columnar.serialize_type(k.arrow_type),
+        value_type=columnar.serialize_type(v.arrow_type),
+        key_codec=k.name,
+        value_codec=v.name,
+    )
+
+
+def check_types(c: CollectionMeta, k: Codec, v: Codec) -> None:
+    have = Types.of(c)
+    if (have.key.arrow_type, have.key.name, have.value.arrow_type, have.value.name) != (
+        k.arrow_type, k.name, v.arrow_type, v.name
+    ):
+        raise SchemaMismatch(
+            f"collection {c.name!r} is registered as key {have.key.name or have.key.arrow_type}, "
+            f"value {have.value.name or have.value.arrow_type}; asked for key "
+            f"{k.name or k.arrow_type}, value {v.name or v.arrow_type}"
+        )
+
+
+__all__ = ["Indeterminate", "Indexed", "Options", "Txn"]

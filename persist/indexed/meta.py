@@ -1,0 +1,217 @@
+"""What goes to storage as metadata: frozen, typed, versioned msgspec records.
+
+Storage layout under a location (every value framed by :mod:`persist.blob.envelope`)::
+
+    meta/log/<seq:020d>      Commit      one per metadata commit; created with set_if_absent
+    meta/rollup/<seq:020d>   State       the whole state as of <seq>, written every few commits
+    data/<cid>/<part id>     Arrow IPC   one columnar part (zstd), immutable, unique name
+
+The state of a location at sequence number ``n`` is the latest rollup at ``r <= n`` with the
+commits ``r+1..n`` applied in order. A commit is tiny (only what changed), so commit cost does
+not grow with history or with the number of collections; rollups bound the replay.
+
+Format versions: every record carries ``version``. A reader refuses a version newer than
+``FORMAT_VERSION`` with :class:`IncompatibleFormat` and keeps reading every older one;
+``tests/golden/`` pins the bytes of version 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeAlias
+
+import msgspec
+
+from persist.errors import Corruption, IncompatibleFormat
+
+FORMAT_VERSION = 1
+
+LOG_PREFIX = "meta/log/"
+ROLLUP_PREFIX = "meta/rollup/"
+DATA_PREFIX = "data/"
+
+
+def log_key(seq: int) -> str:
+    return f"{LOG_PREFIX}{seq:020d}"
+
+
+def rollup_key(seq: int) -> str:
+    return f"{ROLLUP_PREFIX}{seq:020d}"
+
+
+def seq_of(key: str) -> int:
+    return int(key.rsplit("/", 1)[1])
+
+
+class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """One immutable columnar part of a collection: stored in a blob or inline in the log.
+
+    Invariant: exactly one of ``blob_key`` and ``inline`` is set.
+    Invariant: every row has ``min_time <= time <= max_time``.
+    """
+
+    id: str
+    rows: int
+    nbytes: int
+    min_time: int
+    max_time: int
+    #: Sorted by (key, value, time) with no two rows sharing all three (compaction output).
+    consolidated: bool = False
+    blob_key: str | None = None
+    inline: bytes | None = None
+
+
+class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
+    """A registered collection and its frontiers.
+
+    Invariant: ``since <= upper``; both only ever advance.
+    Invariant: ``holds`` are read holds (id -> frontier) that keep compaction from forwarding
+    times past them; the effective since is ``min(since, *holds.values())``.
+    """
+
+    id: int
+    name: str
+    #: Arrow types serialized as a one-field Arrow schema (IPC bytes).
+    key_type: bytes
+    value_type: bytes
+    #: For Python-object columns stored as msgpack in a binary column: the type's dotted name.
+    key_codec: str | None = None
+    value_codec: str | None = None
+    since: int = 0
+    upper: int = 0
+    parts: tuple[PartMeta, ...] = ()
+    holds: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+# -- the operations a commit carries --------------------------------------------------------
+
+
+class Register(msgspec.Struct, frozen=True, tag="register"):
+    collection: CollectionMeta
+
+
+class AddPart(msgspec.Struct, frozen=True, tag="add"):
+    name: str
+    part: PartMeta
+
+
+class Seal(msgspec.Struct, frozen=True, tag="seal"):
+    name: str
+    upper: int
+
+
+class AllowCompaction(msgspec.Struct, frozen=True, tag="since"):
+    name: str
+    since: int
+
+
+class ReplaceParts(msgspec.Struct, frozen=True, tag="replace"):
+    """Compaction: ``removed`` parts are replaced by ``added`` with identical contents at every
+    time >= ``frontier`` (times below it forwarded to it)."""
+
+    name: str
+    removed: tuple[str, ...]
+    added: tuple[PartMeta, ...]
+    frontier: int
+
+
+class SetHold(msgspec.Struct, frozen=True, tag="hold"):
+    """Sets (or, with ``frontier`` None, releases) a durable read hold."""
+
+    name: str
+    hold_id: str
+    frontier: int | None
+
+
+class Forget(msgspec.Struct, frozen=True, tag="forget"):
+    """GC deleted these retired blobs; drop them from the retired list."""
+
+    keys: tuple[str, ...]
+
+
+Op: TypeAlias = Register | AddPart | Seal | AllowCompaction | ReplaceParts | SetHold | Forget
+
+
+class Commit(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of the metadata log: the ops a writer applied atomically at ``seq``.
+
+    ``epoch`` is the writer's lock generation (fence token). Invariant: epochs never decrease
+    along the log; a writer never commits after a commit of a higher epoch.
+    An empty ``ops`` is a fence: the new holder of the lock claiming the log.
+    """
+
+    version: int = FORMAT_VERSION
+    seq: int
+    epoch: int
+    writer: str
+    wall_ms: int
+    ops: tuple[Op, ...] = ()
+
+
+class Retired(msgspec.Struct, frozen=True):
+    """A data blob no longer referenced since commit ``seq`` (at ``wall_ms``); GC deletes it
+    after the grace period."""
+
+    key: str
+    seq: int
+    wall_ms: int
+
+
+class State(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole metadata state of a location as of ``seq`` (a rollup)."""
+
+    version: int = FORMAT_VERSION
+    seq: int = 0
+    epoch: int = 0
+    writer: str = ""
+    wall_ms: int = 0
+    next_cid: int = 1
+    collections: dict[str, CollectionMeta] = msgspec.field(default_factory=dict)
+    retired: tuple[Retired, ...] = ()
+
+
+class _Versioned(msgspec.Struct):
+    version: int
+
+
+_ENC = msgspec.msgpack.Encoder()
+_COMMIT_DEC = msgspec.msgpack.Decoder(Commit)
+_STATE_DEC = msgspec.msgpack.Decoder(State)
+_VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
+
+
+def encode(record: Commit | State) -> bytes:
+    return _ENC.encode(record)
+
+
+def _check_version(key: str, data: bytes) -> None:
+    try:
+        version = _VERSION_DEC.decode(data).version
+    except msgspec.DecodeError as e:
+        raise Corruption(key, f"undecodable metadata: {e}") from e
+    if version > FORMAT_VERSION:
+        raise IncompatibleFormat(
+            f"{key!r} has metadata format version {version}; this persist reads up to "
+            f"{FORMAT_VERSION}: upgrade persist to read this location"
+        )
+
+
+def _decode(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any]) -> Any:
+    _check_version(key, data)
+    try:
+        return decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise Corruption(key, f"undecodable metadata: {e}") from e
+
+
+def decode_commit(key: str, data: bytes) -> Commit:
+    commit: Commit = _decode(key, data, _COMMIT_DEC)
+    if commit.seq != seq_of(key):
+        raise Corruption(key, f"commit says seq {commit.seq} but is stored as {seq_of(key)}")
+    return commit
+
+
+def decode_state(key: str, data: bytes) -> State:
+    state: State = _decode(key, data, _STATE_DEC)
+    if state.seq != seq_of(key):
+        raise Corruption(key, f"rollup says seq {state.seq} but is stored as {seq_of(key)}")
+    return state

@@ -1,0 +1,179 @@
+"""Reading a collection: parts (with a small cache), snapshots as of a time, time ranges.
+
+Reads never take a lock and never wait for the runtime: they read an immutable ``State`` and
+the immutable parts it references.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from persist.blob.base import BlobRead
+from persist.errors import Determinate, InvalidUsage
+from persist.indexed import columnar
+from persist.indexed.columnar import Codec
+from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.indexed.state import effective_since
+
+
+class PartMissing(Determinate):
+    """A part referenced by the state being read is gone: GC removed it after the grace period.
+    Retry on a newer state."""
+
+
+@dataclass(frozen=True)
+class Types:
+    """The decoded types of a collection."""
+
+    key: Codec
+    value: Codec
+    schema: pa.Schema
+
+    @classmethod
+    def of(cls, c: CollectionMeta) -> Types:
+        k = Codec.from_meta(c.key_type, c.key_codec)
+        v = Codec.from_meta(c.value_type, c.value_codec)
+        return cls(k, v, columnar.part_schema(k.arrow_type, v.arrow_type))
+
+
+class PartReader:
+    """Fetches and decodes parts, keeping recently used blob parts in a bounded cache.
+
+    NB: parts are immutable and uniquely named, so caching them can never serve stale data.
+    """
+
+    def __init__(self, blob: BlobRead, *, cache_bytes: int = 256 << 20) -> None:
+        self.blob = blob
+        self.cache_bytes = cache_bytes
+        self._cache: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()
+        self._cached = 0
+        self._lock = threading.Lock()
+
+    def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
+        if part.inline is not None:
+            return columnar.decode_part(f"inline part {part.id}", part.inline, schema)
+        key = part.blob_key
+        assert key is not None
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit[0]
+        data = self.blob.get(key)
+        if data is None:
+            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
+        table = columnar.decode_part(key, data, schema)
+        size = len(data)
+        if size <= self.cache_bytes // 4:
+            with self._lock:
+                if key not in self._cache:
+                    self._cache[key] = (table, size)
+                    self._cached += size
+                while self._cached > self.cache_bytes:
+                    _, (_, s) = self._cache.popitem(last=False)
+                    self._cached -= s
+        return table
+
+
+def check_as_of(c: CollectionMeta, as_of: int) -> None:
+    since = effective_since(c)
+    if not isinstance(as_of, int) or isinstance(as_of, bool):
+        raise InvalidUsage(f"as_of must be an integer time, not {as_of!r}")
+    if as_of < since:
+        raise InvalidUsage(
+            f"read of {c.name!r} as of {as_of} is below its since {since}: history before "
+            f"{since} may be compacted and is no longer distinguishable"
+        )
+    if as_of >= c.upper:
+        raise InvalidUsage(
+            f"read of {c.name!r} as of {as_of} is not below its upper {c.upper}: times "
+            f">= {c.upper} are not sealed yet"
+        )
+
+
+class Snapshot:
+    """The contents of a collection as of one time in ``[since, upper)``: definite."""
+
+    def __init__(self, c: CollectionMeta, as_of: int, reader: PartReader) -> None:
+        check_as_of(c, as_of)
+        self.collection = c
+        self.as_of = as_of
+        self.types = Types.of(c)
+        self._reader = reader
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.types.schema
+
+    @property
+    def parts(self) -> tuple[PartMeta, ...]:
+        """The parts holding every update at or before ``as_of`` (for planning parallel reads)."""
+        return tuple(p for p in self.collection.parts if p.min_time <= self.as_of and p.rows)
+
+    def batches(self) -> Iterator[pa.Table]:
+        """Raw updates, part by part (bounded memory), times forwarded to ``as_of``.
+
+        Their sum per (key, value) is the definite contents; the individual rows are not
+        (compaction consolidates them), so use :meth:`to_arrow` where rows must match exactly.
+        """
+        for p in self.parts:
+            yield read_part_at(self._reader, p, self.schema, self.as_of)
+
+    def to_arrow(self) -> pa.Table:
+        """The consolidated contents: one row per (key, value) with nonzero summed diff, sorted
+        by (key, value); ``time`` is ``as_of``."""
+        tables = [self._reader.read(p, self.schema) for p in self.parts]
+        if not tables:
+            return self.schema.empty_table()
+        return columnar.contents_at(pa.concat_tables(tables), self.as_of)
+
+    def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
+        """``to_arrow`` as ``((key, value), time, diff)`` tuples, Python-object codecs decoded."""
+        t = self.to_arrow()
+        keys = self.types.key.decode_values(t.column("key"))
+        values = self.types.value.decode_values(t.column("value"))
+        return [((k, v), self.as_of, d) for k, v, d in
+                zip(keys, values, t.column("diff").to_pylist(), strict=True)]
+
+
+def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema, as_of: int) -> pa.Table:
+    """One part's raw updates at or before ``as_of``, times forwarded to ``as_of``."""
+    t = reader.read(p, schema)
+    if p.max_time > as_of:
+        t = t.filter(pc.less_equal(t.column("time"), pa.scalar(as_of, pa.uint64())))
+    return t.set_column(2, schema.field(2), pa.repeat(pa.scalar(as_of, pa.uint64()), len(t)))
+
+
+def updates_between(
+    c: CollectionMeta, lo: int, hi: int, reader: PartReader, *, held: bool = False
+) -> Iterator[pa.Table]:
+    """Every update with ``lo <= time < hi``, with original times, part by part.
+
+    Raises:
+        InvalidUsage: ``lo - 1`` is below the collection's since: updates before ``lo`` may
+            have been forwarded into the range, so the result would not be exact (unless
+            ``held``: the caller holds a read hold at ``lo - 1`` that kept compaction back).
+    """
+    if not held and lo > 0 and lo - 1 < effective_since(c):
+        raise InvalidUsage(
+            f"updates of {c.name!r} from {lo} are no longer exact: since is "
+            f"{effective_since(c)} (history was compacted past {lo - 1})"
+        )
+    schema = Types.of(c).schema
+    lo_s, hi_s = pa.scalar(lo, pa.uint64()), pa.scalar(hi, pa.uint64())
+    for p in c.parts:
+        if not p.rows or p.max_time < lo or p.min_time >= hi:
+            continue
+        t = reader.read(p, schema)
+        if p.min_time < lo or p.max_time >= hi:
+            tc = t.column("time")
+            t = t.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))
+        if len(t):
+            yield t

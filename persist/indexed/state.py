@@ -1,0 +1,194 @@
+"""Pure state transitions: ``state + op -> new state | InvalidUsage``. No I/O here.
+
+Everything that decides whether a write, seal, compaction or GC step is allowed lives in this
+module, so it can be tested (and fuzzed with hypothesis) with no storage at all. The runtime
+plans commands against a working copy with :func:`check` + :func:`apply_op`; readers replay
+the metadata log with :func:`apply`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from persist.errors import Corruption, Fenced, InvalidUsage, UnknownCollection
+from persist.indexed.columnar import MAX_TIME
+from persist.indexed.meta import (
+    AddPart,
+    AllowCompaction,
+    CollectionMeta,
+    Commit,
+    Forget,
+    Op,
+    Register,
+    ReplaceParts,
+    Retired,
+    Seal,
+    SetHold,
+    State,
+)
+
+replace = msgspec.structs.replace
+
+
+def effective_since(c: CollectionMeta) -> int:
+    """The frontier compaction may forward times to: ``since``, held back by read holds."""
+    return min(c.since, *c.holds.values()) if c.holds else c.since
+
+
+def collection(collections: Mapping[str, CollectionMeta], name: str) -> CollectionMeta:
+    try:
+        return collections[name]
+    except KeyError:
+        raise UnknownCollection(
+            f"unknown collection {name!r}; known: {sorted(collections)[:20]}"
+        ) from None
+
+
+def _check_time(what: str, t: int) -> None:
+    if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= MAX_TIME:
+        raise InvalidUsage(f"{what} {t!r} is not an integer in [0, 2**64)")
+
+
+def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
+    """Raises InvalidUsage (and changes nothing) if ``op`` may not follow ``collections``."""
+    match op:
+        case Register(collection=c):
+            if c.name in collections:
+                raise InvalidUsage(f"collection {c.name!r} is already registered")
+        case AddPart(name=name, part=p):
+            c = collection(collections, name)
+            if p.rows and p.min_time < c.upper:
+                raise InvalidUsage(
+                    f"write to {name!r} at time {p.min_time} is below its upper {c.upper}: "
+                    f"times below upper are sealed"
+                )
+        case Seal(name=name, upper=u):
+            _check_time("seal frontier", u)
+            c = collection(collections, name)
+            if u < c.upper:
+                raise InvalidUsage(
+                    f"seal of {name!r} to {u} would move its upper backwards from {c.upper}"
+                )
+        case AllowCompaction(name=name, since=s):
+            _check_time("compaction frontier", s)
+            c = collection(collections, name)
+            if s < c.since:
+                raise InvalidUsage(
+                    f"allow_compaction of {name!r} to {s} would move its since backwards "
+                    f"from {c.since}"
+                )
+            if s > c.upper:
+                raise InvalidUsage(
+                    f"allow_compaction of {name!r} to {s} is beyond its upper {c.upper}: "
+                    f"seal first"
+                )
+        case ReplaceParts(name=name, removed=removed, frontier=f):
+            c = collection(collections, name)
+            have = {p.id for p in c.parts}
+            gone = [r for r in removed if r not in have]
+            if gone:
+                raise InvalidUsage(f"compaction of {name!r} replaces parts that are gone: {gone}")
+            if f > effective_since(c):
+                raise InvalidUsage(
+                    f"compaction of {name!r} forwarded to {f} beyond since {effective_since(c)}"
+                )
+        case SetHold(name=name, frontier=f):
+            c = collection(collections, name)
+            if f is not None and f < effective_since(c):
+                raise InvalidUsage(
+                    f"read hold on {name!r} at {f} is below its since {effective_since(c)}"
+                )
+        case Forget():
+            pass
+
+
+def apply_op(
+    collections: dict[str, CollectionMeta],
+    retired: list[Retired],
+    op: Op,
+    *,
+    seq: int,
+    wall_ms: int,
+) -> None:
+    """Applies a checked ``op`` to mutable working copies of a state's parts."""
+    match op:
+        case Register(collection=c):
+            collections[c.name] = c
+        case AddPart(name=name, part=p):
+            c = collections[name]
+            collections[name] = replace(c, parts=(*c.parts, p))
+        case Seal(name=name, upper=u):
+            collections[name] = replace(collections[name], upper=u)
+        case AllowCompaction(name=name, since=s):
+            collections[name] = replace(collections[name], since=s)
+        case ReplaceParts(name=name, removed=removed, added=added):
+            c = collections[name]
+            gone = set(removed)
+            keep = tuple(p for p in c.parts if p.id not in gone)
+            retired.extend(
+                Retired(p.blob_key, seq, wall_ms)
+                for p in c.parts
+                if p.id in gone and p.blob_key is not None
+            )
+            collections[name] = replace(c, parts=keep + tuple(added))
+        case SetHold(name=name, hold_id=h, frontier=f):
+            c = collections[name]
+            holds = dict(c.holds)
+            if f is None:
+                holds.pop(h, None)
+            else:
+                holds[h] = f
+            collections[name] = replace(c, holds=holds)
+        case Forget(keys=keys):
+            drop = set(keys)
+            retired[:] = [r for r in retired if r.key not in drop]
+
+
+def apply(state: State, commit: Commit) -> State:
+    """Replays a stored commit on ``state`` (the reader's path).
+
+    Raises:
+        Corruption: the commit does not follow ``state`` (a gap, a lower epoch, an op that
+            fails its check): storage holds something persist never commits.
+    """
+    if commit.seq != state.seq + 1:
+        raise Corruption(f"meta/log/{commit.seq:020d}", f"does not follow seq {state.seq}")
+    if commit.epoch < state.epoch:
+        raise Corruption(
+            f"meta/log/{commit.seq:020d}",
+            f"epoch {commit.epoch} follows a commit of epoch {state.epoch}",
+        )
+    collections = dict(state.collections)
+    retired = list(state.retired)
+    for op in commit.ops:
+        try:
+            check(collections, op)
+        except InvalidUsage as e:
+            raise Corruption(f"meta/log/{commit.seq:020d}", f"invalid op {op!r}: {e}") from e
+        apply_op(collections, retired, op, seq=commit.seq, wall_ms=commit.wall_ms)
+    return State(
+        seq=commit.seq,
+        epoch=commit.epoch,
+        writer=commit.writer,
+        wall_ms=commit.wall_ms,
+        next_cid=max([state.next_cid, *(op.collection.id + 1 for op in commit.ops
+                                        if isinstance(op, Register))]),
+        collections=collections,
+        retired=tuple(retired),
+    )
+
+
+def plan(state: State, ops: Iterable[Op], *, epoch: int, writer: str, wall_ms: int) -> Commit:
+    """Builds the commit that follows ``state`` with ``ops`` (already checked by the caller).
+
+    Raises:
+        Fenced: ``state`` was committed by a newer writer than ``epoch``.
+    """
+    if state.epoch > epoch:
+        raise Fenced(
+            f"location taken over by writer {state.writer!r} (generation {state.epoch}); "
+            f"this writer holds generation {epoch}"
+        )
+    return Commit(seq=state.seq + 1, epoch=epoch, writer=writer, wall_ms=wall_ms, ops=tuple(ops))

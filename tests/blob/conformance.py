@@ -1,0 +1,130 @@
+"""The Blob contract as tests. Every implementation subclasses ``BlobConformance`` and provides
+the ``blob`` fixture (a fresh, empty store); nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from persist.blob.base import Blob
+from persist.errors import ChecksumMismatch, Corruption, ExternalError
+
+
+class BlobConformance:
+    @pytest.fixture
+    def blob(self) -> Blob:
+        raise NotImplementedError("subclasses provide a fresh, empty store")
+
+    def test_get_missing_is_none(self, blob: Blob) -> None:
+        assert blob.get("nope") is None
+
+    def test_set_get_roundtrip(self, blob: Blob) -> None:
+        blob.set("a/b", b"hello")
+        assert blob.get("a/b") == b"hello"
+        blob.set("a/b", b"")
+        assert blob.get("a/b") == b""
+
+    def test_set_replaces(self, blob: Blob) -> None:
+        blob.set("k", b"one")
+        blob.set("k", b"two")
+        assert blob.get("k") == b"two"
+
+    def test_large_value(self, blob: Blob) -> None:
+        value = bytes(range(256)) * 40_000  # ~10 MiB
+        blob.set("big", value)
+        assert blob.get("big") == value
+
+    def test_set_if_absent_creates_once(self, blob: Blob) -> None:
+        assert blob.set_if_absent("x", b"first") is True
+        assert blob.set_if_absent("x", b"second") is False
+        assert blob.get("x") == b"first"
+
+    def test_racing_creators_exactly_one_wins(self, blob: Blob) -> None:
+        for round_ in range(5):
+            key = f"race/{round_}"
+            barrier = threading.Barrier(8)
+            wins: list[int] = []
+
+            def go(i: int, key: str = key, barrier: threading.Barrier = barrier) -> None:
+                barrier.wait()
+                if blob.set_if_absent(key, str(i).encode()):
+                    wins.append(i)
+
+            threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert len(wins) == 1
+            assert blob.get(key) == str(wins[0]).encode()
+
+    def test_delete_is_idempotent(self, blob: Blob) -> None:
+        blob.set("d", b"v")
+        blob.delete("d")
+        assert blob.get("d") is None
+        blob.delete("d")
+        blob.delete("never/existed")
+        assert blob.set_if_absent("d", b"again") is True
+
+    def test_list_keys_by_prefix_sorted(self, blob: Blob) -> None:
+        keys = ["meta/log/002", "meta/log/001", "meta/rollup/001", "data/1/abc", "data/10/x"]
+        for k in keys:
+            blob.set(k, b"v")
+        assert blob.list_keys("meta/log/") == ["meta/log/001", "meta/log/002"]
+        assert blob.list_keys("meta/") == ["meta/log/001", "meta/log/002", "meta/rollup/001"]
+        assert blob.list_keys("data/1/") == ["data/1/abc"]
+        assert blob.list_keys("data/1") == ["data/1/abc", "data/10/x"]
+        assert sorted(blob.list_keys("")) == sorted(keys)
+        assert blob.list_keys("zzz") == []
+
+    def test_list_is_paginated_past_a_thousand(self, blob: Blob) -> None:
+        for i in range(1100):
+            blob.set(f"many/{i:05d}", b"")
+        assert len(blob.list_keys("many/")) == 1100
+
+    def test_read_only_view_cannot_write(self, blob: Blob) -> None:
+        blob.set("r", b"v")
+        ro = blob.read_only()
+        assert ro.get("r") == b"v"
+        assert ro.list_keys("r") == ["r"]
+        for name in ("set", "set_if_absent", "delete"):
+            assert not hasattr(ro, name)
+
+    # -- corruption: every value is verified on read ------------------------------------------
+
+    def test_flipped_byte_is_detected(self, blob: Blob) -> None:
+        blob.set("c", b"some payload bytes")
+        raw = bytearray(blob._get("c") or b"")
+        raw[-3] ^= 0x40
+        blob._set("c", bytes(raw))
+        with pytest.raises(ChecksumMismatch, match="'c'"):
+            blob.get("c")
+
+    def test_truncation_is_detected(self, blob: Blob) -> None:
+        blob.set("t", b"0123456789" * 10)
+        raw = blob._get("t") or b""
+        for cut in (0, 5, 23, len(raw) - 1):
+            blob._set("t", raw[:cut])
+            with pytest.raises(Corruption, match="'t'"):
+                blob.get("t")
+
+    def test_swapped_values_are_detected(self, blob: Blob) -> None:
+        blob.set("one", b"value of one")
+        blob.set("two", b"value of two")
+        a, b = blob._get("one") or b"", blob._get("two") or b""
+        blob._set("one", b)
+        blob._set("two", a)
+        with pytest.raises(ChecksumMismatch):
+            blob.get("one")
+        with pytest.raises(ChecksumMismatch):
+            blob.get("two")
+
+    def test_garbage_is_detected(self, blob: Blob) -> None:
+        blob._set("g", b"not an envelope at all, just bytes")
+        with pytest.raises(Corruption):
+            blob.get("g")
+
+    def test_errors_are_persist_errors(self, blob: Blob) -> None:
+        assert issubclass(ExternalError, Exception)

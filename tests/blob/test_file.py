@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from pathlib import Path
+
+import pytest
+
+from persist.blob.file import FileBlob
+from persist.errors import InvalidUsage
+from tests.blob.conformance import BlobConformance
+
+
+class TestFileBlob(BlobConformance):
+    @pytest.fixture
+    def blob(self, tmp_path: Path) -> FileBlob:
+        return FileBlob(tmp_path / "blob")
+
+
+def _create(root: str, key: str, i: int, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    q.put((i, FileBlob(root).set_if_absent(key, str(i).encode())))
+
+
+def test_conditional_create_is_atomic_across_processes(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    q: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    procs = [ctx.Process(target=_create, args=(str(tmp_path), "k", i, q)) for i in range(6)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    results = [q.get() for _ in procs]
+    winners = [i for i, won in results if won]
+    assert len(winners) == 1
+    assert FileBlob(tmp_path).get("k") == str(winners[0]).encode()
+
+
+def test_no_temp_files_left_and_none_listed(tmp_path: Path) -> None:
+    blob = FileBlob(tmp_path)
+    blob.set("a/b", b"1")
+    blob.set_if_absent("a/c", b"2")
+    blob.set_if_absent("a/c", b"3")
+    assert sorted(os.listdir(tmp_path / "a")) == ["b", "c"]
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a\\b"])
+def test_bad_keys_are_refused(tmp_path: Path, key: str) -> None:
+    with pytest.raises(InvalidUsage):
+        FileBlob(tmp_path).set(key, b"")

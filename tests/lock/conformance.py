@@ -1,0 +1,109 @@
+"""The writer-lock contract as tests: every implementation subclasses ``LockConformance`` and
+provides ``make_lock`` (a factory of handles on one fresh lock, with the given lease)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from persist.errors import Fenced, LockHeld
+from persist.lock.base import WriterLock
+
+MakeLock = Callable[..., WriterLock]
+
+
+class LockConformance:
+    @pytest.fixture
+    def make_lock(self) -> MakeLock:
+        raise NotImplementedError("subclasses return a factory: make_lock(lease_seconds=...)")
+
+    def test_first_acquire_gets_generation_one(self, make_lock: MakeLock) -> None:
+        lease = make_lock().acquire("a")
+        assert lease.generation == 1
+        assert make_lock().current() is not None
+
+    def test_other_id_is_refused_while_held(self, make_lock: MakeLock) -> None:
+        make_lock().acquire("a")
+        with pytest.raises(LockHeld, match="'a'"):
+            make_lock().acquire("b")
+
+    def test_other_id_waits_then_gives_up(self, make_lock: MakeLock) -> None:
+        lock = make_lock(lease_seconds=30)
+        lease = lock.acquire("a")
+        start = time.monotonic()
+        with pytest.raises(LockHeld):
+            make_lock(lease_seconds=30).acquire("b", timeout=0.3)
+        assert time.monotonic() - start >= 0.3
+        lock.heartbeat(lease)  # still ours
+
+    def test_same_id_takes_over_and_fences(self, make_lock: MakeLock) -> None:
+        old = make_lock()
+        lease1 = old.acquire("svc")
+        lease2 = make_lock().acquire("svc")
+        assert lease2.generation > lease1.generation
+        with pytest.raises(Fenced):
+            old.heartbeat(lease1)
+
+    def test_release_lets_others_in(self, make_lock: MakeLock) -> None:
+        lock = make_lock()
+        lease = lock.acquire("a")
+        lock.release(lease)
+        lease_b = make_lock().acquire("b")
+        assert lease_b.generation == lease.generation + 1
+        lock.release(lease)  # stale release is a no-op
+        make_lock().heartbeat(lease_b)
+
+    def test_lapsed_lease_is_taken_over(self, make_lock: MakeLock) -> None:
+        lease = make_lock(lease_seconds=0.2).acquire("a")
+        taker = make_lock(lease_seconds=0.2)
+        got = taker.acquire("b", timeout=5)
+        assert got.generation == lease.generation + 1
+        with pytest.raises(Fenced):
+            make_lock(lease_seconds=0.2).heartbeat(lease)
+
+    def test_heartbeat_keeps_the_lease(self, make_lock: MakeLock) -> None:
+        holder = make_lock(lease_seconds=0.3)
+        lease = holder.acquire("a")
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.is_set():
+                holder.heartbeat(lease)
+                time.sleep(0.05)
+
+        t = threading.Thread(target=beat)
+        t.start()
+        try:
+            with pytest.raises(LockHeld):
+                make_lock(lease_seconds=0.3).acquire("b", timeout=1.0)
+        finally:
+            stop.set()
+            t.join()
+
+    def test_racing_acquirers_one_winner_per_generation(self, make_lock: MakeLock) -> None:
+        wins: list[tuple[str, int]] = []
+        barrier = threading.Barrier(6)
+
+        def go(i: int) -> None:
+            barrier.wait()
+            try:
+                lease = make_lock().acquire(f"w{i}")
+                wins.append((lease.holder, lease.generation))
+            except LockHeld:
+                pass
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+
+    def test_force_release(self, make_lock: MakeLock) -> None:
+        make_lock().acquire("a")
+        old = make_lock().force_release()
+        assert old is not None and old.holder == "a"
+        assert make_lock().acquire("b").generation == 2
