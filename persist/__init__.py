@@ -1,0 +1,74 @@
+"""persist: durable, definite storage for differential collections.
+
+A collection is a set of updates ``((key, value), time, diff)`` with two frontiers: ``upper``
+(every time below it is sealed and durable) and ``since`` (history below it may be compacted).
+Any read as of a time in ``[since, upper)`` is definite: the same everywhere, always.
+
+    import persist, pyarrow as pa
+    with persist.open("file:///data/loc", reentrance_id="svc-blue") as client:
+        write, read = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        write.append([(("a", 1), 0, 1)], upper=1).result()
+        read.snapshot(0).to_arrow()
+"""
+
+from persist import aio
+from persist.errors import (
+    ChecksumMismatch,
+    Corruption,
+    Determinate,
+    ExternalError,
+    Fenced,
+    IncompatibleFormat,
+    Indeterminate,
+    InvalidUsage,
+    LockHeld,
+    PersistError,
+    ReadOnly,
+    RuntimeShutdown,
+    SchemaMismatch,
+    Timeout,
+    UnknownCollection,
+)
+from persist.indexed.indexed import Options
+from persist.runtime.client import (
+    Client,
+    ClientSnapshot,
+    Listener,
+    ListenEvent,
+    ListenProgress,
+    ListenUpdates,
+    ReadHandle,
+    WriteHandle,
+    open,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChecksumMismatch",
+    "Client",
+    "ClientSnapshot",
+    "Corruption",
+    "Determinate",
+    "ExternalError",
+    "Fenced",
+    "IncompatibleFormat",
+    "Indeterminate",
+    "InvalidUsage",
+    "ListenEvent",
+    "ListenProgress",
+    "ListenUpdates",
+    "Listener",
+    "LockHeld",
+    "Options",
+    "PersistError",
+    "ReadHandle",
+    "ReadOnly",
+    "RuntimeShutdown",
+    "SchemaMismatch",
+    "Timeout",
+    "UnknownCollection",
+    "WriteHandle",
+    "aio",
+    "open",
+]

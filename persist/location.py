@@ -69,7 +69,7 @@ def resolve(
                         lambda: FileLock(root, lease_seconds=lease_seconds))
     if parsed.scheme == "s3":
         try:
-            from persist.blob import s3
+            from persist.blob import s3  # type: ignore[attr-defined,unused-ignore]
         except ImportError as e:  # pragma: no cover - depends on the installed extras
             raise InvalidUsage(f"s3:// locations need the 's3' extra (boto3): {e}") from e
         loc: Location = s3.location(text, opts, lease_seconds=lease_seconds)

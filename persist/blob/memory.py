@@ -18,7 +18,8 @@ class MemoryBlob(Blob):
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            self._lock, self._data = threading.Lock(), {}
+            self._lock = threading.Lock()
+            self._data: dict[str, bytes] = {}
         else:
             with MemoryBlob._registry_lock:
                 if name not in MemoryBlob._registry:

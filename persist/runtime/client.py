@@ -1,0 +1,490 @@
+"""The thread-safe, synchronous client: ``persist.open`` and the collection handles.
+
+Writes return ``concurrent.futures.Future``s resolved once the change is durable; reads run in
+the caller's thread against the newest published state and never wait behind a commit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import threading
+import uuid
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from persist.errors import (
+    Fenced,
+    InvalidUsage,
+    ReadOnly,
+    RuntimeShutdown,
+    Timeout,
+)
+from persist.indexed.columnar import Codec
+from persist.indexed.indexed import Indexed, Options, check_types
+from persist.indexed.meta import CollectionMeta, State
+from persist.indexed.read import PartMissing, Snapshot, Types, read_part_at, updates_between
+from persist.indexed.state import collection, effective_since
+from persist.location import resolve
+from persist.runtime import commands as cmd
+from persist.runtime.commands import PersistFuture, forbid_in_event_loop
+from persist.runtime.replica import Follower
+from persist.runtime.runtime import Published, Runtime
+
+_live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:  # pragma: no cover - exercised at interpreter exit
+    for c in list(_live):
+        c.stop()
+
+
+def open(
+    url: str | os.PathLike[str],
+    *,
+    reentrance_id: str | None = None,
+    read_only: bool = False,
+    lock_timeout: float = 0.0,
+    lease_seconds: float = 30.0,
+    storage_options: dict[str, Any] | None = None,
+    options: Options | None = None,
+    on_lock_lost: Callable[[Fenced], None] | None = None,
+    poll_interval: tuple[float, float] = (0.005, 0.5),
+) -> Client:
+    """Opens a location for writing (taking its writer lock) or, with ``read_only``, as a replica.
+
+    Args:
+        url: ``file:///path``, a plain path, ``mem://name`` or ``s3://bucket/prefix``.
+        reentrance_id: the writer's identity. A writer opening with the same id as the current
+            holder takes over at once and fences it (a restarted process under its deployment
+            id). None (the default) means a fresh id: the lock is not reentrant.
+        read_only: open without the lock and without any ability to write.
+        lock_timeout: seconds to wait for a lock held by another id to be released or lapse.
+        lease_seconds: the writer lock's lease (heartbeated every third of it).
+        storage_options: passed to the storage client (boto3 for S3) as given.
+        options: engine tuning (inline threshold, rollup cadence, GC grace, compaction).
+        on_lock_lost: called (on a background thread) if the lock is lost while open.
+        poll_interval: replicas' (min, max) seconds between polls of the metadata log.
+
+    Raises:
+        LockHeld: another writer holds the lock.
+        InvalidUsage: a malformed URL, or called from inside a running asyncio loop.
+        ExternalError, Corruption: storage failed or holds bytes persist cannot trust.
+    """
+    forbid_in_event_loop("persist.open()")
+    loc = resolve(url, storage_options=storage_options, lease_seconds=lease_seconds)
+    if read_only:
+        ix = Indexed(loc.read_half(), options=options)
+        return Client(loc.url, ix, follower=Follower(ix, min_poll=poll_interval[0],
+                                                     max_poll=poll_interval[1]))
+    rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
+    lock = loc.lock()
+    lease = lock.acquire(rid, timeout=lock_timeout)
+    try:
+        ix = Indexed(loc.blob, epoch=lease.generation, writer=rid, options=options)
+        ix.fence()
+    except BaseException:
+        lock.release(lease)
+        raise
+    return Client(loc.url, ix, runtime=Runtime(ix, lock=lock, lease=lease,
+                                               on_lock_lost=on_lock_lost))
+
+
+class Client:
+    """A handle on one open location. Thread-safe; also a context manager."""
+
+    def __init__(
+        self,
+        url: str,
+        ix: Indexed,
+        *,
+        runtime: Runtime | None = None,
+        follower: Follower | None = None,
+    ) -> None:
+        self.url = url
+        self._ix = ix
+        self._runtime = runtime
+        self._follower = follower
+        published = runtime.published if runtime else follower.published if follower else None
+        assert published is not None
+        self._published: Published = published
+        # NB: the finalizer holds the runtime, not the client, so dropping the last reference to
+        # the client (and its handles) stops the runtime and releases the lock.
+        self._finalizer = weakref.finalize(self, _shutdown, runtime, follower)
+        _live.add(self)
+
+    # -- properties ----------------------------------------------------------------------------
+
+    @property
+    def read_only(self) -> bool:
+        return self._runtime is None
+
+    @property
+    def state(self) -> State:
+        """The newest state this client knows (committed by it, or followed as a replica)."""
+        return self._published.state
+
+    @property
+    def collections(self) -> list[str]:
+        return sorted(self.state.collections)
+
+    @property
+    def lock_lost(self) -> Fenced | None:
+        """Set if this writer's lock was taken over (every later command fails)."""
+        return self._runtime.lock_lost if self._runtime else None
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return self._runtime.describe() if self._runtime else {"polls": self._follower_polls()}
+
+    def _follower_polls(self) -> int:
+        return self._follower.polls if self._follower else 0
+
+    # -- collections -------------------------------------------------------------------------
+
+    def create_or_load(
+        self, name: str, *, key_type: Any, value_type: Any
+    ) -> tuple[WriteHandle, ReadHandle]:
+        """Registers collection ``name`` with its types (or loads it, checking them).
+
+        ``key_type``/``value_type`` are pyarrow types (string, binary, int64, float64, ...) or
+        a msgspec-encodable Python type such as a ``msgspec.Struct`` subclass (stored as msgpack).
+
+        Raises:
+            SchemaMismatch: it exists with other types.
+            UnknownCollection: on a replica, when the writer has not created it.
+        """
+        k, v = Codec.of(key_type), Codec.of(value_type)
+        if self._runtime is not None:
+            forbid_in_event_loop("create_or_load()")
+            self._runtime.submit(cmd.Register(name, k, v)).result()
+        else:
+            if name not in self.state.collections:
+                self._sync()
+            check_types(collection(self.state.collections, name), k, v)
+        return WriteHandle(self, name, k, v), ReadHandle(self, name, k, v)
+
+    def apply(
+        self,
+        *,
+        writes: Mapping[str, Any] | None = None,
+        seals: Mapping[str, int] | None = None,
+        sinces: Mapping[str, int] | None = None,
+    ) -> PersistFuture:
+        """Writes, seals and advances since for several collections atomically: all or nothing.
+
+        Returns:
+            A future resolved (with the commit's sequence number) once durable.
+        """
+        runtime = self._writer()
+        state = self.state
+        tables = tuple(
+            (name, _normalize(state, name, updates)) for name, updates in (writes or {}).items()
+        )
+        return runtime.submit(cmd.Apply(
+            writes=tables,
+            seals=tuple((seals or {}).items()),
+            sinces=tuple((sinces or {}).items()),
+        ))
+
+    def _writer(self) -> Runtime:
+        if self._runtime is None:
+            raise ReadOnly(f"{self.url} was opened read_only=True; it cannot write")
+        return self._runtime
+
+    def _sync(self) -> State:
+        """Brings a replica's view up to date now (the writer's view is always current)."""
+        if self._follower is not None:
+            self._follower.sync()
+        return self.state
+
+    def _wait_for(self, pred: Callable[[State], bool], timeout: float | None) -> State | None:
+        if self._follower is not None:
+            self._follower.poke()
+        return self._published.wait_for(pred, timeout)
+
+    # -- stopping ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Commits or fails everything queued, stops the threads, releases the lock.
+
+        Idempotent. After it every command fails with RuntimeShutdown.
+        """
+        if self._finalizer.alive:
+            self._finalizer()
+
+    @property
+    def stopped(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        mode = "read-only" if self.read_only else "writer"
+        return f"<persist.Client {self.url} {mode} seq={self.state.seq}>"
+
+
+def _shutdown(runtime: Runtime | None, follower: Follower | None) -> None:
+    if runtime is not None:
+        runtime.stop()
+    if follower is not None:
+        follower.stop()
+
+
+def _normalize(state: State, name: str, updates: Any) -> pa.Table:
+    c = collection(state.collections, name)
+    types = Types.of(c)
+    from persist.indexed.columnar import from_updates
+
+    return from_updates(updates, types.schema, types.key, types.value)
+
+
+class _Handle:
+    def __init__(self, client: Client, name: str, key: Codec, value: Codec) -> None:
+        self.client = client
+        self.name = name
+        self.key_codec = key
+        self.value_codec = value
+
+    def _meta(self) -> CollectionMeta:
+        return collection(self.client.state.collections, self.name)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} of {self.client.url}>"
+
+
+class WriteHandle(_Handle):
+    """Writes to one collection. Every method returns a future resolved once durable."""
+
+    def write(self, updates: Any) -> PersistFuture:
+        """Adds updates ``((key, value), time, diff)`` (an iterable of tuples, or an Arrow
+        table/batch with columns key, value, time, diff). Every time must be >= upper.
+
+        The returned future fails with InvalidUsage if a time is below upper when the write is
+        applied (in call order), with RuntimeShutdown after stop.
+        """
+        return self.client.apply(writes={self.name: updates})
+
+    def seal(self, upper: int) -> PersistFuture:
+        """Advances ``upper`` to ``upper``: every time below it becomes final (never backwards)."""
+        return self.client.apply(seals={self.name: upper})
+
+    def append(self, updates: Any, upper: int) -> PersistFuture:
+        """``write`` then ``seal`` as one atomic, durable step."""
+        return self.client.apply(writes={self.name: updates}, seals={self.name: upper})
+
+    def allow_compaction(self, since: int) -> PersistFuture:
+        """Advances ``since``: reads as of times below it are no longer needed (never backwards,
+        never beyond upper)."""
+        return self.client.apply(sinces={self.name: since})
+
+
+@dataclass(frozen=True)
+class ListenUpdates:
+    """Updates with times in ``[lower, upper)`` (original times), in one Arrow table."""
+
+    batch: pa.Table
+    lower: int
+    upper: int
+
+
+@dataclass(frozen=True)
+class ListenProgress:
+    """Every update at a time below ``upper`` has been delivered."""
+
+    upper: int
+
+
+ListenEvent = ListenUpdates | ListenProgress
+
+
+class ReadHandle(_Handle):
+    """Reads one collection: frontiers, definite snapshots, and a listen stream."""
+
+    @property
+    def since(self) -> int:
+        return effective_since(self._meta())
+
+    @property
+    def upper(self) -> int:
+        return self._meta().upper
+
+    @property
+    def schema(self) -> pa.Schema:
+        return Types.of(self._meta()).schema
+
+    def snapshot(self, as_of: int, *, timeout: float | None = None) -> ClientSnapshot:
+        """The definite contents as of ``as_of`` (``since <= as_of < upper``).
+
+        With ``timeout``, an ``as_of`` not yet sealed is waited for up to that many seconds.
+
+        Raises:
+            InvalidUsage: ``as_of`` is below since, or (without a timeout) not below upper.
+            Timeout: ``upper`` did not pass ``as_of`` within ``timeout``.
+        """
+        if timeout is not None and as_of >= self.upper:
+            forbid_in_event_loop("snapshot(timeout=...)")
+            got = self.client._wait_for(
+                lambda s: collection(s.collections, self.name).upper > as_of, timeout
+            )
+            if got is None:
+                raise Timeout(
+                    f"{self.name!r} did not seal past {as_of} within {timeout}s "
+                    f"(upper is {self.upper})"
+                )
+        return ClientSnapshot(self, as_of)
+
+    def listen(self, as_of: int, *, poll: float = 1.0) -> Listener:
+        """Every update at times > ``as_of``, in seal order, each followed by progress.
+
+        Iterating blocks until the collection is sealed further; ``close()`` ends it.
+        """
+        return Listener(self, as_of, poll=poll)
+
+
+class ClientSnapshot:
+    """A snapshot that transparently retries on a newer state if GC removed a part mid-read.
+
+    NB: retrying is sound because the answer is definite: every state with ``as_of`` in
+    ``[since, upper)`` has the same consolidated contents.
+    """
+
+    def __init__(self, read: ReadHandle, as_of: int) -> None:
+        self._read = read
+        self.as_of = as_of
+        self._snap = self._fresh()
+
+    def _fresh(self) -> Snapshot:
+        ix = self._read.client._ix
+        return Snapshot(self._read._meta(), self.as_of, ix.reader)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._snap.schema
+
+    @property
+    def parts(self) -> tuple[Any, ...]:
+        return self._snap.parts
+
+    def _retrying(self, fn: Callable[[Snapshot], Any]) -> Any:
+        forbid_in_event_loop("snapshot reads")
+        for attempt in range(4):
+            try:
+                return fn(self._snap)
+            except PartMissing:
+                if attempt == 3:
+                    raise
+                self._read.client._sync()
+                self._snap = self._fresh()
+        raise AssertionError("unreachable")
+
+    def to_arrow(self) -> pa.Table:
+        """Consolidated contents: one row per (key, value) with a nonzero diff, sorted."""
+        table: pa.Table = self._retrying(lambda s: s.to_arrow())
+        return table
+
+    def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
+        rows: list[tuple[tuple[Any, Any], int, int]] = self._retrying(lambda s: s.to_python())
+        return rows
+
+    def batches(self) -> Iterator[pa.Table]:
+        """Raw updates part by part (times forwarded to as_of); bounded memory.
+
+        Each part is fetched when reached; a part that GC removed in the meantime raises
+        PartMissing (the raw rows of a newer state differ, so this cannot retry silently).
+        """
+        forbid_in_event_loop("snapshot reads")
+        reader = self._read.client._ix.reader
+        for p in self._snap.parts:
+            yield read_part_at(reader, p, self._snap.schema, self.as_of)
+
+
+class Listener(Iterator[ListenEvent]):
+    """Iterator of ListenUpdates / ListenProgress for one collection."""
+
+    def __init__(self, read: ReadHandle, as_of: int, *, poll: float) -> None:
+        self._read = read
+        self._lo = as_of + 1
+        self._poll = poll
+        self._pending: collections.deque[ListenEvent] = collections.deque()
+        runtime = read.client._runtime
+        self._holds = runtime.holds if runtime is not None else None
+        # NB: hold first, then check: compaction reads the holds after publishing the state it
+        # plans on, so either it sees this hold or this check sees its newer since.
+        self._token = self._holds.add(read.name, as_of) if self._holds is not None else None
+        c = read._meta()
+        if as_of < effective_since(c):
+            if self._holds is not None and self._token is not None:
+                self._holds.remove(self._token)
+            self._token = None
+            raise InvalidUsage(
+                f"listen on {read.name!r} as of {as_of} is below its since {effective_since(c)}"
+            )
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def frontier(self) -> int:
+        """Every update at a time below this has been delivered."""
+        return self._lo
+
+    def __iter__(self) -> Listener:
+        return self
+
+    def __next__(self) -> ListenEvent:
+        forbid_in_event_loop("Listener iteration")
+        while not self._pending:
+            if self._closed:
+                raise StopIteration
+            self._fill(self._poll)
+        return self._pending.popleft()
+
+    def poll(self, timeout: float) -> list[ListenEvent]:
+        """Returns what arrived within ``timeout`` seconds (possibly nothing)."""
+        if not self._pending and not self._closed:
+            self._fill(timeout)
+        out = list(self._pending)
+        self._pending.clear()
+        return out
+
+    def _fill(self, timeout: float) -> None:
+        name, lo = self._read.name, self._lo
+        try:
+            state = self._read.client._wait_for(
+                lambda s: collection(s.collections, name).upper > lo, timeout
+            )
+        except RuntimeShutdown:
+            self.close()
+            raise
+        if state is None:
+            return
+        c = collection(state.collections, name)
+        hi = c.upper
+        reader = self._read.client._ix.reader
+        for t in updates_between(c, lo, hi, reader, held=self._token is not None):
+            self._pending.append(ListenUpdates(t, lo, hi))
+        self._pending.append(ListenProgress(hi))
+        self._lo = hi
+        if self._holds is not None and self._token is not None:
+            self._holds.update(self._token, hi - 1)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            if self._holds is not None and self._token is not None:
+                self._holds.remove(self._token)
+                self._token = None
+
+    def __del__(self) -> None:
+        if self._holds is not None and getattr(self, "_token", None) is not None:
+            self._holds.remove(self._token)  # type: ignore[arg-type]

@@ -1,0 +1,82 @@
+"""Commands sent to the runtime thread. Each carries the Future that reports its outcome.
+
+The queue order *is* the linearization order: a command is enqueued before the call that made it
+returns its future, so it is ordered before any call made after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from persist.errors import InvalidUsage
+from persist.indexed.columnar import Codec
+from persist.indexed.meta import Op
+
+
+class PersistFuture(concurrent.futures.Future[Any]):
+    """A ``concurrent.futures.Future`` that refuses to block an asyncio event loop.
+
+    Calling ``result()`` on an unresolved future from inside a running loop would freeze the
+    loop (and every task that could resolve the future): it raises instead. Await
+    ``asyncio.wrap_future(f)`` or use ``persist.aio``.
+    """
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done():
+            forbid_in_event_loop("Future.result()")
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            forbid_in_event_loop("Future.exception()")
+        return super().exception(timeout)
+
+
+def forbid_in_event_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise InvalidUsage(
+        f"{what} blocks and was called from inside a running asyncio event loop; "
+        f"use persist.aio (or asyncio.wrap_future / asyncio.to_thread) instead"
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class Apply:
+    """Writes, seals and compaction frontiers for any number of collections, all or nothing."""
+
+    writes: tuple[tuple[str, pa.Table], ...] = ()
+    seals: tuple[tuple[str, int], ...] = ()
+    sinces: tuple[tuple[str, int], ...] = ()
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
+class Register:
+    name: str
+    key: Codec
+    value: Codec
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
+class Maintenance:
+    """Ops computed off-thread by compaction or GC (ReplaceParts, Forget, SetHold)."""
+
+    ops: tuple[Op, ...]
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
+class Stop:
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+Command = Apply | Register | Maintenance | Stop

@@ -1,0 +1,405 @@
+"""The runtime: one thread per open location that linearizes and group-commits every change.
+
+Loop::
+
+    take the next command (blocking), then every command already queued behind it (a group)
+    -> stage each against a working copy of the state; a refused command fails alone
+    -> one durable step for the whole group (Indexed.commit: <= one data blob per collection,
+       one metadata commit)
+    -> publish the new state, resolve every future of the group, wake listeners
+
+No timer: an idle runtime commits a lone write at once, and while a commit is in flight new
+commands queue up and become the next group. That is the whole group-commit mechanism.
+
+Failure handling:
+
+* Definite failure (nothing landed): the group's futures fail with the error; the state stays.
+* Indeterminate (it may have landed), or any unexpected error: fail-stop. The group's futures
+  and every later command fail with RuntimeShutdown; reopening the location reads the truth.
+* Fenced (a newer writer took over): the same fail-stop, with Fenced as the cause.
+
+Two helper threads do the rest off the commit path: *maintenance* (compaction, GC, rollups; its
+results come back as ``Maintenance`` commands so they are linearized like everything else) and
+the lock *heartbeat*.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from persist.errors import (
+    Determinate,
+    ExternalError,
+    Fenced,
+    InvalidUsage,
+    PersistError,
+    RuntimeShutdown,
+)
+from persist.indexed import gc
+from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
+from persist.indexed.meta import AllowCompaction, Register, Seal, State
+from persist.indexed.state import effective_since
+from persist.lock.base import Lease, WriterLock
+from persist.runtime import commands as cmd
+
+log = logging.getLogger("persist.runtime")
+
+
+class Published:
+    """The newest committed state, readable from any thread, with a condition to wait on."""
+
+    def __init__(self, state: State) -> None:
+        self._state = state
+        self._cond = threading.Condition()
+        self.closed: BaseException | None = None
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+    def publish(self, state: State) -> None:
+        with self._cond:
+            if state.seq >= self._state.seq:
+                self._state = state
+            self._cond.notify_all()
+
+    def close(self, why: BaseException) -> None:
+        with self._cond:
+            self.closed = why
+            self._cond.notify_all()
+
+    def wait_for(self, pred: Callable[[State], bool], timeout: float | None) -> State | None:
+        """Waits until ``pred(state)``; returns that state, or None on timeout.
+
+        Raises:
+            RuntimeShutdown: the runtime (or follower) stopped while waiting.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if pred(self._state):
+                    return self._state
+                if self.closed is not None:
+                    raise RuntimeShutdown(f"stopped while waiting: {self.closed}")
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining if remaining is not None else 1.0)
+
+
+class LocalHolds:
+    """In-process read holds (listeners): compaction must not forward times past them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holds: dict[int, tuple[str, int]] = {}
+        self._next = 0
+
+    def add(self, name: str, frontier: int) -> int:
+        with self._lock:
+            self._next += 1
+            self._holds[self._next] = (name, frontier)
+            return self._next
+
+    def update(self, token: int, frontier: int) -> None:
+        with self._lock:
+            name, _ = self._holds[token]
+            self._holds[token] = (name, frontier)
+
+    def remove(self, token: int) -> None:
+        with self._lock:
+            self._holds.pop(token, None)
+
+    def frontier(self, name: str) -> int | None:
+        with self._lock:
+            fs = [f for n, f in self._holds.values() if n == name]
+        return min(fs) if fs else None
+
+
+class Runtime:
+    """Owns the Indexed engine of a writable location and the threads that drive it."""
+
+    def __init__(
+        self,
+        ix: Indexed,
+        *,
+        lock: WriterLock | None,
+        lease: Lease | None,
+        on_lock_lost: Callable[[Fenced], None] | None = None,
+        maintenance: bool = True,
+        max_group: int = 4096,
+    ) -> None:
+        self.ix = ix
+        self.lock = lock
+        self.lease = lease
+        self.on_lock_lost = on_lock_lost
+        self.published = Published(ix.state)
+        self.holds = LocalHolds()
+        self.max_group = max_group
+        self.lock_lost: Fenced | None = None
+        self._queue: queue.SimpleQueue[cmd.Command] = queue.SimpleQueue()
+        self._poisoned: BaseException | None = None
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._maint_wake = threading.Event()
+        self.stats = {"commits": 0, "commands": 0, "groups_max": 0}
+        self._thread = threading.Thread(target=self._run, name="persist-runtime", daemon=True)
+        self._thread.start()
+        self._maint_thread: threading.Thread | None = None
+        if maintenance:
+            self._maint_thread = threading.Thread(
+                target=self._maintain, name="persist-maintenance", daemon=True
+            )
+            self._maint_thread.start()
+        self._hb_thread: threading.Thread | None = None
+        if lock is not None and lease is not None:
+            self._hb_thread = threading.Thread(
+                target=self._heartbeat, name="persist-heartbeat", daemon=True
+            )
+            self._hb_thread.start()
+
+    # -- submitting ---------------------------------------------------------------------------
+
+    def submit(self, command: cmd.Command) -> cmd.PersistFuture:
+        """Enqueues ``command``; its future reports the outcome. Never blocks."""
+        if self._poisoned is not None:
+            command.future.set_exception(self._shutdown_error())
+            return command.future
+        # NB: check-and-put under the stop lock, or a command could slip in behind the Stop
+        # after the loop drained the queue and never resolve.
+        with self._stop_lock:
+            if self._stopping.is_set():
+                command.future.set_exception(RuntimeShutdown("the runtime was stopped"))
+            else:
+                self._queue.put(command)
+        return command.future
+
+    def _shutdown_error(self) -> RuntimeShutdown:
+        why = self._poisoned
+        err = RuntimeShutdown(
+            f"the runtime stopped after an unrecoverable error ({type(why).__name__}: {why}); "
+            f"reopen the location to recover its state from storage"
+        )
+        err.__cause__ = why
+        return err
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                group = [self._queue.get()]
+                while len(group) < self.max_group:
+                    try:
+                        group.append(self._queue.get_nowait())
+                    except queue.Empty:
+                        break
+                if self._step(group):
+                    break
+        finally:
+            self._drain_after_stop()
+
+    def _step(self, group: list[cmd.Command]) -> bool:
+        """Commits one group. Returns True when a Stop was seen."""
+        stop = None
+        if self._poisoned is not None:
+            for c in group:
+                if isinstance(c, cmd.Stop):
+                    stop = c
+                else:
+                    c.future.set_exception(self._shutdown_error())
+            return stop is not None
+        txn = Txn(self.ix.state)
+        accepted: list[cmd.Command] = []
+        for c in group:
+            if stop is not None:
+                c.future.set_exception(RuntimeShutdown("the runtime was stopped"))
+                continue
+            if isinstance(c, cmd.Stop):
+                stop = c
+                continue
+            try:
+                self._stage(txn, c)
+                accepted.append(c)
+            except InvalidUsage as e:
+                c.future.set_exception(e)
+            except Exception as e:  # a bug in staging must not kill the loop silently
+                log.exception("staging a command failed")
+                c.future.set_exception(e)
+        if accepted:
+            self._commit(txn, accepted)
+        return stop is not None
+
+    def _stage(self, txn: Txn, c: cmd.Command) -> None:
+        if isinstance(c, cmd.Apply):
+            with txn.atomically():
+                for name, table in c.writes:
+                    txn.stage_write(name, table)
+                for name, upper in c.seals:
+                    txn.stage(Seal(name=name, upper=upper))
+                for name, since in c.sinces:
+                    txn.stage(AllowCompaction(name=name, since=since))
+        elif isinstance(c, cmd.Register):
+            existing = txn.collections.get(c.name)
+            if existing is not None:
+                check_types(existing, c.key, c.value)
+            else:
+                txn.stage(Register(new_collection(txn.base, txn, c.name, c.key, c.value)))
+        elif isinstance(c, cmd.Maintenance):
+            with txn.atomically():
+                for op in c.ops:
+                    txn.stage(op)
+
+    def _commit(self, txn: Txn, accepted: list[cmd.Command]) -> None:
+        started = time.perf_counter()
+        try:
+            state = self.ix.commit(txn)
+        except Determinate as e:
+            # Nothing landed. The state may be stale (CommitConflict): reload before going on.
+            for c in accepted:
+                c.future.set_exception(e)
+            try:
+                self.ix.reload()
+                self.published.publish(self.ix.state)
+            except PersistError as reload_error:
+                self._poison(reload_error)
+            return
+        except Exception as e:  # Indeterminate, Fenced, bugs: fail-stop
+            self._poison(e)
+            for c in accepted:
+                c.future.set_exception(e if isinstance(e, PersistError) else self._shutdown_error())
+            return
+        self.stats["commits"] += 1
+        self.stats["commands"] += len(accepted)
+        self.stats["groups_max"] = max(self.stats["groups_max"], len(accepted))
+        self.published.publish(state)
+        for c in accepted:
+            c.future.set_result(state.seq)
+        self._maint_wake.set()
+        log.debug("committed seq %d: %d commands in %.2f ms", state.seq, len(accepted),
+                  (time.perf_counter() - started) * 1000)
+
+    def _poison(self, why: BaseException) -> None:
+        if self._poisoned is None:
+            self._poisoned = why
+            log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
+        self.published.close(self._shutdown_error())
+
+    def _drain_after_stop(self) -> None:
+        while True:
+            try:
+                c = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(c, cmd.Stop):
+                c.future.set_result(None)
+            else:
+                c.future.set_exception(RuntimeShutdown("the runtime was stopped"))
+
+    # -- maintenance: compaction, GC, rollups ---------------------------------------------------
+
+    def _maintain(self) -> None:
+        while not self._stopping.is_set():
+            self._maint_wake.wait(timeout=1.0)
+            self._maint_wake.clear()
+            if self._stopping.is_set() or self._poisoned is not None:
+                return
+            try:
+                self.maintain_once()
+            except (ExternalError, RuntimeShutdown, Fenced) as e:
+                log.warning("maintenance step failed (will retry): %s", e)
+                time.sleep(0.1)
+            except InvalidUsage as e:  # raced with a concurrent change; plan again
+                log.debug("maintenance step refused: %s", e)
+            except Exception:
+                log.exception("maintenance step failed")
+                time.sleep(1.0)
+
+    def maintain_once(self) -> bool:
+        """Runs one round of compaction, GC and rollup. Returns True if it did anything."""
+        did = False
+        state = self.published.state
+        for name, parts in self.ix.plan_compaction(state):
+            held = self.holds.frontier(name)
+            c = state.collections[name]
+            frontier = effective_since(c) if held is None else min(held, effective_since(c))
+            op = self.ix.run_compaction(state, name, parts, frontier)
+            self.submit(cmd.Maintenance((op,))).result()
+            did = True
+        state = self.published.state
+        grace_ms = int(self.ix.options.gc_grace_seconds * 1000)
+        keys = gc.collectable(state, now_ms=int(time.time() * 1000), grace_ms=grace_ms)
+        if keys:
+            forget = gc.delete_retired(self.ix._blob(), keys)
+            self.submit(cmd.Maintenance((forget,))).result()
+            did = True
+        if self.ix.maybe_rollup(self.published.state):
+            did = True
+        self.ix.trim_metadata()
+        if did:
+            self._maint_wake.set()  # more may be ready (cascading merges)
+        return did
+
+    # -- the lock heartbeat --------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        assert self.lock is not None
+        assert self.lease is not None
+        interval = self.lock.lease_seconds / 3
+        while not self._stopping.wait(interval):
+            try:
+                self.lock.heartbeat(self.lease)
+            except Fenced as e:
+                self.lock_lost = e
+                log.error("writer lock lost: %s", e)
+                self._poison(e)
+                if self.on_lock_lost is not None:
+                    try:
+                        self.on_lock_lost(e)
+                    except Exception:
+                        log.exception("on_lock_lost callback failed")
+                return
+            except PersistError as e:
+                log.warning("lock heartbeat failed (will retry): %s", e)
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Commits what is queued, fails what comes after, releases the lock. Idempotent."""
+        with self._stop_lock:
+            if self._stopped.is_set():
+                return
+            if not self._stopping.is_set():
+                self._queue.put(cmd.Stop())
+                self._stopping.set()
+            self._maint_wake.set()
+        self._thread.join(timeout)
+        for t in (self._maint_thread, self._hb_thread):
+            if t is not None and t is not threading.current_thread():
+                t.join(timeout)
+        self.published.close(RuntimeShutdown("the runtime was stopped"))
+        if self.lock is not None and self.lease is not None and self._poisoned is None:
+            try:
+                self.lock.release(self.lease)
+            except PersistError as e:
+                log.warning("releasing the writer lock failed: %s", e)
+        if self.lock is not None:
+            self.lock.close()
+        self._stopped.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    @property
+    def poisoned(self) -> BaseException | None:
+        return self._poisoned
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.stats)
