@@ -36,7 +36,6 @@ class CompactionPolicy:
     final_rows: int = 1 << 19
     #: Inline parts are flushed into a blob part once they hold this many bytes together.
     inline_flush_bytes: int = 1 << 20
-    inline_threshold: int = 64 << 10
 
 
 def level(p: PartMeta) -> int:
@@ -79,7 +78,7 @@ def new_part(
 
 def merge(
     blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...],
-    policy: CompactionPolicy, *, frontier: int | None = None,
+    *, inline_threshold: int, frontier: int | None = None,
 ) -> ReplaceParts:
     """Merges ``parts`` of ``c`` into at most one new part (written to ``blob``), forwarding
     times to ``frontier`` (default and maximum: the effective since)."""
@@ -90,7 +89,7 @@ def merge(
     merged = columnar.consolidate(columnar.forward(table, frontier))
     added: tuple[PartMeta, ...] = ()
     if len(merged):
-        added = (new_part(blob, c, merged, inline_threshold=policy.inline_threshold,
+        added = (new_part(blob, c, merged, inline_threshold=inline_threshold,
                           consolidated=True),)
     crashpoints.hit("compact.part_written")
     return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=added,

@@ -279,8 +279,8 @@ class Indexed:
     ) -> ReplaceParts:
         """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread."""
         c = state.collections[name]
-        return compact.merge(self._blob(), self.reader, c, parts, self.options.compaction,
-                             frontier=frontier)
+        return compact.merge(self._blob(), self.reader, c, parts,
+                             inline_threshold=self.options.inline_threshold, frontier=frontier)
 
     def maintain(self) -> int:
         """Runs compaction, GC and rollups until none has work left (synchronous use).
