@@ -42,7 +42,7 @@ from persist.errors import (
 )
 from persist.indexed import gc
 from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
-from persist.indexed.meta import AllowCompaction, Register, Seal, State
+from persist.indexed.meta import AddPart, AllowCompaction, Register, Seal, SetHold, State
 from persist.indexed.state import effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
@@ -239,8 +239,12 @@ class Runtime:
     def _stage(self, txn: Txn, c: cmd.Command) -> None:
         if isinstance(c, cmd.Apply):
             with txn.atomically():
+                for name, part in c.parts:
+                    txn.stage(AddPart(name=name, part=part))
                 for name, table in c.writes:
                     txn.stage_write(name, table)
+                for name, hold_id, frontier in c.holds:
+                    txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
                 for name, upper in c.seals:
                     txn.stage(Seal(name=name, upper=upper))
                 for name, since in c.sinces:
@@ -286,10 +290,22 @@ class Runtime:
                   (time.perf_counter() - started) * 1000)
 
     def _poison(self, why: BaseException) -> None:
-        if self._poisoned is None:
-            self._poisoned = why
-            log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
+        with self._stop_lock:
+            first = self._poisoned is None
+            if first:
+                self._poisoned = why
+        if not first:
+            return
+        log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
         self.published.close(self._shutdown_error())
+        if isinstance(why, Fenced):
+            # Lost the lock (heartbeat) or the log (a commit was fenced): tell the user.
+            self.lock_lost = why
+            if self.on_lock_lost is not None:
+                try:
+                    self.on_lock_lost(why)
+                except Exception:
+                    log.exception("on_lock_lost callback failed")
 
     def _drain_after_stop(self) -> None:
         while True:
@@ -356,14 +372,7 @@ class Runtime:
             try:
                 self.lock.heartbeat(self.lease)
             except Fenced as e:
-                self.lock_lost = e
-                log.error("writer lock lost: %s", e)
                 self._poison(e)
-                if self.on_lock_lost is not None:
-                    try:
-                        self.on_lock_lost(e)
-                    except Exception:
-                        log.exception("on_lock_lost callback failed")
                 return
             except PersistError as e:
                 log.warning("lock heartbeat failed (will retry): %s", e)
