@@ -12,7 +12,7 @@ import os
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +27,7 @@ from persist.errors import (
 )
 from persist.indexed.columnar import Codec
 from persist.indexed.indexed import Indexed, Options, check_types
-from persist.indexed.meta import CollectionMeta, State
+from persist.indexed.meta import DATA_PREFIX, CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, Snapshot, Types, read_part_at, updates_between
 from persist.indexed.state import collection, effective_since
 from persist.location import resolve
@@ -176,21 +176,44 @@ class Client:
         writes: Mapping[str, Any] | None = None,
         seals: Mapping[str, int] | None = None,
         sinces: Mapping[str, int] | None = None,
+        parts: Mapping[str, Sequence[PartMeta]] | None = None,
+        holds: Mapping[str, Mapping[str, int | None]] | None = None,
     ) -> PersistFuture:
         """Writes, seals and advances since for several collections atomically: all or nothing.
 
+        Args:
+            writes: updates per collection (as accepted by :meth:`WriteHandle.write`).
+            seals: the new ``upper`` per collection.
+            sinces: the new ``since`` per collection.
+            parts: parts per collection that another process already encoded and stored in
+                this location's blob store (``persist.indexed.compact.new_part``), added as
+                they are: a Spark job's tasks stage their data this way and the driver commits
+                it with one apply. Every row must be at a time >= the collection's upper.
+            holds: durable read holds per collection, ``{hold id: frontier}``; a frontier of
+                None releases the hold. See :meth:`WriteHandle.hold`.
+
         Returns:
             A future resolved (with the commit's sequence number) once durable.
+
+        Raises:
+            InvalidUsage: a part that is neither inline nor under ``data/`` (the future fails
+                instead for anything decided against the state: times below upper, ...).
         """
         runtime = self._writer()
         state = self.state
         tables = tuple(
             (name, _normalize(state, name, updates)) for name, updates in (writes or {}).items()
         )
+        staged = tuple((name, p) for name, ps in (parts or {}).items() for p in ps)
+        for name, p in staged:
+            _check_staged_part(name, p)
         return runtime.submit(cmd.Apply(
             writes=tables,
             seals=tuple((seals or {}).items()),
             sinces=tuple((sinces or {}).items()),
+            parts=staged,
+            holds=tuple((name, hold_id, frontier) for name, hs in (holds or {}).items()
+                        for hold_id, frontier in hs.items()),
         ))
 
     def _writer(self) -> Runtime:
@@ -208,6 +231,16 @@ class Client:
         if self._follower is not None:
             self._follower.poke()
         return self._published.wait_for(pred, timeout)
+
+    def maintain(self) -> bool:
+        """Runs one round of compaction, GC and rollup now and waits for it. They also run in
+        the background after commits; this is for tests, demos and operators.
+
+        Returns:
+            True if anything was done.
+        """
+        forbid_in_event_loop("maintain()")
+        return self._writer().maintain_once()
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -239,6 +272,15 @@ def _shutdown(runtime: Runtime | None, follower: Follower | None) -> None:
         runtime.stop()
     if follower is not None:
         follower.stop()
+
+
+def _check_staged_part(name: str, p: PartMeta) -> None:
+    if not isinstance(p, PartMeta):
+        raise InvalidUsage(f"parts for {name!r} must be PartMeta records, not {type(p).__name__}")
+    if (p.inline is None) == (p.blob_key is None):
+        raise InvalidUsage(f"part {p.id} for {name!r} must be either inline or in a blob")
+    if p.blob_key is not None and not p.blob_key.startswith(DATA_PREFIX):
+        raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {DATA_PREFIX!r}")
 
 
 def _normalize(state: State, name: str, updates: Any) -> pa.Table:
@@ -287,6 +329,24 @@ class WriteHandle(_Handle):
         """Advances ``since``: reads as of times below it are no longer needed (never backwards,
         never beyond upper)."""
         return self.client.apply(sinces={self.name: since})
+
+    def hold(self, hold_id: str, frontier: int | None) -> PersistFuture:
+        """Sets (or, with ``frontier`` None, releases) the durable read hold ``hold_id``.
+
+        While a hold at ``f`` exists, compaction never forwards times past ``f`` whatever
+        ``since`` says, so reads as of ``f`` (and the exact updates after it) stay possible for
+        a reader in another process, across restarts. Moving a hold forwards releases history;
+        setting it below the collection's effective since fails (that history is gone).
+
+        The returned future fails with InvalidUsage if ``frontier`` is below the effective since
+        when the hold is applied.
+        """
+        return self.client.apply(holds={self.name: {hold_id: frontier}})
+
+    @property
+    def holds(self) -> dict[str, int]:
+        """The durable read holds on this collection: hold id -> frontier."""
+        return dict(self._meta().holds)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,10 @@ class BlobConformance:
             barrier = threading.Barrier(8)
             wins: list[int] = []
 
-            def go(i: int, key: str = key, barrier: threading.Barrier = barrier) -> None:
+            def go(
+                i: int, key: str = key, barrier: threading.Barrier = barrier,
+                wins: list[int] = wins,
+            ) -> None:
                 barrier.wait()
                 if blob.set_if_absent(key, str(i).encode()):
                     wins.append(i)

@@ -187,9 +187,11 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
         blob._set(victim, raw[: len(raw) - 7])
     else:
         blob._set(victim, blob._get(other) or b"")  # a valid value of another key
+    def read() -> None:
+        Indexed(blob.read_only()).snapshot("c", 5).to_arrow()
+
     with pytest.raises(Corruption, match=victim.split("/")[-1]) as err:
-        ix = Indexed(blob.read_only())
-        ix.snapshot("c", 5).to_arrow()
+        read()
     if damage != "truncate":
         assert isinstance(err.value, ChecksumMismatch)
 
@@ -254,7 +256,8 @@ def test_gc_deletes_retired_blobs_only_after_grace(tmp_path: Path) -> None:
     before = set(blob.list_keys(meta.DATA_PREFIX))
     ix.maintain()
     retired = {r.key for r in ix.state.retired}
-    assert retired and retired <= before
+    assert retired
+    assert retired <= before
     assert set(blob.list_keys(meta.DATA_PREFIX)) >= before  # still there: within grace
     assert gc.leaked(blob, ix.state) == []
     ix.collect_garbage(now_ms=ix.state.wall_ms + 3_600_001)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import threading
 import uuid
@@ -88,7 +89,7 @@ def test_ordering_holds_across_threads() -> None:
 
 def test_group_commit_batches_concurrent_writers(tmp_path: Path) -> None:
     with persist.open(tmp_path) as client:
-        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w, _r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         n_threads, per_thread = 16, 30
         barrier = threading.Barrier(n_threads)
 
@@ -116,7 +117,7 @@ def test_group_commit_batches_concurrent_writers(tmp_path: Path) -> None:
 def test_multi_collection_apply_is_atomic() -> None:
     with persist.open(url()) as client:
         wa, ra = client.create_or_load("a", key_type=pa.int64(), value_type=pa.int64())
-        wb, rb = client.create_or_load("b", key_type=pa.int64(), value_type=pa.int64())
+        _wb, rb = client.create_or_load("b", key_type=pa.int64(), value_type=pa.int64())
         client.apply(writes={"a": [((1, 1), 0, 1)], "b": [((2, 2), 0, 1)]},
                      seals={"a": 1, "b": 1}).result()
         assert (ra.upper, rb.upper) == (1, 1)
@@ -177,16 +178,14 @@ def test_listen_delivers_every_update_once_in_seal_order() -> None:
 
 def test_stop_fails_later_commands_and_is_idempotent() -> None:
     client = persist.open(url())
-    w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+    w, _r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
     queued = [w.write([((i, i), 0, 1)]) for i in range(100)]
     client.stop()
     client.stop()
     # everything queued before stop was committed or failed with RuntimeShutdown, none hangs
     for f in queued:
-        try:
+        with contextlib.suppress(RuntimeShutdown):
             f.result(timeout=5)
-        except RuntimeShutdown:
-            pass
     with pytest.raises(RuntimeShutdown):
         w.write([((1, 1), 0, 1)]).result(timeout=5)
 
@@ -230,7 +229,8 @@ def test_second_writer_is_refused_and_same_id_takes_over(tmp_path: Path) -> None
     assert r2.snapshot(1).to_python() == [((1, 1), 1, 1), ((3, 3), 1, 1)]
     blue.stop()
     blue2.stop()
-    assert lost and isinstance(lost[0], Fenced)
+    assert lost
+    assert isinstance(lost[0], Fenced)
 
 
 def test_blocking_calls_refuse_inside_an_event_loop() -> None:
@@ -238,7 +238,7 @@ def test_blocking_calls_refuse_inside_an_event_loop() -> None:
         with pytest.raises(InvalidUsage, match=r"persist\.aio"):
             persist.open(url())
         client = await persist.aio.open(url())
-        w, r = await client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w, _r = await client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         fut = w.sync.write([((1, 1), 0, 1)])
         if not fut.done():
             with pytest.raises(InvalidUsage, match="event loop"):
