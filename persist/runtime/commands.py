@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from persist.errors import InvalidUsage
 from persist.indexed.columnar import Codec
-from persist.indexed.meta import Op
+from persist.indexed.meta import Op, PartMeta
 
 
 class PersistFuture(concurrent.futures.Future[Any]):
@@ -50,11 +50,18 @@ def forbid_in_event_loop(what: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class Apply:
-    """Writes, seals and compaction frontiers for any number of collections, all or nothing."""
+    """Writes, seals and compaction frontiers for any number of collections, all or nothing.
+
+    ``parts`` are parts already encoded and stored by another process (a Spark task): they are
+    added as they are, without rewriting their data. ``holds`` set (frontier) or release (None)
+    durable read holds ``(collection, hold id, frontier)``.
+    """
 
     writes: tuple[tuple[str, pa.Table], ...] = ()
     seals: tuple[tuple[str, int], ...] = ()
     sinces: tuple[tuple[str, int], ...] = ()
+    parts: tuple[tuple[str, PartMeta], ...] = ()
+    holds: tuple[tuple[str, str, int | None], ...] = ()
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
