@@ -1,0 +1,635 @@
+"""S3 (and S3-compatible stores) as a Blob, and the ``s3://bucket/prefix`` location.
+
+Layout: blob key ``k`` is the object ``<prefix>/k`` of the bucket; the writer lock, when kept in
+S3, is ``<prefix>/LOCK``. Every object holds one enveloped value (see :mod:`.envelope`).
+
+The commit primitive, ``set_if_absent``, has two implementations, chosen by
+``storage_options["conditional_put"]``:
+
+``"native"`` (default)
+    ``put_object(IfNoneMatch="*")``: S3 itself refuses the second creator with 412. A 409
+    ``ConditionalRequestConflict`` (a concurrent conditional write) is retried with backoff.
+``"dynamodb"``
+    for stores without conditional writes: a record in a DynamoDB table serializes creators of a
+    key (:mod:`.dynamo_commit`), then a plain ``put_object`` writes the value.
+
+Ambiguous failures of ``set_if_absent`` (a timeout or reset after the request was sent, a 5xx)
+are never answered by re-sending blindly: the key is read back and compared with the exact bytes
+sent. Identical bytes mean the create landed (True). Other bytes mean another writer created it
+(False). Absent means it has not landed (yet): the create is sent again, which is safe because a
+late landing of the first attempt makes the second fail with 412 and the read-back then finds our
+bytes. When the read-back itself fails, or attempts run out, ``Indeterminate`` is raised.
+
+NB: "identical bytes mean ours" is exact for persist, whose commit entries name their writer and
+epoch: two writers never produce the same bytes for one key.
+
+Immutable data blobs (keys under ``data/``, uniquely named and never rewritten) are kept in a
+size-bounded in-memory LRU; ``meta/`` keys and the lock are never cached.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlparse
+
+from typing_extensions import override
+
+from persist import aws
+from persist.blob.base import Blob
+from persist.blob.dynamo_commit import DynamoCommit, Hold
+from persist.errors import Determinate, Indeterminate, InvalidUsage
+
+if TYPE_CHECKING:
+    from persist.location import Location
+
+#: Keys under this prefix are immutable and uniquely named (columnar parts): safe to cache.
+CACHEABLE_PREFIX = "data/"
+#: S3's smallest part (except the last) of a multipart upload; moto enforces it too.
+MIN_PART_SIZE = 5 << 20
+LOCK_KEY = "LOCK"
+
+ConditionalPut = Literal["native", "dynamodb"]
+LockKind = Literal["auto", "dynamodb", "s3"]
+
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_CONDITIONAL_PUT = {"native": "native", "etag": "native", "s3": "native",
+                    "dynamodb": "dynamodb", "dynamo": "dynamodb"}
+
+
+def _int(name: str, value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidUsage(f"storage option {name!r} must be an integer, not {value!r}") from e
+
+
+def _float(name: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidUsage(f"storage option {name!r} must be a number, not {value!r}") from e
+
+
+@dataclass(frozen=True)
+class S3Config:
+    """The persist-specific ``storage_options`` of an ``s3://`` location (besides connection).
+
+    ``max_clock_skew_rate`` of None leaves each component its default (3 for the DynamoDB commit
+    as in the seed protocol, 2 for the writer lock).
+    """
+
+    multipart_threshold: int = 16 << 20
+    multipart_part_size: int = 8 << 20
+    cache_bytes: int = 64 << 20
+    conditional_put: ConditionalPut = "native"
+    dynamodb_table: str | None = None
+    lock: LockKind = "auto"
+    lock_table: str | None = None
+    commit_timeout: float = 20.0
+    commit_ttl: float = 3600.0
+    max_clock_skew_rate: float | None = None
+
+    KEYS = (
+        "multipart_threshold", "multipart_part_size", "cache_bytes", "conditional_put",
+        "aws_conditional_put", "dynamodb_table", "lock", "lock_table", "commit_timeout",
+        "commit_ttl", "max_clock_skew_rate",
+    )
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any]) -> S3Config:
+        """Builds the config from lower-cased option keys (what ``AwsOptions.split`` leaves).
+
+        Raises:
+            InvalidUsage: an unknown key, or a bad value.
+        """
+        unknown = sorted(set(options) - set(cls.KEYS))
+        if unknown:
+            raise InvalidUsage(
+                f"unknown storage_options for an s3:// location: {unknown}; persist accepts the "
+                f"boto3 connection options and {sorted(cls.KEYS)}"
+            )
+        cond_raw = str(options.get("conditional_put", options.get("aws_conditional_put",
+                                                                  "native"))).lower()
+        if cond_raw not in _CONDITIONAL_PUT:
+            raise InvalidUsage(f"conditional_put must be 'native' or 'dynamodb', not {cond_raw!r}")
+        conditional: ConditionalPut = "dynamodb" if _CONDITIONAL_PUT[cond_raw] == "dynamodb" \
+            else "native"
+        lock_raw = str(options.get("lock", "auto")).lower()
+        if lock_raw not in ("auto", "dynamodb", "s3"):
+            raise InvalidUsage(f"lock must be 'auto', 'dynamodb' or 's3', not {lock_raw!r}")
+        lock: LockKind = "dynamodb" if lock_raw == "dynamodb" else (
+            "s3" if lock_raw == "s3" else "auto")
+        skew = options.get("max_clock_skew_rate")
+        cfg = cls(
+            multipart_threshold=_int("multipart_threshold",
+                                     options.get("multipart_threshold", cls.multipart_threshold)),
+            multipart_part_size=_int("multipart_part_size",
+                                     options.get("multipart_part_size", cls.multipart_part_size)),
+            cache_bytes=_int("cache_bytes", options.get("cache_bytes", cls.cache_bytes)),
+            conditional_put=conditional,
+            dynamodb_table=options.get("dynamodb_table") or None,
+            lock=lock,
+            lock_table=options.get("lock_table") or None,
+            commit_timeout=_float("commit_timeout",
+                                  options.get("commit_timeout", cls.commit_timeout)),
+            commit_ttl=_float("commit_ttl", options.get("commit_ttl", cls.commit_ttl)),
+            max_clock_skew_rate=None if skew is None else _float("max_clock_skew_rate", skew),
+        )
+        if cfg.multipart_part_size < MIN_PART_SIZE:
+            raise InvalidUsage(f"multipart_part_size must be at least {MIN_PART_SIZE} (S3's minimum)")
+        if cfg.multipart_threshold < 1 or cfg.cache_bytes < 0:
+            raise InvalidUsage("multipart_threshold must be >= 1 and cache_bytes >= 0")
+        if cfg.conditional_put == "dynamodb" and not cfg.dynamodb_table:
+            raise InvalidUsage("conditional_put='dynamodb' needs storage option dynamodb_table")
+        return cfg
+
+
+class ImmutableCache:
+    """A thread-safe LRU of immutable values, bounded by their total size in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: str) -> bytes | None:
+        """Returns the cached value of ``key`` (refreshing its recency), or None."""
+        with self._lock:
+            value = self._items.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: str, value: bytes) -> None:
+        """Caches ``value`` under ``key``, evicting the least recently used to fit."""
+        # NB: one value bigger than a quarter of the budget would evict most of the cache for
+        # an object that is usually read once (a compaction input): skip it.
+        if len(value) > self.max_bytes // 4:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= len(old)
+            self._items[key] = value
+            self._size += len(value)
+            while self._size > self.max_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self._size -= len(evicted)
+
+    def discard(self, key: str) -> None:
+        """Forgets ``key``."""
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._size -= len(old)
+
+    @property
+    def size(self) -> int:
+        """Bytes currently cached."""
+        return self._size
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """Splits ``s3://bucket/some/prefix`` into ``("bucket", "some/prefix")``.
+
+    Raises:
+        InvalidUsage: not an s3:// URL, or an invalid bucket name.
+    """
+    parsed = urlparse(url)
+    if parsed.scheme != "s3" or not parsed.netloc:
+        raise InvalidUsage(f"not an s3://bucket/prefix URL: {url!r}")
+    if parsed.query or parsed.fragment:
+        raise InvalidUsage(f"s3:// URL must not carry a query or fragment: {url!r}")
+    return parsed.netloc, parsed.path.strip("/")
+
+
+def _rebuild(bucket: str, prefix: str, storage_options: dict[str, Any]) -> S3Blob:
+    return S3Blob(bucket, prefix, storage_options=storage_options)
+
+
+class S3Blob(Blob):
+    """A Blob over one bucket and key prefix. Thread-safe; share one per location.
+
+    Pickles as its configuration (clients and cache are rebuilt), so it can be shipped to
+    worker processes.
+    """
+
+    supports_conditional_create = True
+    is_local = False
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Args:
+            bucket: the bucket name (it must exist).
+            prefix: the key prefix of this store inside the bucket ("" for the whole bucket).
+            storage_options: connection settings passed to boto3 (``endpoint_url``,
+                ``region_name``, ``aws_access_key_id``, ``addressing_style``, ... or the upper-case
+                ``AWS_*`` spellings) and persist's own (:class:`S3Config`).
+
+        Raises:
+            InvalidUsage: a bad bucket name or storage option.
+        """
+        if not _BUCKET_RE.match(bucket) or ".." in bucket:
+            raise InvalidUsage(f"invalid S3 bucket name {bucket!r} (3-63 of a-z 0-9 . -)")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self._storage_options = dict(storage_options or {})
+        self.aws, rest = aws.AwsOptions.split(self._storage_options)
+        self.config = S3Config.parse(rest)
+        self.retry = self.aws.retry
+        self.client: aws.Client = aws.client("s3", self.aws)
+        self.cache = ImmutableCache(self.config.cache_bytes)
+        self._dynamodb: aws.Client | None = None
+        self._dynamodb_lock = threading.Lock()
+        self.commit: DynamoCommit | None = None
+        self._guarded: aws.Client | None = None
+        self._guard_budget = 0.0
+        if self.config.conditional_put == "dynamodb":
+            assert self.config.dynamodb_table is not None
+            timeout = self.config.commit_timeout
+            self.commit = DynamoCommit(
+                self.dynamodb_client(),
+                self.config.dynamodb_table,
+                timeout=timeout,
+                max_clock_skew_rate=self.config.max_clock_skew_rate or 3.0,
+                ttl=self.config.commit_ttl,
+                retry=self.retry,
+            )
+            # NB: the write made under a commit hold must finish within the hold's timeout, or
+            # a contender may take the record over while it is still in flight. Its client
+            # therefore waits at most a quarter of the timeout to connect and to read, and no
+            # attempt starts with less than half the timeout left (see _create_synchronized).
+            self._guard_budget = timeout / 2
+            self._guarded = aws.client("s3", self.aws, connect_timeout=timeout / 4,
+                                       read_timeout=timeout / 4)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (self.bucket, self.prefix, self._storage_options))
+
+    def __repr__(self) -> str:
+        return f"S3Blob(s3://{self.bucket}/{self.prefix}, conditional_put={self.config.conditional_put})"
+
+    # -- naming ------------------------------------------------------------------------------
+
+    def full_key(self, key: str) -> str:
+        """Returns the S3 object key of blob key ``key``.
+
+        Raises:
+            InvalidUsage: an empty key.
+        """
+        if not key:
+            raise InvalidUsage("blob keys must be non-empty")
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def url(self, key: str) -> str:
+        """Returns ``s3://bucket/<full key>`` of blob key ``key`` (for messages and records)."""
+        return f"s3://{self.bucket}/{self.full_key(key)}"
+
+    def dynamodb_client(self) -> aws.Client:
+        """Returns the (shared, lazily built) DynamoDB client for this location's options."""
+        with self._dynamodb_lock:
+            if self._dynamodb is None:
+                self._dynamodb = aws.client("dynamodb", self.aws)
+            return self._dynamodb
+
+    # -- reads -------------------------------------------------------------------------------
+
+    @override
+    def _get(self, key: str) -> bytes | None:
+        cacheable = key.startswith(CACHEABLE_PREFIX)
+        if cacheable:
+            hit = self.cache.get(key)
+            if hit is not None:
+                return hit
+        data = self._fetch(self.full_key(key))
+        if data is not None and cacheable:
+            self.cache.put(key, data)
+        return data
+
+    def _fetch(self, full: str) -> bytes | None:
+        def get() -> bytes | None:
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=full)
+            except aws.AWS_ERRORS as e:
+                code, status = aws.error_code(e)
+                if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
+                    return None
+                raise
+            body = response["Body"]
+            try:
+                data: bytes = body.read()
+            finally:
+                body.close()
+            return data
+
+        return aws.call(get, what=f"get s3://{self.bucket}/{full}", write=False,
+                        idempotent=True, retry=self.retry)
+
+    def _exists(self, full: str) -> bool:
+        def head() -> bool:
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=full)
+                return True
+            except aws.AWS_ERRORS as e:
+                if aws.error_code(e)[1] == 404:
+                    return False
+                raise
+
+        return aws.call(head, what=f"head s3://{self.bucket}/{full}", write=False,
+                        idempotent=True, retry=self.retry)
+
+    @override
+    def _list(self, prefix: str) -> list[str]:
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> list[str]:
+            out: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+                out.extend(obj["Key"][len(root):] for obj in page.get("Contents", ()))
+            return out
+
+        # NB: a failed page restarts the whole listing: simpler than resuming from a
+        # continuation token, and listings in persist are small (the metadata log).
+        return aws.call(listing, what=f"list s3://{self.bucket}/{root}{prefix}", write=False,
+                        idempotent=True, retry=self.retry)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    @override
+    def _set(self, key: str, data: bytes) -> None:
+        full = self.full_key(key)
+        self.cache.discard(key)
+        try:
+            self._write(self.client, full, data, conditional=False)
+        except Indeterminate:
+            # NB: retried already (an unconditional PUT of the same bytes is idempotent); a
+            # last look tells "landed, reply lost" from "unknown".
+            if self._readback(full, data) != "ours":
+                raise
+        if key.startswith(CACHEABLE_PREFIX):
+            self.cache.put(key, data)
+
+    @override
+    def _set_if_absent(self, key: str, data: bytes) -> bool:
+        full = self.full_key(key)
+        if self.commit is not None:
+            created = self._create_synchronized(full, data)
+        else:
+            created = self._create_native(full, data)
+        if created and key.startswith(CACHEABLE_PREFIX):
+            self.cache.put(key, data)
+        return created
+
+    @override
+    def _delete(self, key: str) -> None:
+        full = self.full_key(key)
+        self.cache.discard(key)
+        # NB: S3 answers 204 for an absent key, so a retried delete is harmless.
+        aws.call(lambda: self.client.delete_object(Bucket=self.bucket, Key=full),
+                 what=f"delete s3://{self.bucket}/{full}", write=True, idempotent=True,
+                 retry=self.retry)
+
+    @override
+    def close(self) -> None:
+        for c in (self.client, self._guarded, self._dynamodb):
+            close = getattr(c, "close", None)
+            if close is not None:
+                close()
+
+    # -- the write paths ---------------------------------------------------------------------
+
+    def _create_native(self, full: str, data: bytes) -> bool:
+        ambiguous: Indeterminate | None = None
+        for attempt in range(self.retry.max_attempts):
+            try:
+                return self._write(self.client, full, data, conditional=True)
+            except Indeterminate as e:
+                ambiguous = e
+            outcome = self._readback(full, data)
+            if outcome != "absent":
+                return outcome == "ours"
+            # NB: absent after an ambiguous create: re-sending is safe (module docstring).
+            if attempt + 1 < self.retry.max_attempts:
+                time.sleep(self.retry.delay(attempt))
+        raise Indeterminate(
+            f"conditional create of s3://{self.bucket}/{full} failed ambiguously "
+            f"{self.retry.max_attempts} times and its outcome is unknown"
+        ) from ambiguous
+
+    def _create_synchronized(self, full: str, data: bytes) -> bool:
+        assert self.commit is not None
+        hold = self.commit.acquire(f"s3://{self.bucket}/{full}",
+                                   precondition=lambda: not self._exists(full))
+        if hold is None:
+            return False
+        try:
+            landed = self._guarded_write(full, data, hold)
+        except Indeterminate:
+            # NB: keep the record: it must stand until it is stale, by which time our write has
+            # landed or never will. Releasing it now could let a contender see "absent" and
+            # create the key while our write is still in flight.
+            raise
+        except BaseException:
+            self.commit.release(hold)
+            raise
+        self.commit.release(hold)
+        return landed
+
+    def _guarded_write(self, full: str, data: bytes, hold: Hold) -> bool:
+        assert self._guarded is not None
+        last_start = hold.deadline - self._guard_budget
+        if time.monotonic() >= last_start:
+            raise Determinate(f"commit hold on s3://{self.bucket}/{full} ran out before the write")
+        try:
+            self._write(self._guarded, full, data, conditional=False, deadline=last_start)
+            return True
+        except Indeterminate as e:
+            outcome = self._readback(full, data)
+            if outcome == "absent":
+                raise Indeterminate(
+                    f"write of s3://{self.bucket}/{full} under a commit hold is unconfirmed"
+                ) from e
+            return outcome == "ours"
+
+    def _readback(self, full: str, data: bytes) -> Literal["ours", "other", "absent"]:
+        """Resolves an ambiguous write by reading the key.
+
+        Raises:
+            Indeterminate: the read failed too.
+        """
+        try:
+            stored = self._fetch(full)
+        except Exception as e:
+            raise Indeterminate(
+                f"could not read back s3://{self.bucket}/{full} after an ambiguous write: {e}"
+            ) from e
+        if stored is None:
+            return "absent"
+        return "ours" if stored == data else "other"
+
+    def _write(self, client: aws.Client, full: str, data: bytes, *, conditional: bool,
+               deadline: float | None = None) -> bool:
+        """One logical PUT (single request or multipart).
+
+        Returns:
+            False only for a conditional create that found the key present (412).
+
+        Raises:
+            Determinate: definitely not written (retries exhausted or not worth retrying).
+            Indeterminate: may have been written. A conditional create is not retried after an
+                ambiguous failure; an unconditional write is (re-sending the same bytes is
+                idempotent).
+        """
+        if len(data) >= self.config.multipart_threshold:
+            return self._multipart(client, full, data, conditional=conditional, deadline=deadline)
+        extra = {"IfNoneMatch": "*"} if conditional else {}
+
+        def put() -> bool:
+            try:
+                client.put_object(Bucket=self.bucket, Key=full, Body=data, **extra)
+                return True
+            except aws.AWS_ERRORS as e:
+                if conditional and aws.error_code(e)[1] == 412:
+                    return False
+                raise
+
+        return aws.call(put, what=f"put s3://{self.bucket}/{full}", write=True,
+                        idempotent=not conditional, retry=self.retry, deadline=deadline)
+
+    def _multipart(self, client: aws.Client, full: str, data: bytes, *, conditional: bool,
+                   deadline: float | None) -> bool:
+        what = f"multipart put s3://{self.bucket}/{full}"
+        # NB: creating an upload twice only leaves an orphan upload (a lifecycle rule with
+        # AbortIncompleteMultipartUpload cleans those; see docs/s3.md).
+        upload_id: str = aws.call(
+            lambda: client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"],
+            what=what, write=True, idempotent=True, retry=self.retry, deadline=deadline,
+        )
+        finished = False
+        try:
+            parts: list[dict[str, Any]] = []
+            size = self.config.multipart_part_size
+            view = memoryview(data)
+            for number, offset in enumerate(range(0, len(data), size), start=1):
+                upload = functools.partial(
+                    client.upload_part, Bucket=self.bucket, Key=full, UploadId=upload_id,
+                    PartNumber=number, Body=bytes(view[offset:offset + size]),
+                )
+                etag: str = aws.call(lambda upload=upload: upload()["ETag"],  # type: ignore[misc]
+                                     what=f"{what} part {number}", write=True, idempotent=True,
+                                     retry=self.retry, deadline=deadline)
+                parts.append({"ETag": etag, "PartNumber": number})
+            extra = {"IfNoneMatch": "*"} if conditional else {}
+
+            def complete() -> bool:
+                try:
+                    client.complete_multipart_upload(
+                        Bucket=self.bucket, Key=full, UploadId=upload_id,
+                        MultipartUpload={"Parts": parts}, **extra,
+                    )
+                    return True
+                except aws.AWS_ERRORS as e:
+                    if conditional and aws.error_code(e)[1] == 412:
+                        return False
+                    raise
+
+            try:
+                # NB: completing is the moment the object appears; it is never re-sent after an
+                # ambiguous failure (a second complete of a finished upload fails NoSuchUpload,
+                # which would hide the success). Callers resolve it by reading back.
+                done = aws.call(complete, what=f"{what} complete", write=True, idempotent=False,
+                                retry=self.retry, deadline=deadline)
+            except Indeterminate:
+                finished = True  # may have completed: aborting would race it; leave it be
+                raise
+            finished = done
+            return done
+        finally:
+            if not finished:
+                self._abort(client, full, upload_id)
+
+    def _abort(self, client: aws.Client, full: str, upload_id: str) -> None:
+        # Best effort: a bucket lifecycle rule collects whatever is left behind.
+        with contextlib.suppress(Exception):
+            aws.call(lambda: client.abort_multipart_upload(Bucket=self.bucket, Key=full,
+                                                           UploadId=upload_id),
+                     what=f"abort multipart s3://{self.bucket}/{full}", write=True,
+                     idempotent=True, retry=self.retry)
+
+
+def location(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    lease_seconds: float = 30.0,
+) -> Location:
+    """Builds the Location of ``s3://bucket/prefix``: an :class:`S3Blob` and its writer lock.
+
+    The lock is a :class:`~persist.lock.dynamodb.DynamoLock` when ``lock_table`` or
+    ``dynamodb_table`` is configured (or ``lock="dynamodb"``), else an
+    :class:`~persist.lock.s3.S3Lock` on ``<prefix>/LOCK`` (or with ``lock="s3"``).
+
+    Args:
+        url: ``s3://bucket/prefix``.
+        storage_options: see :class:`S3Blob`.
+        lease_seconds: the writer lock's lease.
+
+    Returns:
+        The location. Nothing is contacted yet: a missing bucket surfaces on first use as
+        :class:`persist.aws.MissingResource`.
+
+    Raises:
+        InvalidUsage: a malformed URL or a bad storage option.
+    """
+    # NB: imported here, not at the top: persist.location imports this module lazily, and a
+    # module-level cycle confuses both import order and mypy.
+    from persist.location import Location
+    from persist.lock.dynamodb import DynamoLock
+    from persist.lock.s3 import S3Lock
+
+    bucket, prefix = parse_url(url)
+    blob = S3Blob(bucket, prefix, storage_options=storage_options)
+    cfg = blob.config
+    table = cfg.lock_table or cfg.dynamodb_table
+    kind = cfg.lock if cfg.lock != "auto" else ("dynamodb" if table else "s3")
+    skew = cfg.max_clock_skew_rate or 2.0
+    if kind == "dynamodb":
+        if table is None:
+            raise InvalidUsage("lock='dynamodb' needs storage option lock_table or dynamodb_table")
+        ddb = blob.dynamodb_client()
+        lock_id = blob.url(LOCK_KEY)
+
+        def dynamo_lock() -> DynamoLock:
+            return DynamoLock(ddb, table, lock_id, lease_seconds=lease_seconds,
+                              max_skew_rate=skew, retry=blob.retry)
+
+        return Location(url, blob, dynamo_lock)
+
+    def s3_lock() -> S3Lock:
+        return S3Lock(blob.client, bucket, blob.full_key(LOCK_KEY), lease_seconds=lease_seconds,
+                      max_skew_rate=skew, retry=blob.retry)
+
+    return Location(url, blob, s3_lock)
+
+
+__all__ = ["ImmutableCache", "S3Blob", "S3Config", "location", "parse_url"]

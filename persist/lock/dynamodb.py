@@ -1,0 +1,234 @@
+"""The writer lock as one DynamoDB item, compare-and-set by conditional ``PutItem``.
+
+Table schema (the same table serves :mod:`persist.blob.dynamo_commit`; :func:`create_table`)::
+
+    path        S  partition key   the lock's id: "s3://<bucket>/<prefix>/LOCK"
+    etag        S  sort key        "#writer-lock" (commit records use "*" or an object etag)
+    ttl         N  TTL attribute   set on commit records only; never on a lock item
+
+Lock item attributes (one per location; the fields of :class:`~persist.lock.base.LockRecord`)::
+
+    holder S, generation N, beat N, lease_ms N, wall_ms N, released BOOL, version N
+
+``_cas(expected, new)`` is a ``PutItem`` of ``new`` conditioned on ``attribute_not_exists``
+(``expected`` is None) or on every attribute equal to ``expected``.
+
+NB: the condition covers the whole record, not only ``(generation, beat)``: a release keeps
+generation and beat and sets ``released``, so a heartbeat racing its own holder's release would
+otherwise pass its condition and silently un-release the lock.
+
+NB: no TTL on the lock item. If DynamoDB expired it, the next holder would start again at
+generation 1 and its fence commit would be refused by a log at a higher epoch (safe, but the
+location would be stuck until an operator intervened).
+
+Ambiguous failures (a timeout after sending, a 5xx) are resolved with a consistent read: the new
+record stored means the write landed; the expected record still stored means it did not (yet),
+and the same conditional write is sent again (a late landing of the first makes the second fail
+its condition, and the next read finds ``new``); anything else means another party moved first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from typing_extensions import override
+
+from persist import aws
+from persist.errors import Corruption, Determinate, IncompatibleFormat, Indeterminate, InvalidUsage
+from persist.lock.base import LOCK_FORMAT_VERSION, LockRecord, WriterLock
+
+LOCK_SORT_KEY = "#writer-lock"
+_FIELDS = ("holder", "generation", "beat", "lease_ms", "wall_ms", "released", "version")
+
+
+def _encode(rec: LockRecord) -> dict[str, Any]:
+    return {
+        "holder": {"S": rec.holder},
+        "generation": {"N": str(rec.generation)},
+        "beat": {"N": str(rec.beat)},
+        "lease_ms": {"N": str(rec.lease_ms)},
+        "wall_ms": {"N": str(rec.wall_ms)},
+        "released": {"BOOL": rec.released},
+        "version": {"N": str(rec.version)},
+    }
+
+
+def _decode(lock_id: str, item: Mapping[str, Any]) -> LockRecord:
+    try:
+        version = int(item["version"]["N"])
+        if version > LOCK_FORMAT_VERSION:
+            raise IncompatibleFormat(
+                f"lock record {lock_id} has version {version}; this persist reads up to "
+                f"{LOCK_FORMAT_VERSION}"
+            )
+        return LockRecord(
+            version=version,
+            holder=item["holder"]["S"],
+            generation=int(item["generation"]["N"]),
+            beat=int(item["beat"]["N"]),
+            lease_ms=int(item["lease_ms"]["N"]),
+            wall_ms=int(item["wall_ms"]["N"]),
+            released=bool(item["released"]["BOOL"]),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise Corruption(lock_id, f"malformed lock item: {e!r}") from e
+
+
+class DynamoLock(WriterLock):
+    """A writer lock kept in one DynamoDB item (see the module docstring for the schema)."""
+
+    #: Holders run on other machines: liveness only by observing the record unchanged.
+    same_clock = False
+
+    def __init__(
+        self,
+        client: aws.Client,
+        table: str,
+        lock_id: str,
+        *,
+        lease_seconds: float = 30.0,
+        max_skew_rate: float = 2.0,
+        retry: aws.RetryPolicy | None = None,
+    ) -> None:
+        """Args:
+            client: a boto3 DynamoDB client (not closed by this lock).
+            table: the table (see :func:`create_table`).
+            lock_id: the partition key of this location's lock item.
+            lease_seconds: the lease a holder claims.
+            max_skew_rate: tolerated clock rate difference (see ``persist.lock.base``).
+            retry: backoff for transient DynamoDB failures.
+
+        Raises:
+            InvalidUsage: bad lease parameters or an empty lock id.
+        """
+        super().__init__(lease_seconds=lease_seconds, max_skew_rate=max_skew_rate)
+        if not lock_id or not table:
+            raise InvalidUsage("DynamoLock needs a table and a non-empty lock id")
+        self.client = client
+        self.table = table
+        self.lock_id = lock_id
+        self.retry = retry or aws.RetryPolicy()
+        self._key = {"path": {"S": lock_id}, "etag": {"S": LOCK_SORT_KEY}}
+
+    @override
+    def _read(self) -> LockRecord | None:
+        response = aws.call(
+            lambda: self.client.get_item(TableName=self.table, Key=self._key, ConsistentRead=True),
+            what=f"read lock {self.lock_id}", write=False, idempotent=True, retry=self.retry,
+        )
+        item = response.get("Item")
+        return None if not item else _decode(self.lock_id, item)
+
+    @override
+    def _cas(self, expected: LockRecord | None, new: LockRecord) -> bool:
+        if expected is None:
+            condition = "attribute_not_exists(#path)"
+            names = {"#path": "path"}
+            values: dict[str, Any] = {}
+        else:
+            names = {f"#{f}": f for f in _FIELDS}
+            values = {f":{f}": v for f, v in _encode(expected).items()}
+            condition = " AND ".join(f"#{f} = :{f}" for f in _FIELDS)
+        item = {**self._key, **_encode(new)}
+
+        def put() -> bool:
+            try:
+                self.client.put_item(
+                    TableName=self.table, Item=item, ConditionExpression=condition,
+                    ExpressionAttributeNames=names,
+                    **({"ExpressionAttributeValues": values} if values else {}),
+                )
+                return True
+            except aws.AWS_ERRORS as e:
+                if aws.error_code(e)[0] == "ConditionalCheckFailedException":
+                    return False
+                raise
+
+        last: Indeterminate | None = None
+        for attempt in range(self.retry.max_attempts):
+            try:
+                return aws.call(put, what=f"write lock {self.lock_id}", write=True,
+                                idempotent=False, retry=self.retry)
+            except Indeterminate as e:
+                last = e
+            try:
+                stored = self._read()
+            except Determinate as e:
+                raise Indeterminate(f"lock write of {self.lock_id} unresolved: {e}") from e
+            if stored == new:
+                return True
+            if stored != expected:
+                return False
+            time.sleep(self.retry.delay(attempt))
+        raise Indeterminate(f"lock write of {self.lock_id} failed ambiguously") from last
+
+
+def create_table(client_or_options: aws.Client | Mapping[str, Any], name: str) -> None:
+    """Creates the persist DynamoDB table (locks and commit records) if it does not exist.
+
+    On-demand billing; TTL enabled on ``ttl``. Idempotent: an existing table with the right key
+    schema is accepted, and TTL is (re-)enabled.
+
+    Args:
+        client_or_options: a boto3 DynamoDB client, or ``storage_options`` to build one.
+        name: the table name.
+
+    Raises:
+        InvalidUsage: a table of that name exists with another key schema.
+        ExternalError: DynamoDB failed.
+    """
+    if isinstance(client_or_options, Mapping):
+        opts, _ = aws.AwsOptions.split(client_or_options)
+        client = aws.client("dynamodb", opts)
+    else:
+        client = client_or_options
+        opts = aws.AwsOptions()
+    retry = opts.retry
+    schema = [{"AttributeName": "path", "KeyType": "HASH"},
+              {"AttributeName": "etag", "KeyType": "RANGE"}]
+
+    def create() -> None:
+        try:
+            client.create_table(
+                TableName=name,
+                KeySchema=schema,
+                AttributeDefinitions=[{"AttributeName": "path", "AttributeType": "S"},
+                                      {"AttributeName": "etag", "AttributeType": "S"}],
+                BillingMode="PAY_PER_REQUEST",
+            )
+        except aws.AWS_ERRORS as e:
+            if aws.error_code(e)[0] != "ResourceInUseException":
+                raise
+
+    aws.call(create, what=f"create table {name}", write=True, idempotent=True, retry=retry)
+    deadline = time.monotonic() + 120
+    while True:
+        table = aws.call(lambda: client.describe_table(TableName=name)["Table"],
+                         what=f"describe table {name}", write=False, idempotent=True, retry=retry)
+        if sorted((k["AttributeName"], k["KeyType"]) for k in table["KeySchema"]) != \
+                [("etag", "RANGE"), ("path", "HASH")]:
+            raise InvalidUsage(f"table {name!r} exists with another key schema: "
+                               f"{table['KeySchema']}; persist needs path (HASH), etag (RANGE)")
+        if table.get("TableStatus") == "ACTIVE":
+            break
+        if time.monotonic() > deadline:
+            raise Determinate(f"table {name!r} did not become ACTIVE in 120 s")
+        time.sleep(0.5)
+
+    def enable_ttl() -> None:
+        try:
+            client.update_time_to_live(
+                TableName=name,
+                TimeToLiveSpecification={"Enabled": True, "AttributeName": "ttl"},
+            )
+        except aws.AWS_ERRORS as e:
+            # AWS refuses to enable TTL twice ("TimeToLive is already enabled").
+            if aws.error_code(e)[0] != "ValidationException" or "already" not in str(e):
+                raise
+
+    aws.call(enable_ttl, what=f"enable TTL on {name}", write=True, idempotent=True, retry=retry)
+
+
+__all__ = ["LOCK_SORT_KEY", "DynamoLock", "create_table"]
