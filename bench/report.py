@@ -1,0 +1,169 @@
+"""The readable table and the targets, computed from the results of one run.
+
+Ratios are ``persist / peer`` of the two *medians* (over the repeats) of the same metric,
+measured in the same run: with a higher-is-better metric (↑) a ratio above 1 favours persist,
+with a lower-is-better one (↓) a ratio below 1 does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from bench.results import Metric, WorkloadResult
+
+PEER_ORDER = ("floor", "delta", "iceberg")
+
+
+def fmt(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    a = abs(x)
+    if a >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if a >= 1e4:
+        return f"{x / 1e3:.1f}k"
+    if a >= 100:
+        return f"{x:.0f}"
+    if a >= 10:
+        return f"{x:.1f}"
+    if a >= 1:
+        return f"{x:.2f}"
+    return f"{x:.3f}"
+
+
+def cell(m: Metric, system: str) -> str:
+    xs = m.samples.get(system)
+    if not xs:
+        return "—"
+    med = m.median(system)
+    if len(xs) == 1:
+        return fmt(med)
+    return f"{fmt(med)} [{fmt(min(xs))}–{fmt(max(xs))}]"
+
+
+def ratio(m: Metric, peer: str) -> float | None:
+    p, q = m.median("persist"), m.median(peer)
+    if p is None or q is None or q == 0:
+        return None
+    return p / q
+
+
+def render_workload(w: WorkloadResult, systems: list[str]) -> str:
+    peers = [p for p in PEER_ORDER if p in systems]
+    head = ["metric", *systems, *(f"p/{p}" for p in peers)]
+    rows = [head]
+    for m in w.metrics.values():
+        arrow = {"higher": " ↑", "lower": " ↓"}.get(m.better or "", "")
+        row = [m.name + arrow, *(cell(m, s) for s in systems)]
+        for p in peers:
+            r = ratio(m, p) if m.better else None
+            row.append("—" if r is None else f"{r:.2f}")
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = [f"{w.wid} {w.title}"]
+    for j, r in enumerate(rows):
+        lines.append("  " + "  ".join(
+            c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r)))
+        if j == 0:
+            lines.append("  " + "  ".join("-" * x for x in widths))
+    skipped = {s: st for s, st in w.status.items() if not st.startswith("ok")}
+    for s, st in skipped.items():
+        lines.append(f"  ({s}: {st})")
+    for note in w.notes:
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+# -- targets ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    id: str
+    description: str
+    op: str  # ">=" or "<="
+    threshold: float
+    value: float | None
+
+    @property
+    def met(self) -> bool | None:
+        if self.value is None:
+            return None
+        return self.value >= self.threshold if self.op == ">=" else self.value <= self.threshold
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "description": self.description, "op": self.op,
+                "threshold": self.threshold, "value": self.value, "met": self.met}
+
+
+def _div(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
+    def med(wid: str, metric: str, system: str) -> float | None:
+        w = ws.get(wid)
+        return None if w is None else w.median(metric, system)
+
+    out: list[Target] = []
+
+    def add(tid: str, desc: str, op: str, thr: float, value: float | None) -> None:
+        out.append(Target(tid, desc, op, thr, value))
+
+    add("W1.write/floor", "W1 write records/s, persist/floor", ">=", 0.9,
+        _div(med("W1", "write records/s", "persist"), med("W1", "write records/s", "floor")))
+    add("W1.write/delta", "W1 write records/s, persist/delta", ">=", 1.5,
+        _div(med("W1", "write records/s", "persist"), med("W1", "write records/s", "delta")))
+    add("W1.read/floor", "W1 raw snapshot read records/s, persist/floor", ">=", 0.9,
+        _div(med("W1", "raw read records/s", "persist"), med("W1", "raw read records/s", "floor")))
+    add("W2.median/floor", "W2 median append latency, persist/floor", "<=", 1.5,
+        _div(med("W2", "median latency (ms)", "persist"), med("W2", "median latency (ms)", "floor")))
+    add("W2.delta/median", "W2 median append latency, delta/persist (times lower)", ">=", 20,
+        _div(med("W2", "median latency (ms)", "delta"), med("W2", "median latency (ms)", "persist")))
+    add("W2.growth", "W2 persist last window / first window median latency", "<=", 1.2,
+        med("W2", "growth last/first", "persist"))
+    w3 = ws.get("W3")
+    if w3 is not None:
+        n = max((int(k.split("@")[1].split()[0].replace(",", "")) for k in w3.metrics
+                 if k.startswith("read latest @")), default=0)
+        for which in ("latest", "middle"):
+            add(f"W3.{which}/floor-compacted",
+                f"W3 read {which} after {n:,} appends, persist (no manual compaction) / floor's "
+                f"one compacted file", "<=", 2.0,
+                _div(med("W3", f"read {which} @{n:,} (ms)", "persist"),
+                     med("W3", f"after compaction: read {which} @{n:,} (ms)", "floor")))
+    w4 = ws.get("W4")
+    if w4 is not None:
+        threads = list(w4.params.get("threads", []))
+        if threads:
+            lo, hi = min(threads), max(threads)
+            add("W4.persist/floor-seq",
+                f"W4 persist appends/s @{hi} threads / floor's sequential (@{lo}) appends/s",
+                ">=", 6.0, _div(med("W4", f"appends/s @{hi} threads", "persist"),
+                                med("W4", f"appends/s @{lo} threads", "floor")))
+            add("W4.persist/persist-1",
+                f"W4 persist appends/s @{hi} threads / persist @{lo} thread", ">=", 3.0,
+                _div(med("W4", f"appends/s @{hi} threads", "persist"),
+                     med("W4", f"appends/s @{lo} threads", "persist")))
+    w6 = ws.get("W6")
+    if w6 is not None:
+        for dim in ("collections", "seals"):
+            sizes = list(w6.params.get(dim, []))
+            if sizes:
+                lo, hi = min(sizes), max(sizes)
+                add(f"W6.{dim}", f"W6 persist median append latency, {hi:,} vs {lo:,} {dim}",
+                    "<=", 1.5, med("W6", f"ratio {hi:,}/{lo:,} {dim}", "persist"))
+    return out
+
+
+def render_targets(ts: list[Target]) -> str:
+    lines = ["Targets (persist, same run)"]
+    for t in ts:
+        mark = {True: "MET   ", False: "MISSED", None: "n/a   "}[t.met]
+        v = "—" if t.value is None else f"{t.value:.2f}"
+        lines.append(f"  {mark} {t.description}: {v} (target {t.op} {t.threshold:g})")
+    return "\n".join(lines)

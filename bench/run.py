@@ -1,0 +1,234 @@
+"""The one command: ``python -m bench.run [--quick] [--out DIR] [sizes...]``.
+
+Runs W1..W7 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
+table of median [min–max] over the repeats with the ratios persist/peer measured in this run,
+the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
+A system whose package is missing is skipped, with the reason recorded in every workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import SCHEMA, make_batch, remove, settle
+from bench.plot import plot_w2
+from bench.report import render_targets, render_workload, targets
+from bench.results import WorkloadResult
+from bench.systems import SYSTEMS
+from bench.workloads import ALL_IDS, WORKLOADS
+from bench.workloads.context import Context
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: Default sizes (the issue's workloads; a few minutes here) and the --quick ones (< 1 minute).
+DEFAULTS: dict[str, Any] = {
+    "repeats": 3, "peer_repeats": 1,
+    "w1_appends": 10, "w1_rows": 1_000_000,
+    "w2_appends": 2000, "w2_rows": 100, "w3_reads": 3,
+    "w4_threads": [1, 4, 32], "w4_seconds": 3.0, "w4_rows": 100,
+    "w5_appends": 150, "w5_rows": 100, "w5_interval_ms": 20.0, "w5_poll_ms": 5.0,
+    "w6_collections": [10, 1000], "w6_seals": [10, 10_000], "w6_appends": 200, "w6_rows": 100,
+    "w7_appends": 10, "w7_rows": 1_000_000,
+}
+QUICK: dict[str, Any] = {
+    "repeats": 1, "peer_repeats": 1,
+    "w1_appends": 3, "w1_rows": 20_000,
+    "w2_appends": 40, "w2_rows": 100, "w3_reads": 1,
+    "w4_threads": [1, 4], "w4_seconds": 0.3, "w4_rows": 100,
+    "w5_appends": 10, "w5_rows": 100, "w5_interval_ms": 10.0, "w5_poll_ms": 5.0,
+    "w6_collections": [2, 5], "w6_seals": [2, 10], "w6_appends": 5, "w6_rows": 100,
+    "w7_appends": 2, "w7_rows": 20_000,
+}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x.replace("_", "")) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description="persist against delta-rs, pyiceberg and the storage floor (see bench/README.md)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, one repeat: a smoke test (< 1 minute); asserts nothing")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output directory (default bench/results/<timestamp>)")
+    p.add_argument("--work", type=Path, default=None,
+                   help="scratch directory for the tables (default <out>/scratch, removed)")
+    p.add_argument("--systems", default=",".join(SYSTEMS),
+                   help="comma-separated subset of: " + ", ".join(SYSTEMS))
+    p.add_argument("--workloads", default=",".join(ALL_IDS),
+                   help="comma-separated subset of W1..W7 (W2 and W3 run together)")
+    g = p.add_argument_group("sizes (defaults in brackets: full run / --quick)")
+
+    def opt(name: str, kind: Any, help_: str) -> None:
+        key = name.lstrip("-").replace("-", "_")
+        g.add_argument(name, type=kind, default=None,
+                       help=f"{help_} [{DEFAULTS[key]} / {QUICK[key]}]")
+
+    opt("--repeats", int, "rounds of every workload (systems rotated each round)")
+    opt("--peer-repeats", int, "rounds of W2/W3 for delta and iceberg (slow)")
+    opt("--w1-appends", int, "W1 appends")
+    opt("--w1-rows", int, "W1 records per append")
+    opt("--w2-appends", int, "W2 sequential appends")
+    opt("--w2-rows", int, "W2 records per append")
+    opt("--w3-reads", int, "W3 reads per point (median)")
+    opt("--w4-threads", _ints, "W4 thread counts")
+    opt("--w4-seconds", float, "W4 seconds per run")
+    opt("--w4-rows", int, "W4 records per append")
+    opt("--w5-appends", int, "W5 appends")
+    opt("--w5-rows", int, "W5 records per append")
+    opt("--w5-interval-ms", float, "W5 ms between appends")
+    opt("--w5-poll-ms", float, "W5 peers' follower poll interval")
+    opt("--w6-collections", _ints, "W6 collection counts")
+    opt("--w6-seals", _ints, "W6 prior seal counts")
+    opt("--w6-appends", int, "W6 measured appends")
+    opt("--w6-rows", int, "W6 records per append")
+    opt("--w7-appends", int, "W7 appends")
+    opt("--w7-rows", int, "W7 records per append")
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else DEFAULTS
+    for k, v in preset.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    return args
+
+
+def _versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for pkg in ("persist", "pyarrow", "deltalake", "pyiceberg", "SQLAlchemy", "numpy",
+                "matplotlib", "psutil"):
+        try:
+            out[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _fs_type(path: Path) -> str | None:
+    try:
+        best = ("", None)
+        with open("/proc/mounts") as f:
+            for line in f:
+                parts = line.split()
+                mnt, fs = parts[1], parts[2]
+                if str(path.resolve()).startswith(mnt) and len(mnt) > len(best[0]):
+                    best = (mnt, fs)
+        return best[1]
+    except OSError:
+        return None
+
+
+def warm_up(ctx: Context) -> None:
+    """Imports and first-call costs of every system, outside every measurement."""
+    for name in ctx.systems:
+        s = ctx.new_system(name, "warmup")
+        try:
+            for i in range(3):
+                s.append(make_batch(i, 100, time_lo=i), i + 1)
+            s.read()
+            s.read(None)
+        finally:
+            ctx.dispose(s)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out: Path = args.out or (REPO / "bench" / "results" / stamp)
+    out.mkdir(parents=True, exist_ok=True)
+    work: Path = args.work or (out / "scratch")
+    work.mkdir(parents=True, exist_ok=True)
+
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in SYSTEMS]
+    if unknown:
+        raise SystemExit(f"unknown systems {unknown}; choose from {list(SYSTEMS)}")
+    unavailable: dict[str, str] = {}
+    for name in SYSTEMS:
+        if name not in wanted:
+            unavailable[name] = "not selected (--systems)"
+        elif (why := SYSTEMS[name].unavailable()) is not None:
+            unavailable[name] = why
+    systems = [s for s in SYSTEMS if s not in unavailable]
+    ids = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    ctx = Context(args=args, work=work, systems=systems, unavailable=unavailable)
+    for name, why in unavailable.items():
+        ctx.log(f"skipping {name}: {why}")
+
+    started = time.time()
+    ctx.log(f"systems: {', '.join(systems)}; workloads: {', '.join(ids)}; out: {out}")
+    warm_up(ctx)
+    settle()
+    results: dict[str, WorkloadResult] = {}
+    for wid, module in WORKLOADS.items():
+        produces = ["W2", "W3"] if wid == "W2" else [wid]
+        if not any(p in ids for p in produces):
+            continue
+        t0 = time.monotonic()
+        for res in module.run(ctx):
+            res.seconds = time.monotonic() - t0
+            for name, why in unavailable.items():
+                res.skip(name, why)
+            results[res.wid] = res
+        settle()
+    ts = targets(results)
+
+    order = list(SYSTEMS)
+    shown = [s for s in order if s in systems]
+    text = "\n\n".join(render_workload(results[w], shown) for w in ALL_IDS if w in results)
+    text += "\n\n" + render_targets(ts)
+    header = (f"persist benchmark, {stamp}, {os.cpu_count()} CPUs, {platform.platform()}, "
+              f"work dir on {_fs_type(work)}; cells: median [min–max] over rounds; "
+              f"p/X = persist median / X median (↑ higher is better, ↓ lower is better)")
+    text = header + "\n\n" + text
+    print(text)
+    (out / "table.txt").write_text(text + "\n")
+
+    plot = None
+    if "W2" in results and results["W2"].series.get("latency_ms"):
+        plot = plot_w2(results["W2"].series["latency_ms"], out / "w2_latency.png",
+                       title=results["W2"].title)
+    doc = {
+        "meta": {
+            "started": dt.datetime.fromtimestamp(started).isoformat(timespec="seconds"),
+            "seconds": time.time() - started,
+            "argv": sys.argv[1:] if argv is None else argv,
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "fs": _fs_type(work),
+            "versions": _versions(),
+            "schema": [f"{f.name}:{f.type}" for f in SCHEMA],
+            "plot": str(plot) if plot else None,
+        },
+        "systems": {
+            name: {"available": name not in unavailable, "reason": unavailable.get(name),
+                   "guarantee": SYSTEMS[name].guarantee}
+            for name in SYSTEMS
+        },
+        "workloads": {wid: results[wid].to_json() for wid in ALL_IDS if wid in results},
+        "targets": [t.to_json() for t in ts],
+    }
+    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        remove(work)
+    ctx.log(f"done in {time.time() - started:.0f} s; results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""persist, through its public API only: ``persist.open``, ``create_or_load``,
+``WriteHandle.append(batch, upper=...)`` (write + seal as one durable step) and snapshots.
+
+Reads open a read-only replica (``persist.open(url, read_only=True)``), as another process
+would, so no decoded-part cache of the writer can flatter them. Compaction is never called:
+the runtime's maintenance thread does it in the background.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+import persist
+from bench.common import SCHEMA
+from bench.systems.base import System
+
+NAME = "t"
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+class PersistSystem(System):
+    name: ClassVar[str] = "persist"
+    guarantee: ClassVar[str] = "durable (fsync'd data + metadata commit) and sealed"
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.url = str(root / "location")
+        self.client: persist.Client | None = None
+        self.write: persist.WriteHandle | None = None
+        self._lock = threading.Lock()
+        self._next_time = 0
+
+    def create(self) -> None:
+        self.client = persist.open(self.url)
+        self.write, _ = self.client.create_or_load(NAME, key_type=pa.int64(),
+                                                   value_type=pa.int64())
+
+    def append(self, table: pa.Table, upper: int) -> Any:
+        assert self.write is not None
+        self.write.append(table, upper=upper).result()
+        self._next_time = upper
+        return upper - 1
+
+    def _open_read(self) -> tuple[persist.Client, persist.ReadHandle]:
+        client = persist.open(self.url, read_only=True)
+        _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
+        return client, read
+
+    def read(self, version: Any = None) -> pa.Table:
+        client, read = self._open_read()
+        try:
+            as_of = read.upper - 1 if version is None else int(version)
+            snap = read.snapshot(as_of)
+            return _concat(list(snap.batches()), snap.schema)
+        finally:
+            client.stop()
+
+    def read_consolidated(self, version: Any = None) -> pa.Table:
+        """The definite contents (one row per (key, value), diffs summed): persist's answer to
+        "what is in the collection as of t", which the peers have no equivalent of."""
+        client, read = self._open_read()
+        try:
+            as_of = read.upper - 1 if version is None else int(version)
+            return read.snapshot(as_of).to_arrow()
+        finally:
+            client.stop()
+
+    def compact(self) -> str:
+        return "none (background compaction in the runtime's maintenance thread)"
+
+    def concurrent_appender(self) -> Callable[[pa.Table], int]:
+        write = self.write
+        assert write is not None
+        lock = self._lock
+        field = SCHEMA.field(2)
+
+        def append(table: pa.Table) -> int:
+            n = len(table)
+            # NB: taking a time and enqueueing happen under one lock so that times reach the
+            # runtime in order (a write below upper is refused); enqueueing never blocks, the
+            # wait for durability happens outside the lock, where group commit batches it.
+            with lock:
+                t = self._next_time
+                self._next_time = t + 1
+                fut = write.append(
+                    table.set_column(2, field, pa.array(np.full(n, t, dtype=np.int64))),
+                    upper=t + 1,
+                )
+            fut.result()
+            return 0
+
+        return append
+
+    # -- W5 / W6 -----------------------------------------------------------------------------
+
+    def _attach(self) -> None:
+        pass  # the follower opens its own read-only client (see workloads/w5_listen.py)
+
+    def add_collections(self, n: int) -> None:
+        assert self.client is not None
+        have = len(self.client.collections)
+        for i in range(have, have + n):
+            self.client.create_or_load(f"other-{i:06d}", key_type=pa.int64(),
+                                       value_type=pa.int64())
+
+    def add_history(self, n: int) -> None:
+        assert self.write is not None
+        for _ in range(n):
+            self._next_time += 1
+            self.write.seal(self._next_time).result()
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.stop()
+            self.client = None

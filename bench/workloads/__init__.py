@@ -1,0 +1,26 @@
+"""The workloads W1..W7, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from bench.workloads import (
+    w1_bulk,
+    w2_small_appends,
+    w4_concurrent,
+    w5_listen,
+    w6_metadata,
+    w7_memory,
+)
+
+#: W3 (time travel) runs inside W2's appends, so ``w2_small_appends`` produces both W2 and W3.
+WORKLOADS: dict[str, ModuleType] = {
+    "W1": w1_bulk,
+    "W2": w2_small_appends,
+    "W4": w4_concurrent,
+    "W5": w5_listen,
+    "W6": w6_metadata,
+    "W7": w7_memory,
+}
+
+ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")

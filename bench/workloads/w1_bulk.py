@@ -1,0 +1,61 @@
+"""W1 bulk ingest: ``--w1-appends`` appends of ``--w1-rows`` records each, every one acknowledged
+(persist: write + seal durable) before the next, then a full read of the latest version.
+
+Systems run one after another within a round, in an order rotated every round; dirty pages are
+flushed between systems (not timed) so delta-rs's and pyiceberg's unsynced writes do not land on
+the next system's fsyncs.
+"""
+
+from __future__ import annotations
+
+from bench.common import MiB, du, make_batch, rotate, settle, timed
+from bench.results import WorkloadResult
+from bench.systems.persist import PersistSystem
+from bench.workloads.context import Context
+
+WID = "W1"
+TITLE = "bulk ingest"
+
+
+def run(ctx: Context) -> list[WorkloadResult]:
+    a = ctx.args
+    n, rows = a.w1_appends, a.w1_rows
+    res = WorkloadResult(WID, f"{TITLE}: {n} appends x {rows:,} records, then a full read",
+                         params={"appends": n, "rows": rows, "repeats": ctx.repeats})
+    batches = [make_batch(1000 + i, rows, time_lo=i * rows, time_hi=(i + 1) * rows)
+               for i in range(n)]
+    total = n * rows
+    nbytes = sum(b.nbytes for b in batches)
+    for r in range(ctx.repeats):
+        for name in rotate(ctx.systems, r):
+            ctx.log(f"W1 round {r + 1}/{ctx.repeats}: {name}")
+            s = ctx.new_system(name, f"w1-r{r}")
+            try:
+                settle()
+                with timed() as t:
+                    for i, b in enumerate(batches):
+                        s.append(b, upper=(i + 1) * rows)
+                res.add("write records/s", "rec/s", "higher", name, total / t.seconds)
+                res.add("write MiB/s (Arrow bytes)", "MiB/s", "higher", name,
+                        nbytes / MiB / t.seconds)
+                settle()
+                with timed() as t:
+                    out = s.read()
+                got = len(out)
+                del out
+                if got != total:
+                    raise AssertionError(f"{name} read {got} rows, expected {total}")
+                res.add("raw read records/s", "rec/s", "higher", name, total / t.seconds)
+                res.add("raw read MiB/s", "MiB/s", "higher", name, nbytes / MiB / t.seconds)
+                if isinstance(s, PersistSystem):
+                    with timed() as t:
+                        out = s.read_consolidated()
+                    del out
+                    res.add("consolidated read records/s (persist to_arrow)", "rec/s", "higher",
+                            name, total / t.seconds)
+                res.add("stored MiB", "MiB", "lower", name, du(s.root) / MiB)
+            finally:
+                ctx.dispose(s)
+    res.notes.append("raw read = every stored row as of the latest version, read through a "
+                     "freshly opened handle (persist: a read-only replica, snapshot().batches())")
+    return [res]

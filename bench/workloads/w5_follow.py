@@ -1,0 +1,77 @@
+"""W5's follower process: ``python -m bench.workloads.w5_follow SYSTEM ROOT EXPECT POLL``.
+
+Prints ``READY`` once it follows the table, then, when ``EXPECT`` appends are visible, one JSON
+line ``{"seen": {count: monotonic seconds}}``: when each visible-append count was first seen.
+
+persist follows with its own API: a read-only replica (``persist.open(url, read_only=True)``,
+default polling of the metadata log) and ``ReadHandle.listen``; the count is the listened
+``upper``. The peers have no change feed: the process polls for new versions every ``POLL``
+seconds (delta ``update_incremental``, iceberg ``refresh``, the floor a file's existence).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def follow_persist(root: Path, expect: int) -> dict[int, float]:
+    import pyarrow as pa
+
+    import persist
+    from bench.systems.persist import NAME, PersistSystem
+
+    seen: dict[int, float] = {}
+    client = persist.open(PersistSystem(root).url, read_only=True)
+    try:
+        _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
+        listener = read.listen(0)
+        print("READY", flush=True)
+        last = 0
+        for ev in listener:
+            if isinstance(ev, persist.ListenProgress):
+                now = time.monotonic()
+                for k in range(last + 1, ev.upper + 1):
+                    seen[k] = now
+                last = max(last, ev.upper)
+                if last >= expect:
+                    break
+        listener.close()
+    finally:
+        client.stop()
+    return seen
+
+
+def follow_polling(name: str, root: Path, expect: int, poll: float) -> dict[int, float]:
+    from bench.systems import SYSTEMS
+
+    s = SYSTEMS[name].attach(root)
+    seen: dict[int, float] = {}
+    last = s.visible_appends()
+    print("READY", flush=True)
+    deadline = time.monotonic() + 600
+    while last < expect and time.monotonic() < deadline:
+        v = s.visible_appends()
+        if v > last:
+            now = time.monotonic()
+            for k in range(last + 1, v + 1):
+                seen[k] = now
+            last = v
+        else:
+            time.sleep(poll)
+    return seen
+
+
+def main() -> None:
+    name, root, expect, poll = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    if name == "persist":
+        seen = follow_persist(root, expect)
+    else:
+        seen = follow_polling(name, root, expect, poll)
+    print(json.dumps({"seen": seen}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
