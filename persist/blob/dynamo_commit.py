@@ -196,8 +196,8 @@ class DynamoCommit:
                 # taken over since (our hold went stale): not ours to delete
 
         try:
-            aws.call(delete, what=f"release commit record {hold.path}", write=True,
-                     idempotent=True, retry=self.retry)
+            aws.call(delete, what=f"release commit record {hold.path} in table {self.table}",
+                     write=True, idempotent=True, retry=self.retry)
         except ExternalError as e:
             log.warning("could not release commit record %s: %s", hold.path, e)
 
@@ -229,7 +229,7 @@ class DynamoCommit:
             lambda: self.client.get_item(
                 TableName=self.table, Key=self._key(path, etag), ConsistentRead=True
             ),
-            what=f"read commit record {path}",
+            what=f"read commit record {path} in table {self.table}",
             write=False,
             idempotent=True,
             retry=self.retry,
@@ -281,8 +281,8 @@ class DynamoCommit:
                 raise
 
         try:
-            won, existing = aws.call(put, what=f"write commit record {path}", write=True,
-                                     idempotent=False, retry=self.retry)
+            won, existing = aws.call(put, what=f"write commit record {path} in table {self.table}",
+                                     write=True, idempotent=False, retry=self.retry)
         except Indeterminate:
             # NB: resolve an ambiguous conditional write by reading: the owner token is unique,
             # so the record carrying it can only be ours. A late landing after this read can

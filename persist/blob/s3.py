@@ -144,7 +144,9 @@ class S3Config:
             max_clock_skew_rate=None if skew is None else _float("max_clock_skew_rate", skew),
         )
         if cfg.multipart_part_size < MIN_PART_SIZE:
-            raise InvalidUsage(f"multipart_part_size must be at least {MIN_PART_SIZE} (S3's minimum)")
+            raise InvalidUsage(
+                f"multipart_part_size must be at least {MIN_PART_SIZE} (S3's minimum part size)"
+            )
         if cfg.multipart_threshold < 1 or cfg.cache_bytes < 0:
             raise InvalidUsage("multipart_threshold must be >= 1 and cache_bytes >= 0")
         if cfg.conditional_put == "dynamodb" and not cfg.dynamodb_table:
@@ -286,7 +288,8 @@ class S3Blob(Blob):
         return (_rebuild, (self.bucket, self.prefix, self._storage_options))
 
     def __repr__(self) -> str:
-        return f"S3Blob(s3://{self.bucket}/{self.prefix}, conditional_put={self.config.conditional_put})"
+        mode = self.config.conditional_put
+        return f"S3Blob(s3://{self.bucket}/{self.prefix}, conditional_put={mode})"
 
     # -- naming ------------------------------------------------------------------------------
 

@@ -116,7 +116,8 @@ class DynamoLock(WriterLock):
     def _read(self) -> LockRecord | None:
         response = aws.call(
             lambda: self.client.get_item(TableName=self.table, Key=self._key, ConsistentRead=True),
-            what=f"read lock {self.lock_id}", write=False, idempotent=True, retry=self.retry,
+            what=f"read lock {self.lock_id} in table {self.table}", write=False, idempotent=True,
+            retry=self.retry,
         )
         item = response.get("Item")
         return None if not item else _decode(self.lock_id, item)
@@ -149,8 +150,8 @@ class DynamoLock(WriterLock):
         last: Indeterminate | None = None
         for attempt in range(self.retry.max_attempts):
             try:
-                return aws.call(put, what=f"write lock {self.lock_id}", write=True,
-                                idempotent=False, retry=self.retry)
+                return aws.call(put, what=f"write lock {self.lock_id} in table {self.table}",
+                                write=True, idempotent=False, retry=self.retry)
             except Indeterminate as e:
                 last = e
             try:
