@@ -48,13 +48,17 @@ class Machine:
             ExternalError: storage failed.
         """
         last: PersistError | None = None
-        for _ in range(5):
+        for attempt in range(5):
+            started = time.monotonic()
             try:
                 state = self._load_once()
-                self._last_sync = time.monotonic()
+                self._last_sync = started
                 return state
             except _GapError as e:
                 last = e
+                # NB: a trim in progress (or a rollup replaced between our two LISTs): give
+                # the deleting writer a moment before listing again.
+                time.sleep(0.005 * attempt)
         assert last is not None
         raise Corruption(meta.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
 
@@ -77,22 +81,47 @@ class Machine:
             state = apply(state, meta.decode_commit(key, data))
         return state
 
-    def refresh(self, state: State) -> State:
+    def refresh(self, state: State, *, verify: bool = False, expect_seq: int = 0) -> State:
         """Brings ``state`` up to date cheaply by probing the next log keys.
 
-        NB: GC deletes a log entry only ``gc_grace`` after a rollup covering it was written, so
-        a follower that last synced less than ``gc_grace/2`` ago can trust a missing next key to
-        mean "no newer commit". Otherwise it pays for a full ``load`` (two LISTs).
+        One GET per new entry plus one for the missing key that ends the chain. A missing key
+        normally means "no newer commit", but it can also mean that GC trimmed the log past
+        ``state`` (entries ``<= R`` go once a rollup ``R`` is ``gc_grace`` old). Trimming needs a
+        newer rollup, so the probe is *verified* with one LIST of the rollups, and the state is
+        reloaded from the newest rollup when one lies beyond it.
+
+        NB: a miss observed at time ``t`` cannot be trimmed before ``t + gc_grace`` (the entry,
+        then a rollup covering it, must be written after ``t``, and then age for the grace), so
+        misses are trusted without a LIST for ``gc_grace/2`` after the last confirmed position.
+        That trust rests on the *writer's* grace, which a reader only assumes (its own options);
+        followers therefore also pass ``verify`` on a schedule of their own, which bounds how
+        long a reader misconfigured with a longer grace than the writer's can lag.
+
+        Args:
+            state: the state to advance (never moved backwards).
+            verify: LIST the rollups even inside the trust window.
+            expect_seq: a sequence number known to be committed (a push notification). If the
+                probe ends below it, that entry vanished under us: verify and reload.
+
+        Raises:
+            Corruption, IncompatibleFormat: storage holds bytes persist cannot trust.
+            ExternalError: storage failed.
         """
-        if time.monotonic() - self._last_sync > self.gc_grace_seconds / 2:
-            return self.load()
+        verify = verify or time.monotonic() - self._last_sync > self.gc_grace_seconds / 2
         while True:
+            probed_at = time.monotonic()
             key = meta.log_key(state.seq + 1)
             data = self.blob.get(key)
             if data is None:
-                self._last_sync = time.monotonic()
-                return state
+                break
             state = apply(state, meta.decode_commit(key, data))
+        if verify or state.seq < expect_seq:
+            rollups = self.blob.list_keys(meta.ROLLUP_PREFIX)
+            if rollups and meta.seq_of(rollups[-1]) > state.seq:
+                return self.load()
+        # NB: the time *before* the GET that missed: the entry was absent at least then.
+        self._last_sync = probed_at
+        return state
 
     # -- writing -------------------------------------------------------------------------
 

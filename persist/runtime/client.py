@@ -14,7 +14,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow as pa
 
@@ -33,10 +33,14 @@ from persist.indexed.state import collection, effective_since
 from persist.location import resolve
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
-from persist.runtime.replica import Follower
+from persist.runtime.notify import Notifier
+from persist.runtime.replica import Follower, open_replica
 from persist.runtime.runtime import Published, Runtime
 
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+#: How many states a read tries before a vanished part (GC) is reported as PartMissing.
+_READ_ATTEMPTS = 8
 
 
 @atexit.register
@@ -56,6 +60,7 @@ def open(
     options: Options | None = None,
     on_lock_lost: Callable[[Fenced], None] | None = None,
     poll_interval: tuple[float, float] = (0.005, 0.5),
+    notify: bool | Literal["unix", "tcp"] = False,
 ) -> Client:
     """Opens a location for writing (taking its writer lock) or, with ``read_only``, as a replica.
 
@@ -71,6 +76,10 @@ def open(
         options: engine tuning (inline threshold, rollup cadence, GC grace, compaction).
         on_lock_lost: called (on a background thread) if the lock is lost while open.
         poll_interval: replicas' (min, max) seconds between polls of the metadata log.
+        notify: push notifications (advisory; see docs/replicas.md). A writer serves them on
+            a Unix socket (True or "unix") or loopback TCP ("tcp") and advertises it in
+            ``meta/notify``; a replica subscribes when one is advertised and reachable, and
+            polls as usual otherwise.
 
     Raises:
         LockHeld: another writer holds the lock.
@@ -79,10 +88,12 @@ def open(
     """
     forbid_in_event_loop("persist.open()")
     loc = resolve(url, storage_options=storage_options, lease_seconds=lease_seconds)
+    if notify not in (False, True, "unix", "tcp"):
+        raise InvalidUsage(f"notify must be a bool, 'unix' or 'tcp', not {notify!r}")
     if read_only:
-        ix = Indexed(loc.read_half(), options=options)
-        return Client(loc.url, ix, follower=Follower(ix, min_poll=poll_interval[0],
-                                                     max_poll=poll_interval[1]))
+        ix, follower = open_replica(loc.read_half(), options=options,
+                                    poll_interval=poll_interval, notify=bool(notify))
+        return Client(loc.url, ix, follower=follower)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     lock = loc.lock()
     lease = lock.acquire(rid, timeout=lock_timeout)
@@ -92,8 +103,12 @@ def open(
     except BaseException:
         lock.release(lease)
         raise
-    return Client(loc.url, ix, runtime=Runtime(ix, lock=lock, lease=lease,
-                                               on_lock_lost=on_lock_lost))
+    runtime = Runtime(ix, lock=lock, lease=lease, on_lock_lost=on_lock_lost)
+    notifier = None
+    if notify:
+        notifier = Notifier.start(loc.blob, runtime.published, epoch=lease.generation, writer=rid,
+                                  transport="tcp" if notify == "tcp" else "unix")
+    return Client(loc.url, ix, runtime=runtime, notifier=notifier)
 
 
 class Client:
@@ -106,6 +121,7 @@ class Client:
         *,
         runtime: Runtime | None = None,
         follower: Follower | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.url = url
         self._ix = ix
@@ -116,7 +132,7 @@ class Client:
         self._published: Published = published
         # NB: the finalizer holds the runtime, not the client, so dropping the last reference to
         # the client (and its handles) stops the runtime and releases the lock.
-        self._finalizer = weakref.finalize(self, _shutdown, runtime, follower)
+        self._finalizer = weakref.finalize(self, _shutdown, runtime, follower, notifier)
         _live.add(self)
 
     # -- properties ----------------------------------------------------------------------------
@@ -141,10 +157,10 @@ class Client:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return self._runtime.describe() if self._runtime else {"polls": self._follower_polls()}
-
-    def _follower_polls(self) -> int:
-        return self._follower.polls if self._follower else 0
+        """Counters: the writer's commits, or a replica's polls and storage requests."""
+        if self._runtime is not None:
+            return self._runtime.describe()
+        return self._follower.describe() if self._follower is not None else {}
 
     # -- collections -------------------------------------------------------------------------
 
@@ -221,10 +237,13 @@ class Client:
             raise ReadOnly(f"{self.url} was opened read_only=True; it cannot write")
         return self._runtime
 
-    def _sync(self) -> State:
-        """Brings a replica's view up to date now (the writer's view is always current)."""
+    def _sync(self, *, full: bool = False) -> State:
+        """Brings a replica's view up to date now (the writer's view is always current).
+
+        ``full`` also checks for a log trimmed past the replica (after a part vanished).
+        """
         if self._follower is not None:
-            self._follower.sync()
+            self._follower.sync(full=full)
         return self.state
 
     def _wait_for(self, pred: Callable[[State], bool], timeout: float | None) -> State | None:
@@ -267,9 +286,13 @@ class Client:
         return f"<persist.Client {self.url} {mode} seq={self.state.seq}>"
 
 
-def _shutdown(runtime: Runtime | None, follower: Follower | None) -> None:
+def _shutdown(
+    runtime: Runtime | None, follower: Follower | None, notifier: Notifier | None
+) -> None:
     if runtime is not None:
         runtime.stop()
+    if notifier is not None:  # after the runtime: its last commits are still pushed
+        notifier.close()
     if follower is not None:
         follower.stop()
 
@@ -438,13 +461,15 @@ class ClientSnapshot:
 
     def _retrying(self, fn: Callable[[Snapshot], Any]) -> Any:
         forbid_in_event_loop("snapshot reads")
-        for attempt in range(4):
+        for attempt in range(_READ_ATTEMPTS):
             try:
                 return fn(self._snap)
             except PartMissing:
-                if attempt == 3:
+                if attempt == _READ_ATTEMPTS - 1:
                     raise
-                self._read.client._sync()
+                # NB: parts read before stay cached (they are immutable), so each retry only
+                # fetches what compaction wrote since.
+                self._read.client._sync(full=True)
                 self._snap = self._fresh()
         raise AssertionError("unreachable")
 
@@ -491,6 +516,7 @@ class Listener(Iterator[ListenEvent]):
                 f"listen on {read.name!r} as of {as_of} is below its since {effective_since(c)}"
             )
         self._closed = False
+        self._failed: InvalidUsage | None = None
         self._lock = threading.Lock()
 
     @property
@@ -504,6 +530,8 @@ class Listener(Iterator[ListenEvent]):
     def __next__(self) -> ListenEvent:
         forbid_in_event_loop("Listener iteration")
         while not self._pending:
+            if self._failed is not None:
+                raise self._failed
             if self._closed:
                 raise StopIteration
             self._fill(self._poll)
@@ -511,6 +539,8 @@ class Listener(Iterator[ListenEvent]):
 
     def poll(self, timeout: float) -> list[ListenEvent]:
         """Returns what arrived within ``timeout`` seconds (possibly nothing)."""
+        if self._failed is not None:
+            raise self._failed
         if not self._pending and not self._closed:
             self._fill(timeout)
         out = list(self._pending)
@@ -528,10 +558,31 @@ class Listener(Iterator[ListenEvent]):
             raise
         if state is None:
             return
-        c = collection(state.collections, name)
-        hi = c.upper
         reader = self._read.client._ix.reader
-        for t in updates_between(c, lo, hi, reader, held=self._token is not None):
+        for attempt in range(_READ_ATTEMPTS):
+            c = collection(state.collections, name)
+            try:
+                # NB: the whole range is read before any of it is queued, so a retry on a newer
+                # state (GC removed a part under us) never repeats an update.
+                tables = list(updates_between(c, lo, c.upper, reader,
+                                              held=self._token is not None))
+                break
+            except PartMissing:
+                if attempt == _READ_ATTEMPTS - 1:
+                    raise
+                state = self._read.client._sync(full=True)
+            except InvalidUsage as e:
+                # A replica cannot hold back the writer's compaction: once since passes this
+                # listener, the updates it still owes may have been merged; fail, never guess.
+                self._failed = InvalidUsage(
+                    f"listener on {name!r} cannot continue from {lo}: the writer advanced since "
+                    f"to {effective_since(c)}, past what this listener has delivered; restart "
+                    f"it from a snapshot at or after since"
+                )
+                self.close()
+                raise self._failed from e
+        hi = c.upper
+        for t in tables:
             self._pending.append(ListenUpdates(t, lo, hi))
         self._pending.append(ListenProgress(hi))
         self._lo = hi

@@ -1,0 +1,113 @@
+"""``Machine.refresh``/``load`` on a replica while the writer trims the metadata log."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from persist.blob.base import BlobRead
+from persist.blob.memory import MemoryBlob
+from persist.indexed import meta
+from persist.indexed.indexed import Indexed, Options
+from persist.indexed.machine import Machine
+from persist.runtime.replica import CountingRead, Follower
+from tests.replica.helpers import eventually
+
+
+@pytest.fixture
+def blob() -> MemoryBlob:
+    return MemoryBlob()
+
+
+def _writer(blob: MemoryBlob) -> Indexed:
+    ix = Indexed(blob, epoch=1, writer="w", options=Options(gc_grace_seconds=0, rollup_every=2))
+    ix.fence()
+    ix.register("c", pa.string(), pa.int64())
+    return ix
+
+
+def _commit_and_trim(ix: Indexed, n: int) -> None:
+    for _ in range(n):
+        t = ix.state.collections["c"].upper
+        ix.write({"c": [(("k", 1), t, 1)]})
+        ix.seal("c", t + 1)
+        ix.maybe_rollup()
+        ix.trim_metadata()
+
+
+def test_a_missing_next_entry_is_trusted_only_until_verified(blob: MemoryBlob) -> None:
+    ix = _writer(blob)
+    counted = CountingRead(blob.read_only())
+    m = Machine(counted, gc_grace_seconds=300)  # assumes more grace than the writer gives
+    stale = m.load()
+    _commit_and_trim(ix, 6)
+    assert blob.get(meta.log_key(stale.seq + 1)) is None  # trimmed past the replica
+    before = counted.counts
+    assert m.refresh(stale).seq == stale.seq  # within the trust window: one GET, no LIST
+    after = counted.counts
+    assert (after["get_meta"] - before["get_meta"], after["list"] - before["list"]) == (1, 0)
+    assert m.refresh(stale, verify=True) == ix.state
+    assert m.refresh(stale, expect_seq=stale.seq + 1) == ix.state  # a push for a vanished seq
+
+
+def test_a_reader_that_assumes_the_writers_grace_catches_up_by_itself(blob: MemoryBlob) -> None:
+    ix = _writer(blob)
+    m = Machine(blob.read_only(), gc_grace_seconds=0)
+    stale = m.load()
+    _commit_and_trim(ix, 6)
+    assert m.refresh(stale) == ix.state
+
+
+def test_refresh_follows_an_untrimmed_log_with_gets_only(blob: MemoryBlob) -> None:
+    ix = Indexed(blob, epoch=1, writer="w")
+    ix.fence()
+    counted = CountingRead(blob.read_only())
+    m = Machine(counted)
+    state = m.load()
+    ix.register("c", pa.string(), pa.int64())
+    ix.seal("c", 5)
+    before = counted.counts
+    assert m.refresh(state) == ix.state
+    after = counted.counts
+    assert (after["get_meta"] - before["get_meta"], after["list"] - before["list"]) == (3, 0)
+
+
+class _TrimsDuringLoad(BlobRead):
+    """Runs the writer (commit, rollup, trim) right after the reader listed the rollups."""
+
+    def __init__(self, inner: MemoryBlob, ix: Indexed, times: int) -> None:
+        self._inner = inner
+        self._ix = ix
+        self._times = times
+
+    def _get(self, key: str) -> bytes | None:
+        return self._inner._get(key)
+
+    def _list(self, prefix: str) -> list[str]:
+        keys = self._inner._list(prefix)
+        if prefix == meta.ROLLUP_PREFIX and self._times > 0:
+            self._times -= 1
+            _commit_and_trim(self._ix, 3)
+        return keys
+
+
+def test_load_retries_when_the_log_is_trimmed_under_it(blob: MemoryBlob) -> None:
+    ix = _writer(blob)
+    _commit_and_trim(ix, 3)
+    m = Machine(_TrimsDuringLoad(blob, ix, times=2))
+    assert m.load() == ix.state
+
+
+def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
+    blob: MemoryBlob,
+) -> None:
+    ix = _writer(blob)
+    replica = Indexed(blob.read_only())  # default options: assumes 300 s of grace
+    follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5))
+    try:
+        _commit_and_trim(ix, 10)
+        eventually(lambda: follower.published.state == ix.state, timeout=5,
+                   what="the follower reloading past the trimmed log")
+        assert follower.verifies >= 1
+    finally:
+        follower.stop()

@@ -1,0 +1,218 @@
+"""Processes for the multi-process replica tests: ``python -m tests.replica.workers ROLE ...``.
+
+Every role prints JSON lines on stdout (flushed at once, so a SIGKILL loses nothing it
+reported) and the tests read them as that process's report. The data model is shared:
+
+* ``events``: key string, value int64. Time ``t`` holds the insert ``(("k<t>", t), t, +1)``;
+  with ``--churn W`` it also retracts key ``t - W`` at ``t`` (so the contents as of ``a`` are
+  exactly the keys ``a-W+1 .. a``), which gives compaction something to consolidate.
+* A writer appends one time per commit (``append(..., upper=t + 1)``) from the upper it finds,
+  so every time below upper holds exactly one insert whoever wrote it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import pyarrow as pa
+
+import persist
+from persist.indexed.indexed import Options
+
+NAME = "events"
+
+
+def emit(**fields: Any) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def key(t: int) -> str:
+    return f"k{t:06d}"
+
+
+def updates_at(t: int, churn: int) -> list[tuple[tuple[str, int], int, int]]:
+    out = [((key(t), t), t, 1)]
+    if churn and t >= churn:
+        out.append(((key(t - churn), t - churn), t, -1))
+    return out
+
+
+def expected_keys(as_of: int, churn: int) -> list[str]:
+    lo = max(0, as_of - churn + 1) if churn else 0
+    return [key(t) for t in range(lo, as_of + 1)]
+
+
+def aggressive_options() -> Options:
+    """Everything in blobs, rollups every few commits, GC with no grace at all."""
+    return Options(gc_grace_seconds=0, rollup_every=4, inline_threshold=0)
+
+
+def open_events(url: str, **kw: Any) -> tuple[persist.Client, Any, Any]:
+    client = persist.open(url, **kw)
+    try:
+        if client.read_only:
+            deadline = time.monotonic() + 20
+            while NAME not in client.collections:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the writer never created the collection")
+                time.sleep(0.01)
+                client._sync()
+        w, r = client.create_or_load(NAME, key_type=pa.string(), value_type=pa.int64())
+    except BaseException:
+        client.stop()
+        raise
+    return client, w, r
+
+
+def writer(a: argparse.Namespace) -> None:
+    stop = threading.Event()
+
+    def watch_stdin() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stop":
+                break
+        stop.set()
+
+    threading.Thread(target=watch_stdin, daemon=True).start()
+    options = aggressive_options() if a.aggressive else None
+    emit(ev="opening")
+    client, w, r = open_events(a.url, reentrance_id=a.rid, lock_timeout=a.lock_timeout,
+                               notify=a.notify, options=options)
+    t = r.upper
+    emit(ev="open", upper=t, seq=client.state.seq, epoch=client.state.epoch)
+    try:
+        while not stop.is_set() and (a.until is None or t < a.until):
+            try:
+                w.append(updates_at(t, a.churn), upper=t + 1).result()
+            except (persist.Fenced, persist.RuntimeShutdown) as e:
+                emit(ev="fenced", t=t, error=type(e).__name__)
+                return
+            emit(ev="ack", t=t)
+            t += 1
+            if a.since_lag and t % 8 == 0 and t > a.since_lag:
+                w.allow_compaction(t - a.since_lag).result()
+            if a.interval:
+                time.sleep(a.interval)
+        emit(ev="done", upper=t)
+    finally:
+        client.stop()
+        emit(ev="stopped")
+
+
+def listener(a: argparse.Namespace) -> None:
+    client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    try:
+        snap = r.snapshot(0, timeout=30)
+        # NB: a snapshot at 0 holds time 0 exactly; listen(0) then has every later time.
+        rows = [[k, t, d] for (k, _v), t, d in snap.to_python()]
+        listen = r.listen(0, poll=0.5)
+        emit(ev="ready")
+        progress: list[int] = []
+        deadline = time.monotonic() + a.timeout
+        while listen.frontier < a.until:
+            if time.monotonic() > deadline:
+                emit(ev="timeout", frontier=listen.frontier)
+                return
+            for e in listen.poll(0.5):
+                if isinstance(e, persist.ListenUpdates):
+                    for k, t, d in zip(e.batch.column("key").to_pylist(),
+                                       e.batch.column("time").to_pylist(),
+                                       e.batch.column("diff").to_pylist(), strict=True):
+                        rows.append([k, t, d])
+                else:
+                    progress.append(e.upper)
+        listen.close()
+        emit(ev="done", rows=rows, progress=progress, stats=client.stats)
+    finally:
+        client.stop()
+
+
+def reader(a: argparse.Namespace) -> None:
+    """Consolidated snapshots in a loop, each checked against the model."""
+    client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    try:
+        r.snapshot(0, timeout=30)
+        n, bad, errors = 0, 0, []
+        deadline = time.monotonic() + a.timeout
+        while True:
+            upper, since = r.upper, r.since
+            if upper >= a.until or time.monotonic() > deadline:
+                break
+            for as_of in {upper - 1, (since + upper - 1) // 2}:
+                try:
+                    got = r.snapshot(as_of).to_python()
+                except persist.InvalidUsage as e:
+                    # since moved past the chosen as_of while we read: a refusal, not a wrong
+                    # answer; counted separately
+                    errors.append(f"refused: {e}")
+                    continue
+                except persist.PersistError as e:
+                    errors.append(f"{type(e).__name__}: {e}")
+                    continue
+                n += 1
+                keys = [k for (k, _v), _t, d in got if d == 1]
+                if keys != expected_keys(as_of, a.churn) or any(d != 1 for _, _, d in got):
+                    bad += 1
+        emit(ev="done", snapshots=n, bad=bad, errors=errors[:20],
+             failures=sum(not e.startswith("refused") for e in errors), stats=client.stats)
+    finally:
+        client.stop()
+
+
+def replica_probe(a: argparse.Namespace) -> None:
+    """A replica that reads everything it can and tries every kind of write."""
+    client, w, r = open_events(a.url, read_only=True)
+    try:
+        upper = r.upper
+        rows = len(r.snapshot(upper - 1).to_python())
+        listen = r.listen(upper - 1)
+        listen.poll(0.05)
+        listen.close()
+        refused, unknown = [], []
+        for what, call in [
+            ("write", lambda: w.write([((key(upper), upper), upper, 1)])),
+            ("append", lambda: w.append([((key(upper), upper), upper, 1)], upper=upper + 1)),
+            ("seal", lambda: w.seal(upper + 1)),
+            ("allow_compaction", lambda: w.allow_compaction(0)),
+            ("apply", lambda: client.apply(seals={NAME: upper + 1})),
+            ("register", lambda: client.create_or_load("other", key_type=pa.string(),
+                                                        value_type=pa.int64())),
+        ]:
+            try:
+                call()
+            except persist.ReadOnly:
+                refused.append(what)
+            except persist.UnknownCollection:
+                unknown.append(what)  # a replica cannot create a collection either
+        emit(ev="done", upper=upper, rows=rows, refused=refused, unknown=unknown,
+             stats=client.stats)
+    finally:
+        client.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=["writer", "listener", "reader", "replica_probe"])
+    p.add_argument("--url", required=True)
+    p.add_argument("--rid")
+    p.add_argument("--until", type=int)
+    p.add_argument("--interval", type=float, default=0.0)
+    p.add_argument("--lock-timeout", type=float, default=0.0)
+    p.add_argument("--notify", action="store_true")
+    p.add_argument("--aggressive", action="store_true")
+    p.add_argument("--churn", type=int, default=0)
+    p.add_argument("--since-lag", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=60.0)
+    a = p.parse_args(argv)
+    {"writer": writer, "listener": listener, "reader": reader,
+     "replica_probe": replica_probe}[a.role](a)
+
+
+if __name__ == "__main__":
+    main()
