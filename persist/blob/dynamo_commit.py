@@ -164,7 +164,12 @@ class DynamoCommit:
                 hold = None
             if hold is not None:
                 # NB: the second check that makes releasing records safe (module docstring).
-                if precondition():
+                try:
+                    still = precondition()
+                except BaseException:
+                    self.release(hold)
+                    raise
+                if still:
                     return hold
                 self.release(hold)
                 return None
