@@ -472,6 +472,9 @@ class S3Blob(Blob):
                 raise Indeterminate(
                     f"write of s3://{self.bucket}/{full} under a commit hold is unconfirmed"
                 ) from e
+            # NB: "other" bytes can only be a successor's, written after our hold went stale
+            # (it checked for the object after taking the record and did not see ours); under
+            # the timeout assumption our write then never lands: False is the truth.
             return outcome == "ours"
 
     def _readback(self, full: str, data: bytes) -> Literal["ours", "other", "absent"]:
