@@ -1,0 +1,34 @@
+"""Spark operators for persist: ``PersistedSource`` (batch as-of and streaming by frontier) and
+the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
+
+    import operators
+    operators.register(spark)
+    df = spark.read.format("persist").option("collection", "events").load("file:///data/loc")
+    q = (spark.readStream.format("persist").option("collection", "events").load(url)
+         .writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start())
+    df.write.format("persist").mode("append").option("collection", "out").save(url)
+
+Modules: :mod:`operators.source` (the data source and its readers), :mod:`operators.sink`
+(writers), :mod:`operators.partitions` (what a Spark task reads), :mod:`operators.buckets`
+(parallel consolidation), :mod:`operators.schema` (types across the boundary),
+:mod:`operators.options` (option parsing), :mod:`operators.holds` (durable read holds).
+See ``docs/spark.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from operators.holds import set_hold
+from operators.source import PersistDataSource
+
+#: The name the source and sink are registered under: ``spark.read.format("persist")``.
+FORMAT = "persist"
+
+
+def register(spark: Any) -> None:
+    """Registers the ``persist`` format with a SparkSession (once per session)."""
+    spark.dataSource.register(PersistDataSource)
+
+
+__all__ = ["FORMAT", "PersistDataSource", "register", "set_hold"]

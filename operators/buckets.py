@@ -1,0 +1,122 @@
+"""Consolidating a snapshot in parallel: key-hash buckets, one per Spark task.
+
+Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place,
+and storage parts are not partitioned by key: any part may hold any key. So each of ``n``
+consolidating tasks reads every part, keeps the rows whose key hashes to its bucket, and
+consolidates those. A key lands in exactly one bucket, so the buckets' results are disjoint and
+their union is exactly the snapshot's consolidated contents.
+
+The hash must agree across processes and machines (Python's ``hash`` is salted per process),
+be vectorized (no Python per row) and never split keys that Arrow's ``group_by`` treats as
+equal. It may *merge* keys group_by tells apart (``-0.0`` and ``0.0``, NaN payloads, null and
+the zero value): that only puts two groups in one bucket, never one group in two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_U = np.uint64
+_Hashes = npt.NDArray[np.uint64]
+
+#: Elements hashed per step for variable-width keys (bounds the per-byte temporaries).
+_BLOCK = 1 << 18
+
+
+def _mix(x: _Hashes) -> _Hashes:
+    """splitmix64's finalizer: a bijection on uint64 that spreads every input bit."""
+    x = x + _U(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> _U(27))) * _U(0x94D049BB133111EB)
+    out: _Hashes = x ^ (x >> _U(31))
+    return out
+
+
+#: Per-byte-position weights for variable-width keys; fixed, so identical in every process.
+_WEIGHTS = _mix(np.arange(1, 257, dtype=np.uint64))
+
+
+def hash_keys(col: pa.ChunkedArray | pa.Array) -> _Hashes:
+    """A 64-bit hash of every element of ``col``, equal for elements Arrow considers equal."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    out = [_hash_array(c) for c in chunks if len(c)]
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
+
+
+def bucket_mask(col: pa.ChunkedArray | pa.Array, bucket: int, buckets: int) -> pa.Array:
+    """A boolean mask of the rows of ``col`` whose key falls in ``bucket`` of ``buckets``."""
+    if buckets == 1:
+        return pa.array(np.ones(len(col), dtype=bool))
+    return pa.array(hash_keys(col) % _U(buckets) == _U(bucket))
+
+
+def _hash_array(arr: pa.Array) -> _Hashes:
+    t = arr.type
+    if pa.types.is_null(t):
+        return np.zeros(len(arr), dtype=np.uint64)
+    if pa.types.is_floating(t):
+        v = arr.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float64)
+        # NB: x + 0.0 turns -0.0 into 0.0, and every NaN payload becomes one NaN: equal keys
+        # (by any Arrow notion of equality) must share a bucket.
+        v = v + 0.0
+        v[np.isnan(v)] = np.nan
+        return _mix(v.view(np.uint64))
+    if pa.types.is_boolean(t):
+        return _mix(arr.fill_null(False).to_numpy(zero_copy_only=False).astype(np.uint64))
+    if pa.types.is_integer(t):
+        # NB: astype wraps negative ints into uint64 bit patterns, which is all a hash needs.
+        return _mix(arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.uint64))
+    if (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)):
+        return np.concatenate([
+            _hash_var_width(arr.slice(i, _BLOCK)) for i in range(0, len(arr), _BLOCK)
+        ])
+    raise TypeError(f"cannot hash keys of type {t}")  # pragma: no cover - types are checked
+
+
+def _hash_var_width(arr: pa.Array) -> _Hashes:
+    """Position-weighted byte sums per element, computed on the raw Arrow buffers."""
+    n = len(arr)
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    _, offsets_buf, data_buf = arr.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=np.int64 if large else np.int32,
+                            count=arr.offset + n + 1)[arr.offset:].astype(np.int64)
+    lens = np.diff(offsets)
+    base = int(offsets[0])
+    data = (np.frombuffer(data_buf, dtype=np.uint8)[base:int(offsets[-1])]
+            if data_buf is not None else np.zeros(0, dtype=np.uint8))
+    starts = offsets[:-1] - base
+    sums = np.zeros(n, dtype=np.uint64)
+    nonempty = lens > 0
+    if nonempty.any():
+        element = np.repeat(np.arange(n), lens)
+        position = np.arange(len(data)) - starts[element]
+        weighted = (data.astype(np.uint64) + _U(1)) * _WEIGHTS[position & 255]
+        # NB: reduceat over the starts of non-empty elements only: a segment then spans one
+        # element's bytes (empty elements in between contribute none).
+        sums[nonempty] = np.add.reduceat(weighted, starts[nonempty])
+    return _mix(sums ^ _mix(lens.astype(np.uint64)))
+
+
+def consolidate(table: pa.Table, as_of: int) -> pa.Table:
+    """Sums ``diff`` per ``(key, value)`` of updates at or before ``as_of``, drops zero sums,
+    sets every time to ``as_of``; ``table``'s schema is kept.
+
+    Unlike ``persist.indexed.columnar.contents_at`` this does not sort: Spark never promises an
+    order, and sorting would cost as much again as the aggregation.
+    """
+    schema = table.schema
+    if len(table):
+        table = table.filter(pc.less_equal(table.column("time"), pa.scalar(as_of, pa.uint64())))
+    if len(table) == 0:
+        return schema.empty_table()
+    agg = table.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
+    agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
+    return pa.Table.from_arrays(
+        [agg.column("key"), agg.column("value"),
+         pa.repeat(pa.scalar(as_of, pa.uint64()), len(agg)), agg.column("diff_sum")],
+        schema=schema,
+    )

@@ -1,0 +1,236 @@
+"""Input partitions and what a Spark task does with one: read storage parts, yield Arrow.
+
+The driver plans (:func:`snapshot_parts`, :func:`range_parts`, :func:`group`) from metadata
+alone; each partition then carries everything its task needs — the location, the collection's
+types, the parts (inline parts with their bytes) and the time bounds — so a task reads straight
+from the blob store with no client, no lock and no call back to the driver, and its output
+depends only on its partition (Spark pickles partitions to executors, and a streaming read runs
+on another process than the one planning offsets).
+
+Three kinds:
+
+* :class:`SnapshotPartition` (batch, ``mode=raw``): a group of parts, every update at or before
+  ``as_of`` with its time forwarded to ``as_of``.
+* :class:`BucketPartition` (batch, ``mode=consolidated``): every part, only keys of one hash
+  bucket, consolidated (see :mod:`operators.buckets`).
+* :class:`RangePartition` (streaming): a group of parts, the updates with ``lo <= time < hi``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import InputPartition
+
+from operators import buckets
+from operators.options import Target
+from operators.schema import CollectionTypes, to_spark
+from persist.blob.base import BlobRead
+from persist.errors import InvalidUsage
+from persist.indexed.machine import Machine
+from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.indexed.read import PartMissing, PartReader, read_part_at
+from persist.indexed.state import collection, effective_since
+from persist.location import resolve
+
+log = logging.getLogger("persist.spark")
+
+#: Rows per RecordBatch handed to Spark.
+BATCH_ROWS = 1 << 17
+
+
+class SnapshotPartition(InputPartition):
+    """Raw updates of ``parts`` as of ``as_of`` (times forwarded to it)."""
+
+    def __init__(self, target: Target, types: CollectionTypes, as_of: int,
+                 parts: tuple[PartMeta, ...]) -> None:
+        super().__init__(None)
+        self.target = target
+        self.types = types
+        self.as_of = as_of
+        self.parts = parts
+
+
+class BucketPartition(InputPartition):
+    """The consolidated contents as of ``as_of`` of the keys in ``bucket`` of ``buckets``."""
+
+    def __init__(self, target: Target, types: CollectionTypes, as_of: int,
+                 parts: tuple[PartMeta, ...], bucket: int, buckets: int) -> None:
+        super().__init__(None)
+        self.target = target
+        self.types = types
+        self.as_of = as_of
+        self.parts = parts
+        self.bucket = bucket
+        self.buckets = buckets
+
+
+class RangePartition(InputPartition):
+    """The updates of ``parts`` with ``lo <= time < hi`` (a micro-batch's share)."""
+
+    def __init__(self, target: Target, types: CollectionTypes, lo: int, hi: int,
+                 parts: tuple[PartMeta, ...]) -> None:
+        super().__init__(None)
+        self.target = target
+        self.types = types
+        self.lo = lo
+        self.hi = hi
+        self.parts = parts
+
+
+# -- planning (driver) ----------------------------------------------------------------------
+
+
+def snapshot_parts(c: CollectionMeta, as_of: int) -> tuple[PartMeta, ...]:
+    """The parts that hold every update at or before ``as_of``."""
+    return tuple(p for p in c.parts if p.rows and p.min_time <= as_of)
+
+
+def range_parts(c: CollectionMeta, lo: int, hi: int) -> tuple[PartMeta, ...]:
+    """The parts that may hold updates with ``lo <= time < hi``."""
+    return tuple(p for p in c.parts if p.rows and p.max_time >= lo and p.min_time < hi)
+
+
+def exact(c: CollectionMeta, lo: int, hi: int) -> bool:
+    """Whether the updates with ``lo <= time < hi`` can still be read exactly from ``c``.
+
+    Compaction forwards times below the effective since to it. From ``lo > 0`` the batch is
+    exact while ``lo - 1 >= since`` (nothing earlier was forwarded into it). From ``lo == 0``
+    nothing was delivered before, so forwarded history belongs in the batch: it is exact while
+    ``since < hi`` (history arrives at time ``since``, summing to the snapshot as of since).
+    """
+    since = effective_since(c)
+    return since < hi if lo == 0 else lo - 1 >= since
+
+
+def group(parts: Sequence[PartMeta], rows: int) -> list[tuple[PartMeta, ...]]:
+    """Parts grouped into partitions: big parts alone, small ones together up to ``rows``."""
+    out: list[tuple[PartMeta, ...]] = []
+    pending: list[PartMeta] = []
+    pending_rows = 0
+    for p in sorted(parts, key=lambda p: (p.min_time, p.id)):
+        if p.rows >= rows:
+            out.append((p,))
+            continue
+        if pending and pending_rows + p.rows > rows:
+            out.append(tuple(pending))
+            pending, pending_rows = [], 0
+        pending.append(p)
+        pending_rows += p.rows
+    if pending:
+        out.append(tuple(pending))
+    return out
+
+
+# -- reading (executors) ----------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=16)
+def _blob(url: str, storage: tuple[tuple[str, object], ...]) -> BlobRead:
+    # NB: one read-only blob handle per location per worker process (Python workers are
+    # reused across tasks): an S3 client is expensive to build. Only the read half: a reading
+    # task cannot write by construction.
+    return resolve(url, storage_options=dict(storage)).read_half()
+
+
+def blob_of(target: Target) -> BlobRead:
+    return _blob(target.url, target.storage)
+
+
+def _reader(target: Target) -> PartReader:
+    # NB: no part cache on executors: each part is read once per task.
+    return PartReader(blob_of(target), cache_bytes=0)
+
+
+def _fresh(target: Target) -> CollectionMeta:
+    return collection(Machine(blob_of(target)).load().collections, target.collection)
+
+
+def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
+    yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def read_snapshot(p: SnapshotPartition) -> Iterator[pa.RecordBatch]:
+    reader = _reader(p.target)
+    schema, target = p.types.part_schema, p.types.arrow_schema
+    for part in p.parts:
+        try:
+            t = read_part_at(reader, part, schema, p.as_of)
+        except PartMissing as e:
+            # NB: no retry on a newer state here: raw rows are not definite (compaction
+            # consolidates them), so this task's rows would not fit the other tasks' rows.
+            raise PartMissing(
+                f"{e}: the raw read of {p.target.collection!r} as of {p.as_of} outlived the "
+                f"GC grace period; run the query again (a consolidated read retries by itself)"
+            ) from e
+        yield from _batches(to_spark(t, target, time=p.as_of))
+
+
+def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
+    parts = p.parts
+    for attempt in range(4):
+        try:
+            table = _bucket_table(p, parts)
+            break
+        except PartMissing:
+            # NB: retrying on a newer state is sound: the consolidated contents as of as_of are
+            # definite, so every state with as_of >= since yields this bucket's same rows.
+            if attempt == 3:
+                raise
+            c = _fresh(p.target)
+            if p.as_of < effective_since(c):
+                raise InvalidUsage(
+                    f"read of {p.target.collection!r} as of {p.as_of}: since passed it "
+                    f"({effective_since(c)}) while the query ran; read as of a later time"
+                ) from None
+            parts = snapshot_parts(c, p.as_of)
+    yield from _batches(to_spark(table, p.types.arrow_schema, time=p.as_of))
+
+
+def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
+    reader = _reader(p.target)
+    schema = p.types.part_schema
+    as_of = pa.scalar(p.as_of, pa.uint64())
+    mine: list[pa.Table] = []
+    for part in parts:
+        t = reader.read(part, schema)
+        if part.max_time > p.as_of:
+            t = t.filter(pc.less_equal(t.column("time"), as_of))
+        # NB: filter each part to this bucket as it is read, so a task holds 1/n of the data.
+        mine.append(t.filter(buckets.bucket_mask(t.column("key"), p.bucket, p.buckets)))
+    if not mine:
+        return schema.empty_table()
+    return buckets.consolidate(pa.concat_tables(mine), p.as_of)
+
+
+def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
+    try:
+        tables = list(_range_tables(p, p.parts))
+    except PartMissing as e:
+        # NB: no retry on a newer state: compaction may have merged this partition's parts
+        # with other partitions' parts, and reading the merged part would duplicate their rows.
+        # Parts outlive their replacement by the GC grace period (minutes), so only a
+        # micro-batch that ran that long gets here; a restart re-plans it from the checkpoint.
+        raise PartMissing(
+            f"{e}: the micro-batch [{p.lo}, {p.hi}) of {p.target.collection!r} outlived the GC "
+            f"grace period; restart the query (it resumes from its checkpoint)"
+        ) from e
+    for t in tables:
+        yield from _batches(to_spark(t, p.types.arrow_schema))
+
+
+def _range_tables(p: RangePartition, parts: tuple[PartMeta, ...]) -> Iterator[pa.Table]:
+    reader = _reader(p.target)
+    schema = p.types.part_schema
+    lo, hi = pa.scalar(p.lo, pa.uint64()), pa.scalar(p.hi, pa.uint64())
+    for part in parts:
+        t = reader.read(part, schema)
+        if part.min_time < p.lo or part.max_time >= p.hi:
+            tc = t.column("time")
+            t = t.filter(pc.and_(pc.greater_equal(tc, lo), pc.less(tc, hi)))
+        if len(t):
+            yield t

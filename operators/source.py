@@ -1,0 +1,475 @@
+"""``PersistedSource``: a persist collection as a Spark batch or streaming source.
+
+    spark.read.format("persist").option("collection", "events").option("as_of", 41)
+         .load("file:///data/loc")
+    spark.readStream.format("persist").option("collection", "events").load("s3://bucket/prefix")
+
+Frontiers are Spark offsets. A streaming offset ``{"upper": u}`` means "every update at a time
+below ``u`` has been delivered"; a micro-batch from ``{"upper": a}`` to ``{"upper": b}`` is every
+update with ``a <= time < b``: the exact difference between the snapshots as of ``a - 1`` and
+``b - 1``. Offsets only ever land on frontiers the writer sealed (``b <= upper``), so a batch
+never holds part of a time, and replaying a batch after a restart reads the same updates.
+
+Where work happens (Spark runs a Python data source in several processes):
+
+* the DataSource (``schema()``) and the readers are built in short-lived planning processes on
+  the driver; they read the metadata log only (:class:`persist.indexed.machine.Machine`), never
+  data;
+* a streaming reader's offset methods run in one long-lived driver process, which keeps a
+  cached view of the metadata (:class:`_Watch`, refreshed at most every ``refreshInterval``);
+* executors read storage parts straight from the blob store (:mod:`operators.partitions`).
+
+Spark pickles readers into every task, so nothing that holds a connection or a cache is pickled
+with them (see ``__getstate__``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.types import StructType
+
+from operators import holds
+from operators.options import ReadOptions, Target
+from operators.partitions import (
+    BucketPartition,
+    RangePartition,
+    SnapshotPartition,
+    blob_of,
+    exact,
+    group,
+    range_parts,
+    read_bucket,
+    read_range,
+    read_snapshot,
+    snapshot_parts,
+)
+from operators.schema import MAX_LONG, CollectionTypes
+from persist.errors import InvalidUsage, SchemaMismatch
+from persist.indexed.machine import Machine
+from persist.indexed.meta import CollectionMeta, State
+from persist.indexed.read import PartReader, check_as_of
+from persist.indexed.state import collection, effective_since
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming.datasource import ReadLimit
+
+try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
+    from pyspark.sql.streaming.datasource import (
+        ReadAllAvailable,
+        ReadMaxRows,
+        SupportsTriggerAvailableNow,
+    )
+except ImportError:  # pragma: no cover - pyspark 4.0/4.1
+
+    class SupportsTriggerAvailableNow:  # type: ignore[no-redef]
+        """Stand-in: without it Spark never calls prepareForTriggerAvailableNow."""
+
+    class ReadMaxRows:  # type: ignore[no-redef]
+        max_rows: int
+
+    class ReadAllAvailable:  # type: ignore[no-redef]
+        pass
+
+
+log = logging.getLogger("persist.spark")
+
+#: Consolidated reads: one key-hash bucket per this many rows (capped at MAX_BUCKETS).
+ROWS_PER_BUCKET = 2_000_000
+MAX_BUCKETS = 8
+
+
+def load_state(target: Target) -> State:
+    """The location's current metadata, read from its log (no lock, no threads)."""
+    return Machine(blob_of(target)).load()
+
+
+class PersistDataSource(DataSource):
+    """The ``persist`` format: batch and streaming reads, batch and streaming writes.
+
+    Register it once per session with ``operators.register(spark)``.
+    """
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        #: The as_of a batch DataFrame is pinned to when no as_of option is given.
+        self.pinned_as_of: int | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "persist"
+
+    def schema(self) -> StructType:
+        """``key, value, time, diff`` in the collection's types (read from its metadata).
+
+        NB: Spark calls this once, when the DataFrame is created; the newest sealed time is
+        pinned here, so every action on one batch DataFrame reads the same definite snapshot.
+        """
+        opts = ReadOptions.parse(self.options)
+        c = collection(load_state(opts.target).collections, opts.target.collection)
+        if opts.as_of is None and c.upper > 0:
+            self.pinned_as_of = c.upper - 1
+        return CollectionTypes.of(c).spark_schema
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PersistBatchReader(ReadOptions.parse(self.options), schema, self.pinned_as_of)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PersistStreamReader(ReadOptions.parse(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from operators.sink import PersistBatchWriter
+
+        return PersistBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from operators.sink import PersistStreamWriter
+
+        return PersistStreamWriter(self.options, schema, overwrite)
+
+
+def _types_for(c: CollectionMeta, schema: StructType) -> CollectionTypes:
+    types = CollectionTypes.of(c)
+    if schema != types.spark_schema:
+        raise SchemaMismatch(
+            f"collection {c.name!r} reads as {types.spark_schema.simpleString()}; a user-given "
+            f"schema must be exactly that, not {schema.simpleString()}"
+        )
+    return types
+
+
+# -- batch --------------------------------------------------------------------------------
+
+
+class PersistBatchReader(DataSourceReader):
+    """Reads a collection as of one time: consolidated (default) or raw updates.
+
+    Planning (here, on the driver) checks ``as_of`` against the collection's frontiers and
+    plans partitions from metadata; tasks read parts (:mod:`operators.partitions`).
+    """
+
+    def __init__(self, opts: ReadOptions, schema: StructType, pinned_as_of: int | None) -> None:
+        target = opts.target
+        c = collection(load_state(target).collections, target.collection)
+        self.types = _types_for(c, schema)
+        as_of = opts.as_of if opts.as_of is not None else pinned_as_of
+        if as_of is None:
+            if c.upper == 0:
+                raise InvalidUsage(
+                    f"collection {c.name!r} has nothing sealed yet (upper is 0): there is no "
+                    f"time to read as of"
+                )
+            as_of = c.upper - 1
+        check_as_of(c, as_of)
+        if as_of > MAX_LONG:
+            raise InvalidUsage(f"as_of {as_of} does not fit Spark's long")
+        self.as_of = as_of
+        self.mode = opts.mode
+        self._planned: list[InputPartition] | None = self._plan(opts, c)
+
+    def _plan(self, opts: ReadOptions, c: CollectionMeta) -> list[InputPartition]:
+        parts = snapshot_parts(c, self.as_of)
+        if self.mode == "consolidated":
+            rows = sum(p.rows for p in parts)
+            n = opts.num_partitions or default_buckets(rows)
+            return [BucketPartition(opts.target, self.types, self.as_of, parts, b, n)
+                    for b in range(n)]
+        groups = group(parts, opts.partition_rows) or [()]
+        return [SnapshotPartition(opts.target, self.types, self.as_of, g) for g in groups]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # NB: the reader is pickled into every task; the plan (with inline parts' bytes) is
+        # only needed by partitions() on the driver.
+        state = dict(self.__dict__)
+        state["_planned"] = None
+        return state
+
+    def partitions(self) -> Sequence[InputPartition]:
+        if self._planned is None:
+            raise InvalidUsage("partitions() is planned on the driver, not in a task")
+        return self._planned
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, BucketPartition):
+            return read_bucket(partition)
+        if isinstance(partition, SnapshotPartition):
+            return read_snapshot(partition)
+        raise InvalidUsage(f"not a persist batch partition: {partition!r}")
+
+
+def default_buckets(rows: int) -> int:
+    """Consolidated reads: how many key-hash buckets (tasks) for ``rows`` updates.
+
+    Each bucket task reads every part, but aggregates only its share: aggregation (~2.5 M
+    rows/s) costs far more than decoding (~20 M rows/s), so a few buckets win and many lose.
+    """
+    return max(1, min(MAX_BUCKETS, math.ceil(rows / ROWS_PER_BUCKET)))
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+
+def _upper(offset: Mapping[str, Any]) -> int:
+    try:
+        u = offset["upper"]
+    except (KeyError, TypeError):
+        raise InvalidUsage(f"not a persist offset: {offset!r}; expected {{'upper': N}}") from None
+    if not isinstance(u, int) or isinstance(u, bool) or u < 0:
+        raise InvalidUsage(f"not a persist offset: {offset!r}; expected {{'upper': N}}")
+    return u
+
+
+def _offset(upper: int) -> dict[str, int]:
+    return {"upper": upper}
+
+
+class _Watch:
+    """The streaming driver's view of one collection's metadata, refreshed at most every
+    ``interval`` seconds (Spark asks for the latest offset about every 10 ms when idle)."""
+
+    def __init__(self, target: Target, interval: float | None) -> None:
+        blob = blob_of(target)
+        self.name = target.collection
+        # NB: a local location answers a poll in microseconds; S3 charges per request and
+        # answers in milliseconds, so poll it less often.
+        self.interval = interval if interval is not None else (0.1 if blob.is_local else 1.0)
+        self.machine = Machine(blob)
+        self.reader = PartReader(blob)
+        self.state = self.machine.load()
+        self.at = time.monotonic()
+
+    def current(self, *, fresh: bool = False) -> CollectionMeta:
+        now = time.monotonic()
+        if fresh or now - self.at >= self.interval:
+            self.state = self.machine.refresh(self.state)
+            self.at = now
+        return collection(self.state.collections, self.name)
+
+
+class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A collection's updates, micro-batch by micro-batch, as its upper advances."""
+
+    def __init__(self, opts: ReadOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.target = opts.target
+        c = collection(load_state(self.target).collections, self.target.collection)
+        self.types = _types_for(c, schema)
+        self._watch: _Watch | None = None
+        #: Trigger.AvailableNow: the upper to stop at.
+        self._stop_at: int | None = None
+        #: The frontier of our durable read hold as last committed by this process.
+        self._held: int | None = None
+        self._memo: tuple[CollectionMeta, int, int, int, int] | None = None
+        self._hold_tried = False
+        self._warned: tuple[int, int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # NB: the reader is pickled into every task (read() needs only its partition); the
+        # metadata view and its part cache stay in the driver process.
+        state = dict(self.__dict__)
+        state["_watch"] = None
+        state["_memo"] = None
+        return state
+
+    def _current(self, *, fresh: bool = False) -> CollectionMeta:
+        if self._watch is None:
+            self._watch = _Watch(self.target, self.opts.refresh_interval)
+            return self._watch.current()
+        return self._watch.current(fresh=fresh)
+
+    # -- offsets ---------------------------------------------------------------------------
+
+    def initialOffset(self) -> dict[str, int]:
+        """``earliest`` (the default): ``{"upper": 0}``, all retained history — everything
+        compacted arrives at time ``since`` in the first batch, the snapshot as of since —
+        then every change. ``latest``: the current upper. A number: that frontier."""
+        c = self._current(fresh=True)
+        start = self.opts.starting_upper
+        upper = 0 if start == "earliest" else c.upper if start == "latest" else int(start)
+        self._hold_for(upper, c)
+        return _offset(upper)
+
+    def latestOffset(
+        self, start: dict[str, Any] | None = None, limit: ReadLimit | None = None
+    ) -> dict[str, int]:
+        """The end of the next micro-batch: a sealed frontier, never part of a time.
+
+        NB: the defaults keep pyspark 4.0/4.1 working, which call ``latestOffset()`` without
+        arguments (and so without admission control or data-loss checks here).
+        """
+        c = self._current()
+        target = c.upper if self._stop_at is None else min(c.upper, self._stop_at)
+        if start is None:
+            return _offset(target)
+        lo = _upper(start)
+        if not self._hold_tried:
+            # NB: once per process (a restart resumes here, not in initialOffset); if the lock
+            # is busy, commit() retries rather than every 10 ms poll waiting for the lock.
+            self._hold_tried = True
+            self._hold_for(lo, c)
+        if lo > 0 and lo - 1 < effective_since(c):
+            self._data_loss(c, lo)
+        if target <= lo or (lo == 0 and effective_since(c) >= target):
+            # NB: from 0 the first batch must reach past since to include forwarded history.
+            return _offset(lo)
+        if isinstance(limit, ReadMaxRows):
+            return _offset(self._admit(c, lo, target, int(limit.max_rows)))
+        return _offset(target)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_rows_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_rows_per_trigger)
+        return ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return _offset(self._current().upper)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Trigger.AvailableNow: read up to the upper sealed right now, then stop."""
+        self._stop_at = self._current(fresh=True).upper
+
+    def _admit(self, c: CollectionMeta, lo: int, target: int, max_rows: int) -> int:
+        """The largest end in ``(lo, target]`` whose batch holds at most ``max_rows`` rows,
+        cut only between times; a single time with more rows is taken whole."""
+        if self._memo is not None:
+            mc, mlo, mtarget, mmax, end = self._memo
+            if mc is c and (mlo, mtarget, mmax) == (lo, target, max_rows):
+                return end
+        counts = self._rows_per_time(c, lo, target)
+        end = target
+        taken = 0
+        for t in sorted(counts):
+            if taken and taken + counts[t] > max_rows:
+                end = t  # everything before t fits; t itself does not
+                break
+            taken += counts[t]
+        self._memo = (c, lo, target, max_rows, end)
+        return end
+
+    def _rows_per_time(self, c: CollectionMeta, lo: int, target: int) -> Counter[int]:
+        counts: Counter[int] = Counter()
+        assert self._watch is not None
+        schema = self.types.part_schema
+        lo_s, hi_s = pa.scalar(lo, pa.uint64()), pa.scalar(target, pa.uint64())
+        for p in range_parts(c, lo, target):
+            if p.min_time == p.max_time:
+                counts[p.min_time] += p.rows  # metadata alone: every row is at this time
+                continue
+            # NB: a part spanning several times (a multi-time append, or compaction output)
+            # is read to count its rows per time; the driver's part cache keeps it for the
+            # polls that follow, and the micro-batch reads it anyway.
+            tc = self._watch.reader.read(p, schema).column("time")
+            tc = tc.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))
+            vc = pc.value_counts(tc)
+            for t, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(),
+                            strict=True):
+                counts[int(t)] += int(n)
+        if lo == 0:
+            # NB: from 0, every time at or below since is one indivisible step: compaction
+            # may have merged them all into time since.
+            since = effective_since(c)
+            low = sum(n for t, n in counts.items() if t <= since)
+            counts = Counter({t: n for t, n in counts.items() if t > since})
+            counts[since] += low
+        return counts
+
+    # -- micro-batches ---------------------------------------------------------------------
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        lo, hi = _upper(start), _upper(end)
+        if lo >= hi:
+            return []
+        c = self._current()
+        if c.upper < hi:
+            c = self._current(fresh=True)
+            if c.upper < hi:
+                raise InvalidUsage(
+                    f"micro-batch [{lo}, {hi}) of {c.name!r} ends beyond its upper {c.upper}: "
+                    f"the checkpoint belongs to another location or collection"
+                )
+        if self._holding_below(lo - 1) and lo - 1 >= effective_since(c):
+            # NB: Spark plans a batch only once the one before it committed (a replay after a
+            # restart starts where the last committed batch ended), so nothing below lo is
+            # needed again. commit(end) alone would lag a batch: Spark commits a source's
+            # offsets lazily, and never the last batch of a Trigger.AvailableNow run.
+            self._set_hold(lo - 1)
+        if not exact(c, lo, hi):
+            self._data_loss(c, lo)
+            if lo == 0:
+                return []
+            lo = effective_since(c) + 1
+            if lo >= hi:
+                return []
+        return [RangePartition(self.target, self.types, lo, hi, g)
+                for g in group(range_parts(c, lo, hi), self.opts.partition_rows)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):
+            raise InvalidUsage(f"not a persist streaming partition: {partition!r}")
+        return read_range(partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Spark processed every update below ``end``: move the read hold up to it."""
+        self._memo = None
+        u = _upper(end)
+        if self._holding_below(u - 1):
+            self._set_hold(u - 1)
+
+    def _holding_below(self, frontier: int) -> bool:
+        """Whether a read hold is asked for and ours is (as far as we know) below frontier."""
+        return (self.opts.read_hold is not None and frontier >= 0
+                and (self._held is None or frontier > self._held))
+
+    # -- data loss and the read hold -------------------------------------------------------
+
+    def _data_loss(self, c: CollectionMeta, lo: int) -> None:
+        since = effective_since(c)
+        msg = (
+            f"persist stream of {c.name!r} lost data: its next micro-batch starts at upper {lo}, "
+            f"but history up to {since} (since) was compacted, so the updates at times in "
+            f"[{lo}, {since}] are no longer distinguishable."
+        )
+        if self.opts.fail_on_data_loss:
+            raise InvalidUsage(
+                f"{msg} Set a readHold to keep since from passing a running stream, or set "
+                f"failOnDataLoss=false to skip ahead to upper {since + 1}."
+            )
+        if self._warned != (lo, since):  # once, not at every poll
+            self._warned = (lo, since)
+            log.warning("%s Skipping ahead to upper %d (failOnDataLoss=false).", msg, since + 1)
+
+    def _hold_for(self, upper: int, c: CollectionMeta) -> None:
+        """Establishes the read hold for a stream that has delivered everything below
+        ``upper``: at ``upper - 1`` (or, from 0, at the current since)."""
+        if self.opts.read_hold is None:
+            return
+        since = effective_since(c)
+        frontier = upper - 1 if upper > 0 else since
+        if frontier < since:
+            return  # already lost: the data-loss check reports it
+        have = c.holds.get(self.opts.read_hold)
+        if have == frontier:
+            self._held = frontier
+            return
+        self._set_hold(frontier)
+
+    def _set_hold(self, frontier: int) -> None:
+        assert self.opts.read_hold is not None
+        if holds.set_hold(self.target, self.opts.read_hold, frontier,
+                          lock_timeout=self.opts.read_hold_lock_timeout):
+            self._held = frontier

@@ -1,0 +1,46 @@
+"""One local SparkSession for every Spark test (starting one costs seconds), with the persist
+format registered. Settings from ../shared/NOTES.md: C1 JIT + serial GC start the JVM about
+twice as fast; no UI; loopback only; two shuffle partitions."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        # NB: Python workers are separate processes: they see PYTHONPATH, not pytest's sys.path.
+        mp.setenv("PYSPARK_PYTHON", sys.executable)
+        mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
+        path = os.environ.get("PYTHONPATH")
+        mp.setenv("PYTHONPATH", str(REPO) + (os.pathsep + path if path else ""))
+        from pyspark.sql import SparkSession
+
+        import operators
+
+        session = (
+            SparkSession.builder.master("local[2]")
+            .appName("persist-tests")
+            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .getOrCreate()
+        )
+        session.sparkContext.setLogLevel("ERROR")
+        operators.register(session)
+        try:
+            yield session
+        finally:
+            session.stop()
