@@ -178,6 +178,9 @@ class UnreliableBlob(Blob):
         seed: seeds the dice; the same seed gives the same sequence of faults.
         faults: one :class:`Faults` for every operation, or a mapping ``op -> Faults`` over
             ``get``, ``list``, ``set``, ``set_if_absent``, ``delete``.
+        plan: share the dice, rates and outage switch of another wrapper (``seed`` and
+            ``faults`` are then ignored): several handles on one store fail together, as
+            clients of one real service do.
     """
 
     def __init__(
@@ -187,9 +190,10 @@ class UnreliableBlob(Blob):
         seed: int = 0,
         faults: Faults | Mapping[str, Faults] = NO_FAULTS,
         name: str = "unreliable-blob",
+        plan: FaultPlan | None = None,
     ) -> None:
         self.inner = inner
-        self.plan = FaultPlan(seed, faults, ops=BLOB_OPS, name=name)
+        self.plan = plan if plan is not None else FaultPlan(seed, faults, ops=BLOB_OPS, name=name)
         # NB: capabilities are the inner store's: faults change when things work, not what
         # the store can do.
         self.supports_conditional_create = inner.supports_conditional_create

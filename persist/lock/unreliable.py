@@ -28,6 +28,7 @@ class UnreliableLock(WriterLock):
     """Wraps ``inner`` (a handle on some lock) and injects seeded faults into its primitive.
 
     The lease and skew settings are ``inner``'s, so the wrapper behaves as that lock would.
+    ``plan`` shares the dice and outage switch of another wrapper (see ``UnreliableBlob``).
     """
 
     def __init__(
@@ -37,11 +38,12 @@ class UnreliableLock(WriterLock):
         seed: int = 0,
         faults: Faults | Mapping[str, Faults] = NO_FAULTS,
         name: str = "unreliable-lock",
+        plan: FaultPlan | None = None,
     ) -> None:
         super().__init__(lease_seconds=inner.lease_seconds, max_skew_rate=inner.max_skew_rate)
         self.inner = inner
         self.same_clock = inner.same_clock
-        self.plan = FaultPlan(seed, faults, ops=LOCK_OPS, name=name)
+        self.plan = plan if plan is not None else FaultPlan(seed, faults, ops=LOCK_OPS, name=name)
 
     def set_faults(self, faults: Faults | Mapping[str, Faults]) -> None:
         """Replaces the fault rates (one for both ops, or ``{"read": ..., "cas": ...}``)."""

@@ -1,0 +1,733 @@
+"""The nemesis: seeded random traffic through persist's public API, with faults, recorded.
+
+Several worker threads pick operations at random (each from its own ``random.Random`` derived
+from the run's seed) against one location:
+
+* writes, bursts of writes submitted together (group commit), multi-collection
+  ``client.apply(writes=..., seals=..., sinces=...)``, appends, seals, ``allow_compaction``,
+  some deliberately invalid (below upper, seal backwards, since beyond upper);
+* snapshots at random valid times by the writer and by replicas (``persist.open(read_only=
+  True)`` and replicas over an unreliable store), replica snapshots that wait for a time the
+  writer just sealed, and listeners on background threads;
+* restarts (stop, reopen), takeovers (reopen under the same reentrance id while the old writer
+  is still open; the old one is then sent a write and a seal, which must fail), intruders
+  (another reentrance id, which must get LockHeld), and storage and lock outages.
+
+Writers and replicas are opened either with ``persist.open`` or through the test-only seam
+:func:`open_writer_with` / :func:`open_replica_with`, which builds the same ``Indexed`` /
+``Runtime`` / ``Client`` stack over an :class:`~persist.blob.unreliable.UnreliableBlob` and an
+:class:`~persist.lock.unreliable.UnreliableLock`. All unreliable handles of a run share one
+fault plan per kind, so an outage takes the "service" down for every handle at once.
+
+Everything is recorded in a :class:`~tests.nemesis.history.History`; after the run a clean
+writer seals every collection past every write, reads the final state, and
+:func:`tests.nemesis.validate.validate` checks the history against it.
+
+NB: the seed fixes every worker's sequence of choices and the fault dice, not the thread
+interleaving; a failing seed replays the same workload and usually the same failure.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+import persist
+from persist.blob.base import Blob, BlobRead
+from persist.blob.unreliable import BLOB_OPS, FaultPlan, Faults, UnreliableBlob
+from persist.errors import Determinate, Fenced, LockHeld, PersistError, RuntimeShutdown
+from persist.indexed.compact import CompactionPolicy
+from persist.indexed.indexed import Indexed, Options
+from persist.location import resolve
+from persist.lock.base import WriterLock
+from persist.lock.unreliable import LOCK_OPS, UnreliableLock
+from persist.runtime.client import Client, ListenUpdates, ReadHandle, WriteHandle
+from persist.runtime.replica import Follower
+from persist.runtime.runtime import Runtime
+from tests.nemesis.history import (
+    FrontierRecord,
+    History,
+    ListenRecord,
+    OpenRecord,
+    SnapshotRecord,
+    Update,
+    WriteRecord,
+    contents_hash,
+)
+from tests.nemesis.validate import FinalCollection, validate
+
+log = logging.getLogger("persist.nemesis")
+
+RID = "nemesis-writer"
+NAMES = ("c0", "c1", "c2")
+KEY_TYPE, VALUE_TYPE = pa.string(), pa.int64()
+
+#: Small thresholds so a short run exercises blob parts, compaction, rollups, GC and trimming.
+OPTIONS = Options(
+    inline_threshold=1000,
+    rollup_every=6,
+    gc_grace_seconds=0.25,
+    compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=8192),
+)
+LEASE_SECONDS = 2.0
+
+BLOB_FAULTS: dict[str, Faults] = {
+    "get": Faults(fail=0.003, delay=0.02, max_delay=0.002),
+    "list": Faults(fail=0.005, delay=0.02, max_delay=0.002),
+    "set": Faults(fail=0.01, indeterminate=0.003, delay=0.03, max_delay=0.003),
+    "set_if_absent": Faults(fail=0.01, indeterminate=0.003, delay=0.03, max_delay=0.003),
+    "delete": Faults(fail=0.02, indeterminate=0.01),
+}
+LOCK_FAULTS: dict[str, Faults] = {
+    "read": Faults(fail=0.01, delay=0.02, max_delay=0.002),
+    "cas": Faults(fail=0.01, indeterminate=0.01),
+}
+NO_FAULTS: dict[str, Faults] = {}
+
+MAX_LISTENERS = 4
+MAX_REPLICAS = 3
+
+
+@dataclass(frozen=True)
+class Config:
+    url: str
+    seed: int
+    ops: int
+    threads: int = 3
+    faults: bool = True
+    #: Keep each snapshot's contents for readable failure messages (memory grows with ops).
+    keep_contents: bool = True
+    #: A safety net for CI: stop issuing operations after this long (the report says so).
+    max_seconds: float = 90.0
+
+
+@dataclass
+class Writer:
+    gen: int
+    mode: str
+    client: Client
+    handles: dict[str, tuple[WriteHandle, ReadHandle]]
+
+    @property
+    def name(self) -> str:
+        return f"writer-{self.gen}"
+
+
+@dataclass
+class Replica:
+    name: str
+    client: Client
+    handles: dict[str, tuple[WriteHandle, ReadHandle]]
+
+
+@dataclass
+class Report:
+    seed: int
+    url: str
+    ops: int
+    seconds: float
+    problems: list[str]
+    counts: dict[str, int]
+    injected: dict[str, int]
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        writes = self.counts.get("write.acked", 0)
+        return (f"nemesis seed={self.seed} url={self.url}: {self.ops} ops in {self.seconds:.1f}s, "
+                f"{writes} writes acked, faults injected {sum(self.injected.values())} "
+                f"({dict(sorted(self.injected.items()))}), counts {dict(sorted(self.counts.items()))}")
+
+
+# -- the test-only seam: persist.open's stack over a given blob and lock --------------------
+
+
+def open_writer_with(
+    url: str, blob: Blob, lock: WriterLock, *, reentrance_id: str, options: Options
+) -> Client:
+    """Opens a writer exactly as ``persist.open`` does, but over ``blob`` and ``lock``."""
+    lease = lock.acquire(reentrance_id)
+    try:
+        ix = Indexed(blob, epoch=lease.generation, writer=reentrance_id, options=options)
+        ix.fence()
+    except BaseException:
+        with contextlib.suppress(PersistError):
+            lock.release(lease)
+        raise
+    return Client(url, ix, runtime=Runtime(ix, lock=lock, lease=lease))
+
+
+def open_replica_with(url: str, blob: BlobRead, *, options: Options) -> Client:
+    """Opens a read-only replica exactly as ``persist.open(read_only=True)`` does."""
+    ix = Indexed(blob, options=options)
+    return Client(url, ix, follower=Follower(ix, min_poll=0.002, max_poll=0.05))
+
+
+def _rows(updates: list[Update]) -> list[tuple[tuple[str, int], int, int]]:
+    return [((k, v), t, d) for k, v, t, d in updates]
+
+
+class Nemesis:
+    """One run against one location. ``run()`` returns the Report."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.h = History(cfg.seed)
+        self.loc = resolve(cfg.url, lease_seconds=LEASE_SECONDS)
+        self.blob_plan = FaultPlan(cfg.seed, BLOB_FAULTS if cfg.faults else NO_FAULTS,
+                                   ops=BLOB_OPS, name="nemesis-blob")
+        self.lock_plan = FaultPlan(cfg.seed + 1, LOCK_FAULTS if cfg.faults else NO_FAULTS,
+                                   ops=LOCK_OPS, name="nemesis-lock")
+        self._slot = threading.Lock()
+        self._mutex = threading.Lock()
+        self._obs = threading.Lock()
+        self._gens = itertools.count(0)
+        self._wids = itertools.count(1)
+        self._replica_ids = itertools.count(1)
+        self.writer: Writer | None = None
+        self.replicas: list[Replica] = []
+        self.listeners: list[threading.Thread] = []
+        self.old_writers: list[Writer] = []
+        self.acked: dict[str, list[tuple[str, int]]] = {n: [] for n in NAMES}
+        self._left = cfg.ops
+        self._done = 0
+        self._stop = threading.Event()
+        self._failure: BaseException | None = None
+        self._deadline = 0.0
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self) -> Report:
+        started = time.monotonic()
+        self._deadline = started + self.cfg.max_seconds
+        with self._slot:
+            self.writer = self._open_writer("plain")
+        workers = [threading.Thread(target=self._worker, args=(i,), name=f"nemesis-{i}")
+                   for i in range(self.cfg.threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join()
+        self._stop.set()
+        for t in list(self.listeners):
+            t.join(10)
+        self._close_all()
+        if self._failure is not None:
+            raise self._failure
+        if self._done < self.cfg.ops:
+            self.h.note(f"time budget hit: ran {self._done} of {self.cfg.ops} ops")
+        final = self._final_state()
+        problems = validate(self.h, final)
+        problems.extend(n for n in self.h.notes if n.startswith("PROBLEM"))
+        injected = dict(self.blob_plan.injected)
+        injected.update({f"lock.{k}": n for k, n in self.lock_plan.injected.items()})
+        self._count_outcomes()
+        return Report(self.cfg.seed, self.cfg.url, self._done, time.monotonic() - started,
+                      problems, dict(self.h.counts), injected, list(self.h.notes))
+
+    def _take(self) -> bool:
+        with self._mutex:
+            if self._left <= 0 or self._stop.is_set() or time.monotonic() > self._deadline:
+                return False
+            self._left -= 1
+            self._done += 1
+            return True
+
+    def _worker(self, i: int) -> None:
+        rng = random.Random(f"{self.cfg.seed}/{i}")
+        ops: list[tuple[Callable[[random.Random], None], float]] = [
+            (self.op_write, 24), (self.op_burst, 8), (self.op_apply, 10), (self.op_append, 8),
+            (self.op_seal, 10), (self.op_since, 4), (self.op_snapshot, 10),
+            (self.op_replica_snapshot, 6), (self.op_replica_wait, 2), (self.op_listen, 2),
+            (self.op_observe, 4), (self.op_restart, 0.8), (self.op_takeover, 0.8),
+            (self.op_intruder, 0.4), (self.op_outage, 1.2 if self.cfg.faults else 0),
+            (self.op_replica_open, 1), (self.op_replica_close, 0.5),
+        ]
+        fns = [f for f, _ in ops]
+        weights = [w for _, w in ops]
+        try:
+            while self._take():
+                op = rng.choices(fns, weights)[0]
+                self.h.count(f"op.{op.__name__[3:]}")
+                began = time.perf_counter()
+                op(rng)
+                self.h.count(f"ms.{op.__name__[3:]}", int((time.perf_counter() - began) * 1000))
+        except BaseException as e:  # a harness bug or a liveness failure: stop the run
+            log.exception("nemesis worker %d failed", i)
+            self._failure = self._failure or e
+            self._stop.set()
+
+    # -- writers ------------------------------------------------------------------------------
+
+    def _open_writer(self, mode: str) -> Writer:
+        """Opens the next writer (slot lock held), retrying through outages."""
+        gen = next(self._gens)
+        for attempt in itertools.count():
+            rec = OpenRecord(gen, mode, self.h.stamp())
+            self.h.add(rec)
+            try:
+                if mode == "plain":
+                    client = persist.open(self.cfg.url, reentrance_id=RID, options=OPTIONS,
+                                          lease_seconds=LEASE_SECONDS)
+                else:
+                    blob = UnreliableBlob(self.loc.blob, plan=self.blob_plan)
+                    lock = UnreliableLock(self.loc.lock(), plan=self.lock_plan)
+                    client = open_writer_with(self.cfg.url, blob, lock, reentrance_id=RID,
+                                              options=OPTIONS)
+                handles = {n: client.create_or_load(n, key_type=KEY_TYPE, value_type=VALUE_TYPE)
+                           for n in NAMES}
+            except PersistError as e:
+                rec.error = type(e)
+                self.h.error("open", e)
+                if attempt > 2000 or time.monotonic() > self._deadline + 30:
+                    raise AssertionError(f"could not reopen the writer: {e}") from e
+                time.sleep(0.002)
+                continue
+            rec.completed = self.h.stamp()
+            self.h.count(f"open.{mode}")
+            return Writer(gen, mode, client, handles)
+        raise AssertionError("unreachable")
+
+    def _next_mode(self, rng: random.Random) -> str:
+        return "plain" if not self.cfg.faults or rng.random() < 0.3 else "unreliable"
+
+    def _recover(self, gen: int, rng: random.Random) -> None:
+        """Replaces writer ``gen`` after it stopped itself (fail-stop), unless already done."""
+        with self._slot:
+            w = self.writer
+            if w is None or w.gen != gen:
+                return
+            w.client.stop()
+            self.writer = self._open_writer(self._next_mode(rng))
+            self.h.count("writer.recovered")
+
+    def _writer(self) -> Writer:
+        w = self.writer
+        assert w is not None
+        return w
+
+    def _after_failure(self, w: Writer, e: BaseException, rng: random.Random) -> None:
+        if isinstance(e, (RuntimeShutdown, Fenced)) or w.client.lock_lost is not None:
+            self._recover(w.gen, rng)
+
+    # -- building writes ----------------------------------------------------------------------
+
+    def _write_time(self, rng: random.Random, w: Writer, name: str) -> int:
+        upper = w.client.state.collections[name].upper
+        if upper > 0 and rng.random() < 0.03:
+            return max(0, upper - 1 - rng.randint(0, 3))  # below upper: must be refused
+        return upper + rng.choice((0, 0, 0, 1, 1, 2, 3, 7))
+
+    def _updates(self, rng: random.Random, wid: int, name: str, t: int) -> list[Update]:
+        ups: list[Update] = [(f"m{wid}", wid, t, 1)]
+        n = rng.choice((0, 1, 1, 2, 3, 5)) if rng.random() > 0.05 else rng.randint(30, 120)
+        ups.extend((f"r{wid}.{i}", wid, t + rng.choice((0, 0, 1, 2)), rng.choice((1, 1, 2, -1)))
+                   for i in range(n))
+        with self._mutex:
+            known = self.acked[name]
+            if known and rng.random() < 0.3:
+                k, v = rng.choice(known)
+                ups.append((k, v, t + rng.randint(0, 2), -1))
+        return ups
+
+    def _record(self, w: Writer, kind: str, updates: dict[str, list[Update]],
+                seals: dict[str, int] | None = None,
+                sinces: dict[str, int] | None = None) -> WriteRecord:
+        rec = WriteRecord(next(self._wids), w.gen, kind, updates, dict(seals or {}),
+                          dict(sinces or {}), self.h.stamp())
+        self.h.add(rec)
+        return rec
+
+    def _submit(self, rec: WriteRecord, call: Callable[[], concurrent.futures.Future[Any]]
+                ) -> concurrent.futures.Future[Any] | None:
+        try:
+            fut = call()
+        except PersistError as e:  # refused synchronously (normalization)
+            rec.completed, rec.error, rec.message = self.h.stamp(), type(e), str(e)[:300]
+            self.h.error(rec.kind, e)
+            return None
+        self.h.track(rec, fut)
+        return fut
+
+    def _await(self, w: Writer, pending: list[tuple[WriteRecord, concurrent.futures.Future[Any]]],
+               rng: random.Random) -> None:
+        futs = [f for _, f in pending]
+        _, not_done = concurrent.futures.wait(futs, timeout=60)
+        if not_done:
+            raise AssertionError(f"liveness: {len(not_done)} futures unresolved after 60s")
+        trouble: BaseException | None = None
+        for rec, f in pending:
+            e = f.exception()
+            if e is None:
+                self.h.count("write.acked" if rec.updates else "frontier.acked")
+                with self._mutex:
+                    for name, ups in rec.updates.items():
+                        known = self.acked[name]
+                        known.extend((k, v) for k, v, _, _ in ups if k.startswith("r"))
+                        del known[:-300]
+                continue
+            self.h.error(rec.kind, e)
+            if isinstance(e, (RuntimeShutdown, Fenced)):
+                trouble = e
+        if trouble is not None or w.client.lock_lost is not None:
+            self._after_failure(w, trouble or RuntimeShutdown("lock lost"), rng)
+        self._observe_writer(w, list({n for r, _ in pending
+                                      for n in (*r.updates, *r.seals, *r.sinces)}))
+
+    # -- write operations ---------------------------------------------------------------------
+
+    def op_write(self, rng: random.Random) -> None:
+        w = self._writer()
+        name = rng.choice(NAMES)
+        rec = self._record(w, "write", {name: []})
+        rec.updates[name] = self._updates(rng, rec.wid, name, self._write_time(rng, w, name))
+        fut = self._submit(rec, lambda: w.handles[name][0].write(_rows(rec.updates[name])))
+        if fut is not None:
+            self._await(w, [(rec, fut)], rng)
+
+    def op_burst(self, rng: random.Random) -> None:
+        """Several writes submitted back to back: the runtime commits them as one group."""
+        w = self._writer()
+        pending = []
+        for _ in range(rng.randint(2, 8)):
+            name = rng.choice(NAMES)
+            rec = self._record(w, "burst", {name: []})
+            rec.updates[name] = self._updates(rng, rec.wid, name, self._write_time(rng, w, name))
+            fut = self._submit(rec, lambda r=rec, n=name: w.handles[n][0].write(
+                _rows(r.updates[n])))
+            if fut is not None:
+                pending.append((rec, fut))
+        self._await(w, pending, rng)
+
+    def op_apply(self, rng: random.Random) -> None:
+        """One atomic command over several collections: writes, seals and sinces."""
+        w = self._writer()
+        names = rng.sample(NAMES, rng.randint(2, 3))
+        rec = self._record(w, "apply", {})
+        state = w.client.state
+        for i, name in enumerate(names):
+            if i == 0 or rng.random() < 0.7:
+                rec.updates[name] = self._updates(rng, rec.wid, name,
+                                                  self._write_time(rng, w, name))
+        for name in names:
+            if rng.random() < 0.4:
+                upper = state.collections[name].upper
+                rec.seals[name] = upper + rng.randint(0, 3)
+        if rng.random() < 0.2:
+            name = rng.choice(names)
+            c = state.collections[name]
+            rec.sinces[name] = rng.randint(c.since, c.upper)
+        fut = self._submit(rec, lambda: w.client.apply(
+            writes={n: _rows(u) for n, u in rec.updates.items()} or None,
+            seals=rec.seals or None, sinces=rec.sinces or None))
+        if fut is not None:
+            self._await(w, [(rec, fut)], rng)
+
+    def op_append(self, rng: random.Random) -> None:
+        w = self._writer()
+        name = rng.choice(NAMES)
+        t = self._write_time(rng, w, name)
+        rec = self._record(w, "append", {name: []})
+        rec.updates[name] = self._updates(rng, rec.wid, name, t)
+        rec.seals[name] = max(u[2] for u in rec.updates[name]) + rng.randint(1, 3)
+        fut = self._submit(rec, lambda: w.handles[name][0].append(
+            _rows(rec.updates[name]), rec.seals[name]))
+        if fut is not None:
+            self._await(w, [(rec, fut)], rng)
+
+    def op_seal(self, rng: random.Random) -> None:
+        w = self._writer()
+        name = rng.choice(NAMES)
+        upper = w.client.state.collections[name].upper
+        u = upper - 1 if upper > 0 and rng.random() < 0.03 else upper + rng.randint(0, 4)
+        rec = self._record(w, "seal", {}, seals={name: u})
+        fut = self._submit(rec, lambda: w.handles[name][0].seal(u))
+        if fut is not None:
+            self._await(w, [(rec, fut)], rng)
+
+    def op_since(self, rng: random.Random) -> None:
+        w = self._writer()
+        name = rng.choice(NAMES)
+        c = w.client.state.collections[name]
+        s = c.upper + 1 if rng.random() < 0.03 else rng.randint(c.since, c.upper)
+        rec = self._record(w, "since", {}, sinces={name: s})
+        fut = self._submit(rec, lambda: w.handles[name][0].allow_compaction(s))
+        if fut is not None:
+            self._await(w, [(rec, fut)], rng)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    def _observe(self, observer: str, kind: str, gen: int, client: Client,
+                 names: list[str]) -> None:
+        # NB: stamp and read under one lock, so one observer's observations are ordered by
+        # stamp exactly as they were by the state they read.
+        with self._obs:
+            stamp = self.h.stamp()
+            state = client.state
+        for name in names:
+            c = state.collections.get(name)
+            if c is not None:
+                self.h.add(FrontierRecord(observer, kind, gen, name, c.since, c.upper, stamp))
+
+    def _observe_writer(self, w: Writer, names: list[str]) -> None:
+        self._observe(w.name, "writer", w.gen, w.client, names)
+
+    def _snapshot(self, reader: str, gen: int, rh: ReadHandle, as_of: int,
+                  timeout: float | None = None) -> None:
+        try:
+            table = rh.snapshot(as_of, timeout=timeout).to_arrow()
+        except PersistError as e:
+            self.h.error("snapshot", e)
+            self.h.count(f"snapshot.failed.{type(e).__name__}")
+            return
+        keys = table.column("key").to_pylist()
+        values = table.column("value").to_pylist()
+        diffs = table.column("diff").to_pylist()
+        rows = list(zip(keys, values, diffs, strict=True))
+        contents = ({(k, v): d for k, v, d in rows} if self.cfg.keep_contents else None)
+        self.h.add(SnapshotRecord(reader, gen, rh.name, as_of, self.h.stamp(), len(rows),
+                                  contents_hash(rows), contents))
+        self.h.count("snapshot.ok")
+
+    def op_snapshot(self, rng: random.Random) -> None:
+        w = self._writer()
+        name = rng.choice(NAMES)
+        c = w.client.state.collections[name]
+        self._observe_writer(w, [name])
+        if c.upper > c.since:
+            self._snapshot(w.name, w.gen, w.handles[name][1], rng.randint(c.since, c.upper - 1))
+
+    def _replica(self, rng: random.Random) -> Replica | None:
+        with self._mutex:
+            return rng.choice(self.replicas) if self.replicas else None
+
+    def op_replica_snapshot(self, rng: random.Random) -> None:
+        r = self._replica(rng)
+        if r is None:
+            self.op_replica_open(rng)
+            return
+        name = rng.choice(NAMES)
+        c = r.client.state.collections[name]
+        self._observe(r.name, "replica", -1, r.client, [name])
+        if c.upper > c.since:
+            self._snapshot(r.name, -1, r.handles[name][1], rng.randint(c.since, c.upper - 1))
+
+    def op_replica_wait(self, rng: random.Random) -> None:
+        """A replica asked for a time the writer has just sealed: it must catch up and agree."""
+        r = self._replica(rng)
+        if r is None:
+            return
+        name = rng.choice(NAMES)
+        wc = self._writer().client.state.collections[name]
+        rc = r.client.state.collections[name]
+        if wc.upper > max(wc.since, rc.since):
+            self._snapshot(r.name, -1, r.handles[name][1], wc.upper - 1, timeout=3.0)
+
+    def op_observe(self, rng: random.Random) -> None:
+        w = self._writer()
+        self._observe_writer(w, list(NAMES))
+        r = self._replica(rng)
+        if r is not None:
+            self._observe(r.name, "replica", -1, r.client, list(NAMES))
+
+    def op_listen(self, rng: random.Random) -> None:
+        with self._mutex:
+            self.listeners = [t for t in self.listeners if t.is_alive()]
+            if len(self.listeners) >= MAX_LISTENERS:
+                return
+        use_replica = rng.random() < 0.4
+        r = self._replica(rng) if use_replica else None
+        w = self._writer()
+        name = rng.choice(NAMES)
+        client, handles, reader = ((r.client, r.handles, r.name) if r is not None
+                                   else (w.client, w.handles, w.name))
+        c = client.state.collections[name]
+        as_of = rng.randint(c.since, c.upper) if c.upper > c.since else c.since
+        t = threading.Thread(target=self._listen, daemon=True,
+                             args=(reader, handles[name][1], as_of, rng.uniform(0.1, 0.8)))
+        with self._mutex:
+            self.listeners.append(t)
+        t.start()
+        self.h.count("listen.started")
+
+    def _listen(self, reader: str, rh: ReadHandle, as_of: int, duration: float) -> None:
+        lr = ListenRecord(reader, rh.name, as_of)
+        try:
+            listener = rh.listen(as_of)
+        except PersistError as e:
+            self.h.error("listen", e)
+            return
+        self.h.add(lr)
+        deadline = time.monotonic() + duration
+        retries = 0
+        try:
+            while time.monotonic() < deadline and not self._stop.is_set():
+                try:
+                    events = listener.poll(0.02)
+                except Determinate as e:
+                    # NB: Determinate promises "safe to retry": keep listening, and the
+                    # validator checks nothing was delivered twice or skipped.
+                    self.h.error("listen", e)
+                    retries += 1
+                    if retries > 20:
+                        return
+                    continue
+                for ev in events:
+                    if isinstance(ev, ListenUpdates):
+                        b = ev.batch
+                        rows = list(zip(b.column("key").to_pylist(),
+                                        b.column("value").to_pylist(),
+                                        b.column("time").to_pylist(),
+                                        b.column("diff").to_pylist(), strict=True))
+                        lr.events.append(("updates", ev.lower, ev.upper, rows))
+                    else:
+                        lr.events.append(("progress", ev.upper, ev.upper, []))
+        except PersistError as e:
+            lr.error = type(e)
+            self.h.error("listen", e)
+        except Exception as e:  # recorded: the validator flags anything untyped
+            lr.error = type(e)
+            self.h.error("listen", e)
+        finally:
+            listener.close()
+            self.h.count("listen.events", len(lr.events))
+
+    # -- processes: restarts, takeovers, intruders, replicas ---------------------------------
+
+    def op_restart(self, rng: random.Random) -> None:
+        """Graceful: stop the writer (it commits what is queued), open a new one."""
+        with self._slot:
+            old = self._writer()
+            old.client.stop()
+            self.writer = self._open_writer(self._next_mode(rng))
+        self.h.count("writer.restarted")
+
+    def op_takeover(self, rng: random.Random) -> None:
+        """A second writer under the same reentrance id while the first is still open: the
+        first is fenced, and a write and a seal sent to it afterwards must fail."""
+        with self._slot:
+            old = self._writer()
+            self.writer = self._open_writer(self._next_mode(rng))
+        name = rng.choice(NAMES)
+        upper = old.client.state.collections[name].upper
+        pending = []
+        rec = self._record(old, "probe-write", {name: []})
+        rec.updates[name] = self._updates(rng, rec.wid, name, upper)
+        fut = self._submit(rec, lambda: old.handles[name][0].write(_rows(rec.updates[name])))
+        if fut is not None:
+            pending.append((rec, fut))
+        seal = self._record(old, "probe-seal", {}, seals={name: upper + 1})
+        fut = self._submit(seal, lambda: old.handles[name][0].seal(upper + 1))
+        if fut is not None:
+            pending.append((seal, fut))
+        concurrent.futures.wait([f for _, f in pending], timeout=60)
+        for r, f in pending:
+            if f.exception() is None:
+                self.h.note(f"takeover probe {r.kind} {r.wid} was acknowledged")  # validator
+            else:
+                self.h.error(r.kind, f.exception())  # type: ignore[arg-type]
+        old.client.stop()
+        self.h.count("writer.takeover")
+
+    def op_intruder(self, rng: random.Random) -> None:
+        """Another reentrance id must not get the lock while the writer holds it."""
+        with self._slot:
+            try:
+                intruder = persist.open(self.cfg.url, reentrance_id=f"intruder-{rng.random()}",
+                                        options=OPTIONS, lease_seconds=LEASE_SECONDS)
+            except LockHeld:
+                self.h.count("intruder.refused")
+                return
+            except PersistError as e:
+                self.h.error("intruder", e)
+                return
+            # Only possible if the writer's lease lapsed (its heartbeats failed for 2 leases).
+            self.h.note("an intruder took the lock over a live writer whose lease had lapsed")
+            intruder.stop()
+
+    def op_outage(self, rng: random.Random) -> None:
+        """Storage (and sometimes the lock service) down for a few milliseconds."""
+        lock_too = rng.random() < 0.3
+        self.blob_plan.start_outage()
+        if lock_too:
+            self.lock_plan.start_outage()
+        try:
+            time.sleep(rng.uniform(0.002, 0.03))
+        finally:
+            self.blob_plan.end_outage()
+            if lock_too:
+                self.lock_plan.end_outage()
+        self.h.count("outage")
+
+    def op_replica_open(self, rng: random.Random) -> None:
+        with self._mutex:
+            if len(self.replicas) >= MAX_REPLICAS:
+                return
+        name = f"replica-{next(self._replica_ids)}"
+        try:
+            if self.cfg.faults and rng.random() < 0.5:
+                blob = UnreliableBlob(self.loc.blob, plan=self.blob_plan)
+                client = open_replica_with(self.cfg.url, blob.read_only(), options=OPTIONS)
+            else:
+                client = persist.open(self.cfg.url, read_only=True, options=OPTIONS,
+                                      poll_interval=(0.002, 0.05))
+            handles = {n: client.create_or_load(n, key_type=KEY_TYPE, value_type=VALUE_TYPE)
+                       for n in NAMES}
+        except PersistError as e:
+            self.h.error("replica.open", e)
+            return
+        with self._mutex:
+            self.replicas.append(Replica(name, client, handles))
+        self.h.count("replica.opened")
+
+    def op_replica_close(self, rng: random.Random) -> None:
+        with self._mutex:
+            if not self.replicas:
+                return
+            r = self.replicas.pop(rng.randrange(len(self.replicas)))
+        r.client.stop()
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def _close_all(self) -> None:
+        for r in self.replicas:
+            r.client.stop()
+        if self.writer is not None:
+            self.writer.client.stop()
+
+    def _final_state(self) -> dict[str, FinalCollection]:
+        """Seals every collection past every write with a clean writer and reads it all."""
+        max_time = max((u[2] for w in self.h.writes for ups in w.updates.values() for u in ups),
+                       default=0)
+        final: dict[str, FinalCollection] = {}
+        with persist.open(self.cfg.url, reentrance_id=RID, options=OPTIONS) as client, \
+                persist.open(self.cfg.url, read_only=True) as replica:
+            for name in NAMES:
+                wh, rh = client.create_or_load(name, key_type=KEY_TYPE, value_type=VALUE_TYPE)
+                since, upper = rh.since, rh.upper
+                end = max(upper + 1, max_time + 1)
+                wh.seal(end).result()
+                table = rh.snapshot(end - 1).to_arrow()
+                contents = dict(zip(zip(table.column("key").to_pylist(),
+                                        table.column("value").to_pylist(), strict=True),
+                                    table.column("diff").to_pylist(), strict=True))
+                _, rr = replica.create_or_load(name, key_type=KEY_TYPE, value_type=VALUE_TYPE)
+                again = rr.snapshot(end - 1, timeout=10).to_arrow()
+                if not again.equals(table):
+                    self.h.note(f"PROBLEM: a fresh replica's final snapshot of {name} differs")
+                final[name] = FinalCollection(since, upper, end - 1, contents)
+        return final
+
+    def _count_outcomes(self) -> None:
+        for w in self.h.writes:
+            if w.error is not None:
+                self.h.count(f"write.failed.{w.error.__name__}")
