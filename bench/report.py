@@ -40,7 +40,7 @@ def cell(m: Metric, system: str) -> str:
     med = m.median(system)
     if len(xs) == 1:
         return fmt(med)
-    return f"{fmt(med)} [{fmt(min(xs))}–{fmt(max(xs))}]"
+    return f"{fmt(med)} [{fmt(min(xs))}-{fmt(max(xs))}]"
 
 
 def ratio(m: Metric, peer: str) -> float | None:

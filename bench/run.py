@@ -1,7 +1,7 @@
 """The one command: ``python -m bench.run [--quick] [--out DIR] [sizes...]``.
 
 Runs W1..W7 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
-table of median [min–max] over the repeats with the ratios persist/peer measured in this run,
+table of median [min-max] over the repeats with the ratios persist/peer measured in this run,
 the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
 A system whose package is missing is skipped, with the reason recorded in every workload.
 """
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n\n".join(render_workload(results[w], shown) for w in ALL_IDS if w in results)
     text += "\n\n" + render_targets(ts)
     header = (f"persist benchmark, {stamp}, {os.cpu_count()} CPUs, {platform.platform()}, "
-              f"work dir on {_fs_type(work)}; cells: median [min–max] over rounds; "
+              f"work dir on {_fs_type(work)}; cells: median [min-max] over rounds; "
               f"p/X = persist median / X median (↑ higher is better, ↓ lower is better)")
     text = header + "\n\n" + text
     print(text)

@@ -8,6 +8,7 @@ vectorized: the Arrow input path never touches rows as Python objects.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -89,10 +90,14 @@ def serialize_type(t: pa.DataType) -> bytes:
     return bytes(pa.schema([pa.field("t", t)]).serialize().to_pybytes())
 
 
+# NB: both are pure and called for every write and read (via ``Types.of``); parsing an IPC schema
+# costs tens of microseconds, a noticeable share of a small append.
+@functools.lru_cache(maxsize=1024)
 def deserialize_type(data: bytes) -> pa.DataType:
     return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
 
 
+@functools.lru_cache(maxsize=1024)
 def part_schema(key: pa.DataType, value: pa.DataType) -> pa.Schema:
     return pa.schema(
         [
@@ -154,33 +159,51 @@ def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
     missing = [n for n in ("key", "value", "time", "diff") if n not in table.column_names]
     if missing:
         raise SchemaMismatch(f"updates table lacks columns {missing}; has {table.column_names}")
-    time_col = table.column("time")
-    if pa.types.is_signed_integer(time_col.type) and len(time_col) and pc.min(time_col).as_py() < 0:
-        raise InvalidUsage(f"negative time {pc.min(time_col).as_py()} in updates")
-    cols = []
-    for field in schema:
+    # NB: time first, so a negative time is reported as such whatever else is wrong; the safe
+    # cast to uint64 is what detects it (a separate min() would cost as much as the cast).
+    order, names = _field_order(schema)
+    cols: dict[str, Any] = {}
+    for field in order:
         col = table.column(field.name)
         if col.type != field.type:
             try:
                 col = col.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+                if field.name == "time" and pa.types.is_signed_integer(col.type):
+                    lo = pc.min(col).as_py()
+                    if lo is not None and lo < 0:
+                        raise InvalidUsage(f"negative time {lo} in updates") from None
                 raise SchemaMismatch(
                     f"column {field.name!r} of type {col.type} does not cast to {field.type}: {e}"
                 ) from e
         if not field.nullable and col.null_count:
             raise SchemaMismatch(f"column {field.name!r} has nulls")
-        cols.append(col)
-    return pa.Table.from_arrays(cols, schema=schema)
+        cols[field.name] = col
+    return pa.Table.from_arrays([cols[n] for n in names], schema=schema)
+
+
+@functools.lru_cache(maxsize=256)
+def _field_order(schema: pa.Schema) -> tuple[tuple[pa.Field, ...], tuple[str, ...]]:
+    """``schema``'s fields with ``time`` first, and its column names in order."""
+    fields = list(schema)
+    return tuple(sorted(fields, key=lambda f: f.name != "time")), tuple(f.name for f in fields)
 
 
 # -- stored form ---------------------------------------------------------------------------
 
 _WRITE_OPTS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1))
+_PLAIN_OPTS = pa.ipc.IpcWriteOptions()
+#: Tables smaller than this (Arrow bytes) are stored uncompressed.
+#: NB: Arrow compresses every buffer separately with a fresh zstd context: for a 100-row part
+#: that is ~0.4 ms to encode and ~0.8 ms to decode, against ~0.03 ms each uncompressed, to save
+#: ~2 KiB. Readers need nothing: an IPC stream records per batch whether it is compressed.
+COMPRESS_MIN_BYTES = 16 << 10
 
 
 def encode_part(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema, options=_WRITE_OPTS) as w:
+    opts = _WRITE_OPTS if table.nbytes >= COMPRESS_MIN_BYTES else _PLAIN_OPTS
+    with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
         w.write_table(table, max_chunksize=1 << 20)
     return bytes(sink.getvalue().to_pybytes())
 

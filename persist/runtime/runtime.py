@@ -133,6 +133,7 @@ class Runtime:
         on_lock_lost: Callable[[Fenced], None] | None = None,
         maintenance: bool = True,
         max_group: int = 4096,
+        maintenance_linger: float = 0.05,
     ) -> None:
         self.ix = ix
         self.lock = lock
@@ -141,6 +142,7 @@ class Runtime:
         self.published = Published(ix.state)
         self.holds = LocalHolds()
         self.max_group = max_group
+        self.maintenance_linger = maintenance_linger
         self.lock_lost: Fenced | None = None
         self._queue: queue.SimpleQueue[cmd.Command] = queue.SimpleQueue()
         self._poisoned: BaseException | None = None
@@ -195,15 +197,32 @@ class Runtime:
         try:
             while True:
                 group = [self._queue.get()]
-                while len(group) < self.max_group:
+                self._take_queued(group)
+                if self.maintenance_linger > 0 and all(
+                    isinstance(c, cmd.Maintenance) for c in group
+                ):
+                    # NB: compaction and GC results need not be durable soon. Holding a group
+                    # of only those briefly lets them ride in the next user commit instead of
+                    # costing a commit (an fsync) of their own, which a write arriving a moment
+                    # later would have to wait behind. Any command (Stop too) ends the wait.
                     try:
-                        group.append(self._queue.get_nowait())
+                        group.append(self._queue.get(timeout=self.maintenance_linger))
                     except queue.Empty:
-                        break
+                        pass
+                    else:
+                        self._take_queued(group)
                 if self._step(group):
                     break
         finally:
             self._drain_after_stop()
+
+    def _take_queued(self, group: list[cmd.Command]) -> None:
+        """Adds every command already queued to ``group`` (up to ``max_group``)."""
+        while len(group) < self.max_group:
+            try:
+                group.append(self._queue.get_nowait())
+            except queue.Empty:
+                return
 
     def _step(self, group: list[cmd.Command]) -> bool:
         """Commits one group. Returns True when a Stop was seen."""
