@@ -163,22 +163,24 @@ class RssSampler:
 
     @staticmethod
     def rss() -> int:
-        import psutil
+        """Resident set size of this process in bytes (/proc on Linux, else psutil)."""
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                return int(f.read().split()[1]) * _PAGE
+        except OSError:
+            import psutil
 
-        return int(psutil.Process().memory_info().rss)
+            return int(psutil.Process().memory_info().rss)
 
     def reset(self) -> None:
         self.peak = self.rss()
 
     def start(self) -> RssSampler:
-        import psutil
-
-        proc = psutil.Process()
         self.reset()
 
         def loop() -> None:
             while not self._stop.wait(self.interval):
-                self.peak = max(self.peak, int(proc.memory_info().rss))
+                self.peak = max(self.peak, self.rss())
 
         self._thread = threading.Thread(target=loop, name="rss-sampler", daemon=True)
         self._thread.start()
@@ -194,3 +196,4 @@ class RssSampler:
 
 
 MiB = float(1 << 20)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
