@@ -1,7 +1,9 @@
-"""W5's follower process: ``python -m bench.workloads.w5_follow SYSTEM ROOT EXPECT POLL``.
+"""W5's follower process: ``python -m bench.workloads.w5_follow SYSTEM ROOT WARM EXPECT POLL``.
 
-Prints ``READY`` once it follows the table, then, when ``EXPECT`` appends are visible, one JSON
-line ``{"seen": {count: monotonic seconds}}``: when each visible-append count was first seen.
+Prints ``READY`` once it follows the table, ``SEEN <count>`` whenever the visible-append count
+grows while it is at most ``WARM`` (the writer's warm-up appends wait for these, so every code
+path of the follower is warm before anything is measured), then, when ``EXPECT`` appends are
+visible, one JSON line ``{"seen": {count: monotonic seconds}}``: when each count was first seen.
 
 persist follows with its own API: a read-only replica (``persist.open(url, read_only=True)``,
 default polling of the metadata log) and ``ReadHandle.listen``; the count is the listened
@@ -17,7 +19,7 @@ import time
 from pathlib import Path
 
 
-def follow_persist(root: Path, expect: int) -> dict[int, float]:
+def follow_persist(root: Path, warm: int, expect: int) -> dict[int, float]:
     import pyarrow as pa
 
     import persist
@@ -36,6 +38,8 @@ def follow_persist(root: Path, expect: int) -> dict[int, float]:
                 for k in range(last + 1, ev.upper + 1):
                     seen[k] = now
                 last = max(last, ev.upper)
+                if last <= warm:
+                    print(f"SEEN {last}", flush=True)
                 if last >= expect:
                     break
         listener.close()
@@ -44,7 +48,8 @@ def follow_persist(root: Path, expect: int) -> dict[int, float]:
     return seen
 
 
-def follow_polling(name: str, root: Path, expect: int, poll: float) -> dict[int, float]:
+def follow_polling(name: str, root: Path, warm: int, expect: int, poll: float
+                   ) -> dict[int, float]:
     from bench.systems import SYSTEMS
 
     s = SYSTEMS[name].attach(root)
@@ -59,17 +64,20 @@ def follow_polling(name: str, root: Path, expect: int, poll: float) -> dict[int,
             for k in range(last + 1, v + 1):
                 seen[k] = now
             last = v
+            if last <= warm:
+                print(f"SEEN {last}", flush=True)
         else:
             time.sleep(poll)
     return seen
 
 
 def main() -> None:
-    name, root, expect, poll = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+    name, root = sys.argv[1], Path(sys.argv[2])
+    warm, expect, poll = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
     if name == "persist":
-        seen = follow_persist(root, expect)
+        seen = follow_persist(root, warm, expect)
     else:
-        seen = follow_polling(name, root, expect, poll)
+        seen = follow_polling(name, root, warm, expect, poll)
     print(json.dumps({"seen": seen}), flush=True)
 
 

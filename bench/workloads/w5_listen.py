@@ -32,6 +32,8 @@ from bench.workloads.context import Context
 WID = "W5"
 TITLE = "write -> listen latency"
 REPO = Path(__file__).resolve().parents[2]
+#: Appends made (and seen by the follower, one by one) before the measured ones.
+WARM = 5
 
 
 def run(ctx: Context) -> list[WorkloadResult]:
@@ -41,7 +43,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
         WID, f"{TITLE}: {n} appends x {a.w5_rows} records, one every {a.w5_interval_ms:g} ms",
         params={"appends": n, "rows": a.w5_rows, "interval_ms": a.w5_interval_ms,
                 "peer_poll_ms": a.w5_poll_ms, "repeats": ctx.repeats})
-    batches = [make_batch(5000 + i, a.w5_rows, time_lo=i) for i in range(n + 1)]
+    batches = [make_batch(5000 + i, a.w5_rows, time_lo=i) for i in range(WARM + n + 1)]
     for r in range(ctx.repeats):
         for name in rotate(ctx.systems, r):
             ctx.log(f"W5 round {r + 1}/{ctx.repeats}: {name}")
@@ -61,7 +63,8 @@ def run(ctx: Context) -> list[WorkloadResult]:
 
 def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult) -> None:
     a = ctx.args
-    n = len(batches) - 1
+    n = len(batches) - 1 - WARM
+    total = WARM + n  # appends after the first; append i has time i and upper i + 1
     s.append(batches[0], 1)  # the table exists and has one version before anyone follows it
     settle()
     writer_seen: dict[int, float] = {}
@@ -80,27 +83,35 @@ def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult) ->
                     for k in range(last + 1, ev.upper + 1):
                         writer_seen[k] = now
                     last = max(last, ev.upper)
-                    if last >= n + 1:
+                    if last >= total + 1:
                         return
 
         listener_thread = threading.Thread(target=listen, daemon=True)
         listener_thread.start()
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench.workloads.w5_follow", s.name, str(s.root), str(n + 1),
-         str(a.w5_poll_ms / 1000)],
+        [sys.executable, "-m", "bench.workloads.w5_follow", s.name, str(s.root), str(WARM + 1),
+         str(total + 1), str(a.w5_poll_ms / 1000)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
         line = child.stdout.readline().strip()
         if line != "READY":
             raise RuntimeError(f"W5 follower for {s.name} did not start: {line!r}")
-        time.sleep(0.3)  # let the follower settle into its steady polling
+        # Warm-up: each append waits until the follower has seen it.
+        for i in range(1, WARM + 1):
+            s.append(batches[i], i + 1)
+            while True:
+                line = child.stdout.readline().strip()
+                if not line:
+                    raise RuntimeError(f"W5 follower for {s.name} ended during warm-up")
+                if line.startswith("SEEN ") and int(line.split()[1]) >= i + 1:
+                    break
         submitted: dict[int, float] = {}
         acked: list[float] = []
         interval = a.w5_interval_ms / 1000
         next_at = time.monotonic()
-        for i in range(1, n + 1):
+        for i in range(WARM + 1, total + 1):
             now = time.monotonic()
             if now < next_at:
                 time.sleep(next_at - now)
