@@ -8,6 +8,7 @@ the runtime's maintenance thread does it in the background.
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,9 @@ from bench.systems.base import System
 
 NAME = "t"
 
+#: Whether this persist has push notifications for replicas (``persist.open(notify=...)``).
+HAS_NOTIFY = "notify" in inspect.signature(persist.open).parameters
+
 
 def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -31,16 +35,18 @@ class PersistSystem(System):
     name: ClassVar[str] = "persist"
     guarantee: ClassVar[str] = "durable (fsync'd data + metadata commit) and sealed"
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, notify: bool = False) -> None:
         super().__init__(root)
         self.url = str(root / "location")
+        #: Serve push notifications to replicas (``persist.open(..., notify=True)``), for W5.
+        self.notify = notify
         self.client: persist.Client | None = None
         self.write: persist.WriteHandle | None = None
         self._lock = threading.Lock()
         self._next_time = 0
 
     def create(self) -> None:
-        self.client = persist.open(self.url)
+        self.client = persist.open(self.url, notify=True) if self.notify else persist.open(self.url)
         self.write, _ = self.client.create_or_load(NAME, key_type=pa.int64(),
                                                    value_type=pa.int64())
 

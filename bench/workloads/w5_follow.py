@@ -6,8 +6,8 @@ path of the follower is warm before anything is measured), then, when ``EXPECT``
 visible, one JSON line ``{"seen": {count: monotonic seconds}}``: when each count was first seen.
 
 persist follows with its own API: a read-only replica (``persist.open(url, read_only=True)``,
-default polling of the metadata log) and ``ReadHandle.listen``; the count is the listened
-``upper``. The peers have no change feed: the process polls for new versions every ``POLL``
+default polling of the metadata log; ``persist-push``: with ``notify=True``, the writer's push
+notifications) and ``ReadHandle.listen``; the count is the listened ``upper``. The peers have no change feed: the process polls for new versions every ``POLL``
 seconds (delta ``update_incremental``, iceberg ``refresh``, the floor a file's existence).
 """
 
@@ -19,14 +19,16 @@ import time
 from pathlib import Path
 
 
-def follow_persist(root: Path, warm: int, expect: int) -> dict[int, float]:
+def follow_persist(root: Path, warm: int, expect: int, *, push: bool) -> dict[int, float]:
     import pyarrow as pa
 
     import persist
     from bench.systems.persist import NAME, PersistSystem
 
     seen: dict[int, float] = {}
-    client = persist.open(PersistSystem(root).url, read_only=True)
+    url = PersistSystem(root).url
+    client = (persist.open(url, read_only=True, notify=True) if push
+              else persist.open(url, read_only=True))
     try:
         _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
         listener = read.listen(0)
@@ -74,8 +76,8 @@ def follow_polling(name: str, root: Path, warm: int, expect: int, poll: float
 def main() -> None:
     name, root = sys.argv[1], Path(sys.argv[2])
     warm, expect, poll = int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
-    if name == "persist":
-        seen = follow_persist(root, warm, expect)
+    if name in ("persist", "persist-push"):
+        seen = follow_persist(root, warm, expect, push=name == "persist-push")
     else:
         seen = follow_polling(name, root, warm, expect, poll)
     print(json.dumps({"seen": seen}), flush=True)

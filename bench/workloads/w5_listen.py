@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 import persist
-from bench.common import make_batch, percentile, rotate, settle
+from bench.common import fresh_dir, make_batch, percentile, rotate, settle
 from bench.results import WorkloadResult
 from bench.systems import System
-from bench.systems.persist import PersistSystem
+from bench.systems.persist import HAS_NOTIFY, PersistSystem
 from bench.workloads.context import Context
 
 WID = "W5"
@@ -44,12 +44,20 @@ def run(ctx: Context) -> list[WorkloadResult]:
         params={"appends": n, "rows": a.w5_rows, "interval_ms": a.w5_interval_ms,
                 "peer_poll_ms": a.w5_poll_ms, "repeats": ctx.repeats})
     batches = [make_batch(5000 + i, a.w5_rows, time_lo=i) for i in range(WARM + n + 1)]
+    runs: list[tuple[str, bool]] = [(name, False) for name in ctx.systems]
+    if "persist" in ctx.systems and HAS_NOTIFY:
+        runs.insert(1, ("persist", True))
     for r in range(ctx.repeats):
-        for name in rotate(ctx.systems, r):
-            ctx.log(f"W5 round {r + 1}/{ctx.repeats}: {name}")
-            s = ctx.new_system(name, f"w5-r{r}")
+        for name, push in rotate(runs, r):
+            ctx.log(f"W5 round {r + 1}/{ctx.repeats}: {name}{' (push)' if push else ''}")
+            if push:
+                root = fresh_dir(ctx.work, f"w5-r{r}-persist-push")
+                s: System = PersistSystem(root, notify=True)
+                s.create()
+            else:
+                s = ctx.new_system(name, f"w5-r{r}")
             try:
-                _one(ctx, s, batches, res)
+                _one(ctx, s, batches, res, push=push)
             finally:
                 ctx.dispose(s)
     for name in ctx.systems:
@@ -61,7 +69,8 @@ def run(ctx: Context) -> list[WorkloadResult]:
     return [res]
 
 
-def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult) -> None:
+def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult, *,
+         push: bool = False) -> None:
     a = ctx.args
     n = len(batches) - 1 - WARM
     total = WARM + n  # appends after the first; append i has time i and upper i + 1
@@ -90,7 +99,8 @@ def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult) ->
         listener_thread.start()
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench.workloads.w5_follow", s.name, str(s.root), str(WARM + 1),
+        [sys.executable, "-m", "bench.workloads.w5_follow",
+         "persist-push" if push else s.name, str(s.root), str(WARM + 1),
          str(total + 1), str(a.w5_poll_ms / 1000)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
     try:
@@ -129,6 +139,12 @@ def _one(ctx: Context, s: System, batches: list[object], res: WorkloadResult) ->
     replica = [(seen[k] - t0) * 1000 for k, t0 in submitted.items() if k in seen]
     if len(replica) != n:
         raise AssertionError(f"{s.name}: follower saw {len(replica)} of {n} appends")
+    if push:
+        res.add("replica with push (notify=True) median (ms)", "ms", "lower", s.name,
+                statistics.median(replica))
+        res.add("replica with push (notify=True) p99 (ms)", "ms", "lower", s.name,
+                percentile(replica, 99))
+        return
     res.add("ack latency median (ms)", "ms", "lower", s.name, statistics.median(acked))
     res.add("replica (other process) median (ms)", "ms", "lower", s.name,
             statistics.median(replica))
