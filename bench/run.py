@@ -167,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx.log(f"skipping {name}: {why}")
 
     started = time.time()
+    load_before = os.getloadavg()
     ctx.log(f"systems: {', '.join(systems)}; workloads: {', '.join(ids)}; out: {out}")
     warm_up(ctx)
     settle()
@@ -188,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     shown = [s for s in order if s in systems]
     text = "\n\n".join(render_workload(results[w], shown) for w in ALL_IDS if w in results)
     text += "\n\n" + render_targets(ts)
+    load_after = os.getloadavg()
     header = (f"persist benchmark, {stamp}, {os.cpu_count()} CPUs, {platform.platform()}, "
-              f"work dir on {_fs_type(work)}; cells: median [min-max] over rounds; "
-              f"p/X = persist median / X median (↑ higher is better, ↓ lower is better)")
+              f"work dir on {_fs_type(work)}, load average {load_before[1]:.1f} before / "
+              f"{load_after[1]:.1f} after (5 min), {time.time() - started:.0f} s\n"
+              f"cells: median [min-max] over rounds; p/X = persist median / X median "
+              f"(↑ higher is better, ↓ lower is better)")
     text = header + "\n\n" + text
     print(text)
     (out / "table.txt").write_text(text + "\n")
@@ -208,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             "python": sys.version.split()[0],
             "platform": platform.platform(),
             "cpus": os.cpu_count(),
+            "loadavg_before": load_before,
+            "loadavg_after": load_after,
             "fs": _fs_type(work),
             "versions": _versions(),
             "schema": [f"{f.name}:{f.type}" for f in SCHEMA],
