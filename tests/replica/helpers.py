@@ -1,15 +1,17 @@
-"""Small helpers shared by the in-process replica tests."""
+"""Helpers shared by the replica tests: waiting, the test collection, checking reports."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 import persist
-from tests.replica.workers import NAME, updates_at
+from tests.replica.conftest import Proc
+from tests.replica.workers import NAME, key, updates_at
 
 
 def eventually(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
@@ -58,3 +60,29 @@ def listened_rows(listener: persist.Listener, until: int, timeout: float = 10.0)
                 step = []
     assert not step
     return rows
+
+
+def acks(p: Proc) -> set[int]:
+    """The times a writer process reported as acknowledged."""
+    return {e["t"] for e in p.drain() if e["ev"] == "ack"}
+
+
+def check_listened(done: dict[str, Any], until: int, acked: set[int], churn: int = 0) -> None:
+    """Every time below ``until`` exactly once (inserts, and retractions with churn), in
+    order of progress, and every acknowledged write among them."""
+    rows = [r for r in done["rows"] if r[1] < until]
+    inserts = Counter((k, t) for k, t, d in rows if d == 1)
+    assert inserts == Counter((key(t), t) for t in range(until)), "a gap or a duplicate"
+    if churn:
+        retracts = Counter((k, t) for k, t, d in rows if d == -1)
+        assert retracts == Counter((key(t - churn), t) for t in range(churn, until))
+    assert all(d in (1, -1) for _, _, d in rows)
+    assert acked <= {t for _, t, _ in rows}
+    progress = done["progress"]
+    assert progress == sorted(set(progress)), "progress went backwards or repeated"
+
+
+def check_snapshots(checked: dict[str, Any]) -> None:
+    """A replica process's snapshot checks: enough of them, none wrong, none failed."""
+    assert checked["snapshots"] > 10, "too few snapshots to prove anything"
+    assert (checked["bad"], checked["failures"]) == (0, 0), checked["errors"]

@@ -53,8 +53,12 @@ def aggressive_options() -> Options:
     return Options(gc_grace_seconds=0, rollup_every=4, inline_threshold=0)
 
 
+#: ``--storage-options`` of this process (JSON), passed to every open.
+STORAGE_OPTIONS: dict[str, Any] | None = None
+
+
 def open_events(url: str, **kw: Any) -> tuple[persist.Client, Any, Any]:
-    client = persist.open(url, **kw)
+    client = persist.open(url, storage_options=STORAGE_OPTIONS, **kw)
     try:
         if client.read_only:
             deadline = time.monotonic() + 20
@@ -87,7 +91,8 @@ def writer(a: argparse.Namespace) -> None:
     t = r.upper
     emit(ev="open", upper=t, seq=client.state.seq, epoch=client.state.epoch)
     try:
-        while not stop.is_set() and (a.until is None or t < a.until):
+        stop_at = a.until if a.count is None else t + a.count
+        while not stop.is_set() and (stop_at is None or t < stop_at):
             try:
                 w.append(updates_at(t, a.churn), upper=t + 1).result()
             except (persist.Fenced, persist.RuntimeShutdown) as e:
@@ -105,17 +110,75 @@ def writer(a: argparse.Namespace) -> None:
         emit(ev="stopped")
 
 
+class Until:
+    """Where a replica stops: ``--until``, or a later ``until N`` line on stdin (the test sends
+    it once the last writer is done and the final upper is known)."""
+
+    def __init__(self, until: int | None) -> None:
+        self._value = until
+        if until is None:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        for line in sys.stdin:
+            word, _, n = line.partition(" ")
+            if word == "until":
+                self._value = int(n)
+                return
+
+    def reached(self, frontier: int) -> bool:
+        return self._value is not None and frontier >= self._value
+
+
+def check_snapshots(r: Any, until: Until, churn: int, deadline: float) -> dict[str, Any]:
+    """Consolidated snapshots in a loop until ``upper`` reaches ``until``, each checked against
+    the model.
+
+    Reads as of the newest time and as of one between since and upper. A snapshot refused
+    because since moved past the chosen ``as_of`` meanwhile is counted apart: a refusal is
+    a typed answer, not a wrong one.
+    """
+    n, bad, errors = 0, 0, []
+    while True:
+        upper, since = r.upper, r.since
+        if until.reached(upper) or time.monotonic() > deadline:
+            break
+        for as_of in {upper - 1, (since + upper - 1) // 2}:
+            try:
+                got = r.snapshot(as_of).to_python()
+            except persist.InvalidUsage as e:
+                errors.append(f"refused: {e}")
+                continue
+            except persist.PersistError as e:
+                errors.append(f"{type(e).__name__}: {e}")
+                continue
+            n += 1
+            keys = [k for (k, _v), _t, d in got if d == 1]
+            if keys != expected_keys(as_of, churn) or any(d != 1 for _, _, d in got):
+                bad += 1
+    return {"snapshots": n, "bad": bad, "errors": errors[:20],
+            "failures": sum(not e.startswith("refused") for e in errors)}
+
+
 def listener(a: argparse.Namespace) -> None:
+    """Listens from the start until ``--until`` (or ``until N`` on stdin); with ``--snapshots``
+    also checks snapshots in a second thread the whole time (continuous reads)."""
     client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    until = Until(a.until)
+    deadline = time.monotonic() + a.timeout
+    checked: dict[str, Any] = {}
+    reads = threading.Thread(
+        target=lambda: checked.update(check_snapshots(r, until, a.churn, deadline)))
     try:
         snap = r.snapshot(0, timeout=30)
         # NB: a snapshot at 0 holds time 0 exactly; listen(0) then has every later time.
         rows = [[k, t, d] for (k, _v), t, d in snap.to_python()]
         listen = r.listen(0, poll=0.5)
+        if a.snapshots:
+            reads.start()
         emit(ev="ready")
         progress: list[int] = []
-        deadline = time.monotonic() + a.timeout
-        while listen.frontier < a.until:
+        while not until.reached(listen.frontier):
             if time.monotonic() > deadline:
                 emit(ev="timeout", frontier=listen.frontier)
                 return
@@ -128,39 +191,20 @@ def listener(a: argparse.Namespace) -> None:
                 else:
                     progress.append(e.upper)
         listen.close()
-        emit(ev="done", rows=rows, progress=progress, stats=client.stats)
+        if a.snapshots:
+            reads.join()
+        emit(ev="done", rows=rows, progress=progress, snapshots=checked, stats=client.stats)
     finally:
         client.stop()
 
 
 def reader(a: argparse.Namespace) -> None:
-    """Consolidated snapshots in a loop, each checked against the model."""
+    """Only the snapshot checks, until ``--until``."""
     client, _, r = open_events(a.url, read_only=True, notify=a.notify)
     try:
         r.snapshot(0, timeout=30)
-        n, bad, errors = 0, 0, []
-        deadline = time.monotonic() + a.timeout
-        while True:
-            upper, since = r.upper, r.since
-            if upper >= a.until or time.monotonic() > deadline:
-                break
-            for as_of in {upper - 1, (since + upper - 1) // 2}:
-                try:
-                    got = r.snapshot(as_of).to_python()
-                except persist.InvalidUsage as e:
-                    # since moved past the chosen as_of while we read: a refusal, not a wrong
-                    # answer; counted separately
-                    errors.append(f"refused: {e}")
-                    continue
-                except persist.PersistError as e:
-                    errors.append(f"{type(e).__name__}: {e}")
-                    continue
-                n += 1
-                keys = [k for (k, _v), _t, d in got if d == 1]
-                if keys != expected_keys(as_of, a.churn) or any(d != 1 for _, _, d in got):
-                    bad += 1
-        emit(ev="done", snapshots=n, bad=bad, errors=errors[:20],
-             failures=sum(not e.startswith("refused") for e in errors), stats=client.stats)
+        checked = check_snapshots(r, Until(a.until), a.churn, time.monotonic() + a.timeout)
+        emit(ev="done", snapshots=checked, stats=client.stats)
     finally:
         client.stop()
 
@@ -202,14 +246,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--url", required=True)
     p.add_argument("--rid")
     p.add_argument("--until", type=int)
+    p.add_argument("--count", type=int)
     p.add_argument("--interval", type=float, default=0.0)
     p.add_argument("--lock-timeout", type=float, default=0.0)
     p.add_argument("--notify", action="store_true")
     p.add_argument("--aggressive", action="store_true")
     p.add_argument("--churn", type=int, default=0)
     p.add_argument("--since-lag", type=int, default=0)
+    p.add_argument("--snapshots", action="store_true")
+    p.add_argument("--storage-options", type=json.loads)
     p.add_argument("--timeout", type=float, default=60.0)
     a = p.parse_args(argv)
+    global STORAGE_OPTIONS
+    STORAGE_OPTIONS = a.storage_options
     {"writer": writer, "listener": listener, "reader": reader,
      "replica_probe": replica_probe}[a.role](a)
 

@@ -1,0 +1,63 @@
+"""Replicas of an ``s3://`` location (served by the serialized moto server of ``tests/s3``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import persist
+from tests.replica.conftest import Proc
+from tests.replica.helpers import acks, append_times, check_listened, events, eventually
+from tests.replica.helpers import listened_rows as listen_rows
+from tests.replica.workers import key
+from tests.s3.conftest import aws_options, bucket, moto_endpoint, s3_client  # noqa: F401
+
+pytestmark = pytest.mark.s3
+
+
+@pytest.fixture
+def s3_loc(bucket: str) -> str:  # noqa: F811
+    return f"s3://{bucket}/replicated"
+
+
+def test_pushed_replica_of_an_s3_location(s3_loc: str, aws_options: dict[str, Any]) -> None:  # noqa: F811
+    with persist.open(s3_loc, storage_options=aws_options, notify=True) as writer:
+        w, r = events(writer)
+        append_times(w, 0, 3)
+        with persist.open(s3_loc, storage_options=aws_options, read_only=True, notify=True,
+                          poll_interval=(30.0, 30.0)) as replica:
+            _, rr = events(replica)
+            listener = rr.listen(2)
+            eventually(lambda: replica.stats["push"]["live"], what="subscribed over S3's advert")
+            append_times(w, 3, 15)
+            # the replica polls every 30 s: only pushes can have made it follow this fast
+            assert listen_rows(listener, 15, timeout=10) == [(key(t), t, 1) for t in range(3, 15)]
+            for as_of in (0, 7, 14):
+                assert rr.snapshot(as_of).to_arrow().equals(r.snapshot(as_of).to_arrow())
+            listener.close()
+
+
+def test_blue_green_handover_on_s3(
+    s3_loc: str, aws_options: dict[str, Any], spawn: Callable[..., Proc]  # noqa: F811
+) -> None:
+    opts = ["--storage-options", json.dumps(aws_options)]
+    blue = spawn("writer", "--url", s3_loc, "--rid", "svc", "--notify", *opts)
+    blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 3)
+    replicas = [spawn("listener", "--url", s3_loc, *extra, *opts)
+                for extra in (["--notify"], [])]
+    for p in replicas:
+        p.wait_for("ready", timeout=60)
+    blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 20)
+    green = spawn("writer", "--url", s3_loc, "--rid", "svc", "--count", "30", "--notify", *opts)
+    opened = green.wait_for("open", timeout=60)
+    blue.wait_for("fenced", timeout=60)
+    until = green.wait_for("done", timeout=60)["upper"]
+    acked = acks(blue) | acks(green)
+    assert max(acks(blue)) < opened["upper"]
+    for p in replicas:
+        p.send(f"until {until}")
+    for p in replicas:
+        check_listened(p.wait_for("done", timeout=60), until, acked)
