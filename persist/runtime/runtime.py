@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from persist import metrics
 from persist.errors import (
     Determinate,
     ExternalError,
@@ -165,6 +166,9 @@ class Runtime:
                 target=self._heartbeat, name="persist-heartbeat", daemon=True
             )
             self._hb_thread.start()
+        metrics.track_runtime(self)
+        log.info("writer %r (generation %s) running at seq %d", ix.writer,
+                 lease.generation if lease else "-", ix.state.seq)
 
     # -- submitting ---------------------------------------------------------------------------
 
@@ -285,6 +289,7 @@ class Runtime:
             state = self.ix.commit(txn)
         except Determinate as e:
             # Nothing landed. The state may be stale (CommitConflict): reload before going on.
+            metrics.commit_failed(e)
             for c in accepted:
                 c.future.set_exception(e)
             try:
@@ -294,10 +299,12 @@ class Runtime:
                 self._poison(reload_error)
             return
         except Exception as e:  # Indeterminate, Fenced, bugs: fail-stop
+            metrics.commit_failed(e)
             self._poison(e)
             for c in accepted:
                 c.future.set_exception(e if isinstance(e, PersistError) else self._shutdown_error())
             return
+        metrics.commit_done(time.perf_counter() - started, len(accepted))
         self.stats["commits"] += 1
         self.stats["commands"] += len(accepted)
         self.stats["groups_max"] = max(self.stats["groups_max"], len(accepted))
@@ -316,8 +323,10 @@ class Runtime:
         if not first:
             return
         log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
+        metrics.fail_stop(why)
         self.published.close(self._shutdown_error())
         if isinstance(why, Fenced):
+            metrics.lock_lost()
             # Lost the lock (heartbeat) or the log (a commit was fenced): tell the user.
             self.lock_lost = why
             if self.on_lock_lost is not None:
@@ -390,10 +399,12 @@ class Runtime:
         while not self._stopping.wait(interval):
             try:
                 self.lock.heartbeat(self.lease)
+                metrics.heartbeat(True)
             except Fenced as e:
                 self._poison(e)
                 return
             except PersistError as e:
+                metrics.heartbeat(False)
                 log.warning("lock heartbeat failed (will retry): %s", e)
 
     # -- stopping --------------------------------------------------------------------------------
