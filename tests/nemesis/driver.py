@@ -43,6 +43,7 @@ from typing import Any
 import pyarrow as pa
 
 import persist
+from persist import cli
 from persist.blob.base import Blob, BlobRead
 from persist.blob.unreliable import BLOB_OPS, FaultPlan, Faults, UnreliableBlob
 from persist.errors import Determinate, Fenced, LockHeld, PersistError, RuntimeShutdown
@@ -52,7 +53,7 @@ from persist.location import resolve
 from persist.lock.base import WriterLock
 from persist.lock.unreliable import LOCK_OPS, UnreliableLock
 from persist.runtime.client import Client, ListenUpdates, ReadHandle, WriteHandle
-from persist.runtime.replica import Follower
+from persist.runtime.replica import open_replica
 from persist.runtime.runtime import Runtime
 from tests.nemesis.history import (
     FrontierRecord,
@@ -79,7 +80,8 @@ OPTIONS = Options(
     gc_grace_seconds=0.25,
     compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=8192),
 )
-LEASE_SECONDS = 2.0
+#: Short, so a lapsed lease is taken over within a second (``op_lapse``).
+LEASE_SECONDS = 0.5
 
 BLOB_FAULTS: dict[str, Faults] = {
     "get": Faults(fail=0.003, delay=0.02, max_delay=0.002),
@@ -115,6 +117,7 @@ class Config:
 class Writer:
     gen: int
     mode: str
+    rid: str
     client: Client
     handles: dict[str, tuple[WriteHandle, ReadHandle]]
 
@@ -168,8 +171,8 @@ def open_writer_with(
 
 def open_replica_with(url: str, blob: BlobRead, *, options: Options) -> Client:
     """Opens a read-only replica exactly as ``persist.open(read_only=True)`` does."""
-    ix = Indexed(blob, options=options)
-    return Client(url, ix, follower=Follower(ix, min_poll=0.002, max_poll=0.05))
+    ix, follower = open_replica(blob, options=options, poll_interval=(0.002, 0.05))
+    return Client(url, ix, follower=follower)
 
 
 def _rows(updates: list[Update]) -> list[tuple[tuple[str, int], int, int]]:
@@ -228,6 +231,10 @@ class Nemesis:
         final = self._final_state()
         problems = validate(self.h, final)
         problems.extend(n for n in self.h.notes if n.startswith("PROBLEM"))
+        # The storage itself after all that: every checksum, every part, the metadata.
+        checked = cli.verify(cli.open_location(self.cfg.url, {}), progress=False)
+        problems.extend(f"verify: {p}" for p in checked.problems)
+        self.h.count("verify.leaked_blobs", len(checked.leaked))
         injected = dict(self.blob_plan.injected)
         injected.update({f"lock.{k}": n for k, n in self.lock_plan.injected.items()})
         self._count_outcomes()
@@ -250,6 +257,7 @@ class Nemesis:
             (self.op_replica_snapshot, 6), (self.op_replica_wait, 2), (self.op_listen, 2),
             (self.op_observe, 4), (self.op_restart, 0.8), (self.op_takeover, 0.8),
             (self.op_intruder, 0.4), (self.op_outage, 1.2 if self.cfg.faults else 0),
+            (self.op_lapse, 0.08 if self.cfg.faults else 0),
             (self.op_replica_open, 1), (self.op_replica_close, 0.5),
         ]
         fns = [f for f, _ in ops]
@@ -268,20 +276,22 @@ class Nemesis:
 
     # -- writers ------------------------------------------------------------------------------
 
-    def _open_writer(self, mode: str) -> Writer:
-        """Opens the next writer (slot lock held), retrying through outages."""
+    def _open_writer(self, mode: str, rid: str | None = None) -> Writer:
+        """Opens the next writer (slot lock held), retrying through outages. ``rid`` defaults
+        to the current writer's reentrance id (a restart or takeover of the same service)."""
+        rid = rid or (self.writer.rid if self.writer is not None else RID)
         gen = next(self._gens)
         for attempt in itertools.count():
             rec = OpenRecord(gen, mode, self.h.stamp())
             self.h.add(rec)
             try:
                 if mode == "plain":
-                    client = persist.open(self.cfg.url, reentrance_id=RID, options=OPTIONS,
+                    client = persist.open(self.cfg.url, reentrance_id=rid, options=OPTIONS,
                                           lease_seconds=LEASE_SECONDS)
                 else:
                     blob = UnreliableBlob(self.loc.blob, plan=self.blob_plan)
                     lock = UnreliableLock(self.loc.lock(), plan=self.lock_plan)
-                    client = open_writer_with(self.cfg.url, blob, lock, reentrance_id=RID,
+                    client = open_writer_with(self.cfg.url, blob, lock, reentrance_id=rid,
                                               options=OPTIONS)
                 handles = {n: client.create_or_load(n, key_type=KEY_TYPE, value_type=VALUE_TYPE)
                            for n in NAMES}
@@ -294,7 +304,7 @@ class Nemesis:
                 continue
             rec.completed = self.h.stamp()
             self.h.count(f"open.{mode}")
-            return Writer(gen, mode, client, handles)
+            return Writer(gen, mode, rid, client, handles)
         raise AssertionError("unreachable")
 
     def _next_mode(self, rng: random.Random) -> str:
@@ -641,18 +651,54 @@ class Nemesis:
     def op_intruder(self, rng: random.Random) -> None:
         """Another reentrance id must not get the lock while the writer holds it."""
         with self._slot:
+            gen = next(self._gens)
+            rec = OpenRecord(gen, "intruder", self.h.stamp())
             try:
-                intruder = persist.open(self.cfg.url, reentrance_id=f"intruder-{rng.random()}",
+                intruder = persist.open(self.cfg.url, reentrance_id=f"intruder-{gen}",
                                         options=OPTIONS, lease_seconds=LEASE_SECONDS)
-            except LockHeld:
+            except LockHeld as e:
+                rec.error = type(e)
                 self.h.count("intruder.refused")
                 return
             except PersistError as e:
+                rec.error = type(e)
                 self.h.error("intruder", e)
                 return
-            # Only possible if the writer's lease lapsed (its heartbeats failed for 2 leases).
-            self.h.note("an intruder took the lock over a live writer whose lease had lapsed")
+            finally:
+                self.h.add(rec)
+            rec.completed = self.h.stamp()
+            # Only possible when the writer's lease lapsed (no heartbeat for two leases); the
+            # intruder fenced it, so the nemesis recovers it like any fenced writer.
+            self.h.note("an intruder took the lock over a writer whose lease had lapsed")
+            self.h.count("intruder.succeeded")
             intruder.stop()
+
+    def op_lapse(self, rng: random.Random) -> None:
+        """The lock service is unreachable for the writer long enough that its lease lapses;
+        a successor under another reentrance id takes over. The old writer must be fenced
+        (every later command fails); nothing it acknowledged may be lost."""
+        with self._slot:
+            old = self._writer()
+            if old.mode != "unreliable":
+                return  # only writers on the unreliable lock can be cut off from it
+            self.lock_plan.start_outage()
+            try:
+                time.sleep(LEASE_SECONDS * 2 + 0.15)  # the lease times the max skew rate
+                successor = self._open_writer("plain", rid=f"successor-{next(self._gens)}")
+            finally:
+                self.lock_plan.end_outage()
+            self.writer = successor
+        rec = self._record(old, "probe-write", {rng.choice(NAMES): []})
+        name = next(iter(rec.updates))
+        rec.updates[name] = self._updates(rng, rec.wid, name,
+                                          old.client.state.collections[name].upper)
+        fut = self._submit(rec, lambda: old.handles[name][0].write(_rows(rec.updates[name])))
+        if fut is not None:
+            concurrent.futures.wait([fut], timeout=60)
+            if fut.exception() is not None:
+                self.h.error(rec.kind, fut.exception())  # type: ignore[arg-type]
+        old.client.stop()
+        self.h.count("writer.lapsed")
 
     def op_outage(self, rng: random.Random) -> None:
         """Storage (and sometimes the lock service) down for a few milliseconds."""
@@ -709,7 +755,9 @@ class Nemesis:
         max_time = max((u[2] for w in self.h.writes for ups in w.updates.values() for u in ups),
                        default=0)
         final: dict[str, FinalCollection] = {}
-        with persist.open(self.cfg.url, reentrance_id=RID, options=OPTIONS) as client, \
+        rid = self.writer.rid if self.writer is not None else RID
+        # NB: the last writer may have stopped itself without releasing the lock: same id.
+        with persist.open(self.cfg.url, reentrance_id=rid, options=OPTIONS) as client, \
                 persist.open(self.cfg.url, read_only=True) as replica:
             for name in NAMES:
                 wh, rh = client.create_or_load(name, key_type=KEY_TYPE, value_type=VALUE_TYPE)
