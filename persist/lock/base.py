@@ -120,7 +120,14 @@ class WriterLock(ABC):
                     lease_ms=int(self.lease_seconds * 1000),
                     wall_ms=_now_ms(),
                 )
-                if self._cas(rec, new):
+                try:
+                    won = self._cas(rec, new)
+                except Indeterminate:
+                    # NB: resolved as in heartbeat: a consistent read shows whether our record
+                    # landed. Raising instead would leave a lease nobody heartbeats, blocking
+                    # every other writer until it lapsed.
+                    won = self._read() == new
+                if won:
                     return Lease(reentrance_id, new.generation)
                 continue  # someone moved first; look again
             if now >= deadline:
@@ -171,8 +178,11 @@ class WriterLock(ABC):
             rec = self._read()
             if rec is None or rec.generation != lease.generation or rec.released:
                 return
-            if self._cas(rec, msgspec.structs.replace(rec, released=True, wall_ms=_now_ms())):
-                return
+            try:
+                if self._cas(rec, msgspec.structs.replace(rec, released=True, wall_ms=_now_ms())):
+                    return
+            except Indeterminate:
+                continue  # the next read shows whether it landed
 
     def force_release(self) -> LockRecord | None:
         """Marks the lock released whoever holds it (operator action). Returns the old record."""
@@ -180,8 +190,11 @@ class WriterLock(ABC):
             rec = self._read()
             if rec is None or rec.released:
                 return rec
-            if self._cas(rec, msgspec.structs.replace(rec, released=True, wall_ms=_now_ms())):
-                return rec
+            try:
+                if self._cas(rec, msgspec.structs.replace(rec, released=True, wall_ms=_now_ms())):
+                    return rec
+            except Indeterminate:
+                continue  # the next read shows whether it landed
 
     @staticmethod
     def _lost(lease: Lease, rec: LockRecord | None) -> str:

@@ -70,6 +70,11 @@ def test_indeterminate_does_the_work_then_raises() -> None:
     assert inner.get("a") is None
     # Reads have no effect, so they are never reported indeterminate.
     assert blob.get("b") == b"2"
+    # A lost request: ambiguous to the caller, but nothing happened.
+    blob.set_faults(Faults(lost=1.0))
+    with pytest.raises(Indeterminate, match="lost"):
+        blob.set("c", b"3")
+    assert inner.get("c") is None
 
 
 def test_outage_and_recovery() -> None:
@@ -154,3 +159,43 @@ def test_lock_faults_and_outage() -> None:
     MemoryLock(name).acquire("a")  # a takeover under the same id
     with pytest.raises(Fenced):
         lock.heartbeat(lease)
+
+
+def test_acquire_whose_ambiguous_write_landed_holds_the_lock() -> None:
+    """Found by fault injection: an acquire whose compare-and-set landed but reported
+    Indeterminate used to raise, leaving a lease nobody heartbeats that blocks every other
+    writer until it lapses. Like ``heartbeat``, it now resolves the ambiguity by reading."""
+    name = uuid.uuid4().hex
+    lock = UnreliableLock(MemoryLock(name, lease_seconds=30), seed=5,
+                          faults={"cas": Faults(indeterminate=1.0)})
+    lease = lock.acquire("anon-1")
+    rec = MemoryLock(name).current()
+    assert rec is not None
+    assert (rec.holder, rec.generation) == (lease.holder, lease.generation)
+
+
+def test_ambiguous_acquires_always_end_in_a_consistent_hold() -> None:
+    """Half the ambiguous writes landed, half were lost: every acquire still ends holding
+    exactly the lease the store records."""
+    name = uuid.uuid4().hex
+    lock = UnreliableLock(MemoryLock(name, lease_seconds=30), seed=5,
+                          faults={"cas": Faults(indeterminate=0.4, lost=0.4)})
+    for _ in range(30):
+        lease = lock.acquire("svc")
+        rec = MemoryLock(name).current()
+        assert rec is not None
+        assert (rec.holder, rec.generation) == ("svc", lease.generation)
+    assert lock.injected["cas.indeterminate"] > 0
+    assert lock.injected["cas.lost"] > 0
+
+
+def test_release_whose_ambiguous_write_landed_is_released() -> None:
+    name = uuid.uuid4().hex
+    lock = UnreliableLock(MemoryLock(name, lease_seconds=30), seed=5)
+    lease = lock.acquire("a")
+    lock.set_faults({"cas": Faults(indeterminate=1.0)})
+    lock.release(lease)  # must not raise: the read shows it released
+    rec = MemoryLock(name).current()
+    assert rec is not None
+    assert rec.released
+    MemoryLock(name).acquire("b")  # free at once, no lapse to wait for
