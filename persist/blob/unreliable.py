@@ -6,7 +6,9 @@ its own ``random.Random(seed)``, may first
 * sleep (latency),
 * fail with :class:`~persist.errors.Determinate` *without* doing the work, or
 * (writes only) *do the work and still* raise :class:`~persist.errors.Indeterminate`, the case
-  a client sees when a request reached the store but its answer was lost (a timeout).
+  a client sees when a request reached the store but its answer was lost (a timeout), or
+* (writes only) raise Indeterminate *without* doing the work (the request itself was lost):
+  a caller resolving an ambiguous outcome must handle both.
 
 Each operation (``get``, ``list``, ``set``, ``set_if_absent``, ``delete``) has its own
 :class:`Faults`; :meth:`UnreliableBlob.outage` makes every operation fail until
@@ -52,25 +54,27 @@ T = TypeVar("T")
 class Faults:
     """How one kind of operation misbehaves. Probabilities are per call, in ``[0, 1]``.
 
-    Invariant: ``fail + indeterminate <= 1`` (a call suffers at most one of them).
+    Invariant: ``fail + indeterminate + lost <= 1`` (a call suffers at most one of them).
     """
 
     #: Fail with Determinate before touching the store.
     fail: float = 0.0
     #: Do the work, then raise Indeterminate (ignored for reads).
     indeterminate: float = 0.0
+    #: Raise Indeterminate without doing the work (ignored for reads).
+    lost: float = 0.0
     #: Probability of sleeping before the call...
     delay: float = 0.0
     #: ...for a uniformly random time up to this many seconds.
     max_delay: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("fail", "indeterminate", "delay"):
+        for name in ("fail", "indeterminate", "lost", "delay"):
             p = getattr(self, name)
             if not 0.0 <= p <= 1.0:
                 raise InvalidUsage(f"fault probability {name}={p} is not in [0, 1]")
-        if self.fail + self.indeterminate > 1.0:
-            raise InvalidUsage("fail + indeterminate must not exceed 1")
+        if self.fail + self.indeterminate + self.lost > 1.0:
+            raise InvalidUsage("fail + indeterminate + lost must not exceed 1")
         if self.max_delay < 0:
             raise InvalidUsage("max_delay must be >= 0")
 
@@ -151,6 +155,7 @@ class FaultPlan:
                 die = self._rng.random()
                 kind = ("fail" if die < f.fail
                         else "indeterminate" if mutates and die < f.fail + f.indeterminate
+                        else "lost" if mutates and die < f.fail + f.indeterminate + f.lost
                         else None)
                 if delay:
                     self.injected[f"{op}.delay"] += 1
@@ -163,6 +168,9 @@ class FaultPlan:
         if kind == "fail":
             log.debug("%s: injecting Determinate into %s", self.name, op)
             raise Determinate(f"injected failure: {self.name} {op} failed before running")
+        if kind == "lost":
+            log.debug("%s: injecting Indeterminate into %s (it did not run)", self.name, op)
+            raise Indeterminate(f"injected timeout: {self.name} {op} request was lost")
         result = work()
         if kind == "indeterminate":
             log.debug("%s: injecting Indeterminate into %s (after it ran)", self.name, op)

@@ -86,13 +86,14 @@ LEASE_SECONDS = 0.5
 BLOB_FAULTS: dict[str, Faults] = {
     "get": Faults(fail=0.003, delay=0.02, max_delay=0.002),
     "list": Faults(fail=0.005, delay=0.02, max_delay=0.002),
-    "set": Faults(fail=0.01, indeterminate=0.003, delay=0.03, max_delay=0.003),
-    "set_if_absent": Faults(fail=0.01, indeterminate=0.003, delay=0.03, max_delay=0.003),
-    "delete": Faults(fail=0.02, indeterminate=0.01),
+    "set": Faults(fail=0.01, indeterminate=0.003, lost=0.002, delay=0.03, max_delay=0.003),
+    "set_if_absent": Faults(fail=0.01, indeterminate=0.003, lost=0.002, delay=0.03,
+                            max_delay=0.003),
+    "delete": Faults(fail=0.02, indeterminate=0.01, lost=0.005),
 }
 LOCK_FAULTS: dict[str, Faults] = {
     "read": Faults(fail=0.01, delay=0.02, max_delay=0.002),
-    "cas": Faults(fail=0.01, indeterminate=0.01),
+    "cas": Faults(fail=0.01, indeterminate=0.01, lost=0.01),
 }
 NO_FAULTS: dict[str, Faults] = {}
 
