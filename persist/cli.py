@@ -503,15 +503,15 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
                      ) -> tuple[dict[int, Commit], dict[int, State]]:
     commits: dict[int, Commit] = {}
     rollups: dict[int, State] = {}
+    vanished: list[str] = []
     newest_rollup = meta.seq_of(rollup_keys[-1]) if rollup_keys else 0
     for key, got in _fetch_all(blob, [*log_keys, *rollup_keys], jobs, bar):
         if isinstance(got, PersistError):
             report.problems.append(f"{key}: {got}")
             continue
         if got is None:
-            if meta.seq_of(key) > newest_rollup:
-                report.problems.append(f"{key}: listed but missing")
-            continue  # trimmed by a live writer while we read
+            vanished.append(key)  # trimmed by a live writer while we read? checked below
+            continue
         report.metadata_blobs += 1
         report.bytes_read += len(got)
         try:
@@ -523,6 +523,14 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
                 report.problems.extend(check_state(rollup, f"rollup {rollup.seq}"))
         except Corruption as e:
             report.problems.append(str(e))
+    if vanished:
+        # NB: a live writer trims log entries and rollups once a newer rollup is old enough;
+        # one that vanished is only a problem if no rollup covers it now.
+        now_rollups = blob.list_keys(meta.ROLLUP_PREFIX)
+        covered = meta.seq_of(now_rollups[-1]) if now_rollups else 0
+        report.problems.extend(f"{key}: listed but missing" for key in vanished
+                               if meta.seq_of(key) > covered)
+        newest_rollup = max(newest_rollup, covered)
     if commits:
         top = max(commits)
         gaps = [s for s in range(max(newest_rollup, min(commits)) + 1, top + 1)

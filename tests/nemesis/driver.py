@@ -98,6 +98,8 @@ LOCK_FAULTS: dict[str, Faults] = {
 NO_FAULTS: dict[str, Faults] = {}
 
 MAX_LISTENERS = 4
+#: How long ``op_verify_live`` lets a leaked blob sit before deleting it (the CLI's --grace).
+VERIFY_GRACE = 1.5
 MAX_REPLICAS = 3
 
 
@@ -205,6 +207,7 @@ class Nemesis:
         self._left = cfg.ops
         self._done = 0
         self._stop = threading.Event()
+        self._verifier: threading.Thread | None = None
         self._failure: BaseException | None = None
         self._deadline = 0.0
 
@@ -258,7 +261,7 @@ class Nemesis:
             (self.op_replica_snapshot, 6), (self.op_replica_wait, 2), (self.op_listen, 2),
             (self.op_observe, 4), (self.op_restart, 0.8), (self.op_takeover, 0.8),
             (self.op_intruder, 0.4), (self.op_outage, 1.2 if self.cfg.faults else 0),
-            (self.op_lapse, 0.08 if self.cfg.faults else 0),
+            (self.op_lapse, 0.05 if self.cfg.faults else 0), (self.op_verify_live, 0.15),
             (self.op_replica_open, 1), (self.op_replica_close, 0.5),
         ]
         fns = [f for f, _ in ops]
@@ -611,6 +614,33 @@ class Nemesis:
         finally:
             listener.close()
             self.h.count("listen.events", len(lr.events))
+
+    def op_verify_live(self, rng: random.Random) -> None:
+        """``persist verify --delete-leaked`` against the live location, on a background
+        thread: it must find no problem while writers commit, compact and collect garbage
+        under it, and must delete nothing a writer commits (the final read and verify would
+        find the hole)."""
+        with self._mutex:
+            if self._verifier is not None and self._verifier.is_alive():
+                return
+            self._verifier = threading.Thread(target=self._verify_live, daemon=True,
+                                              args=(rng.random() < 0.5,))
+            self.listeners.append(self._verifier)
+        self._verifier.start()
+
+    def _verify_live(self, delete: bool) -> None:
+        loc = cli.open_location(self.cfg.url, {})
+        try:
+            report = cli.verify(loc, progress=False)
+            if delete and report.leaked:
+                deleted = cli.delete_leaked(loc, report.leaked, VERIFY_GRACE, lambda _: None)
+                self.h.count("verify.live_deleted", len(deleted))
+        except PersistError as e:  # storage faults do not reach it (a clean handle), but...
+            self.h.error("verify", e)
+            return
+        self.h.count("verify.live")
+        for p in report.problems:
+            self.h.note(f"PROBLEM: live verify: {p}")
 
     # -- processes: restarts, takeovers, intruders, replicas ---------------------------------
 
