@@ -105,18 +105,46 @@ def consolidate(table: pa.Table, as_of: int) -> pa.Table:
     """Sums ``diff`` per ``(key, value)`` of updates at or before ``as_of``, drops zero sums,
     sets every time to ``as_of``; ``table``'s schema is kept.
 
-    Unlike ``persist.indexed.columnar.contents_at`` this does not sort: Spark never promises an
-    order, and sorting would cost as much again as the aggregation.
+    Unlike ``persist.indexed.columnar.contents_at`` this does not sort its output: Spark never
+    promises an order, and sorting would cost as much again as the aggregation.
     """
     schema = table.schema
     if len(table):
         table = table.filter(pc.less_equal(table.column("time"), pa.scalar(as_of, pa.uint64())))
     if len(table) == 0:
         return schema.empty_table()
-    agg = table.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
-    agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
-    return pa.Table.from_arrays(
-        [agg.column("key"), agg.column("value"),
-         pa.repeat(pa.scalar(as_of, pa.uint64()), len(agg)), agg.column("diff_sum")],
-        schema=schema,
-    )
+    # NB: most (key, value) pairs of a snapshot occur once (compaction already summed them),
+    # and a hash aggregation costs ~10x a sort of 64-bit hashes. A row whose (key, value) hash
+    # no other row shares has no partner to sum with, so only rows with a repeated hash (equal
+    # pairs, or rare collisions, which group_by then tells apart) go through group_by.
+    shared = _repeated(_mix(hash_keys(table.column("key"))
+                            ^ _mix(hash_keys(table.column("value")) + _U(1))))
+    alone = table.filter(pa.array(~shared))
+    alone = alone.filter(pc.not_equal(alone.column("diff"), 0))
+    pieces = [pa.Table.from_arrays(
+        [alone.column("key"), alone.column("value"),
+         pa.repeat(pa.scalar(as_of, pa.uint64()), len(alone)), alone.column("diff")],
+        schema=schema)]
+    if shared.any():
+        rest = table.filter(pa.array(shared))
+        agg = rest.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
+        agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
+        pieces.append(pa.Table.from_arrays(
+            [agg.column("key"), agg.column("value"),
+             pa.repeat(pa.scalar(as_of, pa.uint64()), len(agg)), agg.column("diff_sum")],
+            schema=schema))
+    return pa.concat_tables(pieces)
+
+
+def _repeated(h: _Hashes) -> npt.NDArray[np.bool_]:
+    """A mask of the elements of ``h`` whose value occurs more than once."""
+    ordered = np.sort(h)
+    same = ordered[1:] == ordered[:-1]
+    if not same.any():
+        return np.zeros(len(h), dtype=bool)
+    # NB: a plain sort is ~2x faster than argsort, and the repeated values are usually few:
+    # a hash lookup (is_in) maps them back to rows.
+    repeated = pa.array(np.unique(ordered[1:][same]))
+    mask: npt.NDArray[np.bool_] = pc.is_in(pa.array(h), value_set=repeated).to_numpy(
+        zero_copy_only=False)
+    return mask

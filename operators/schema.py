@@ -217,7 +217,9 @@ def check_sink_schema(schema: StructType, types: CollectionTypes | None) -> None
         return
     want = types.spark_schema
     for col in ("key", "value"):
-        if fields[col] != want[col].dataType and not isinstance(fields[col], NullType):
+        have = fields[col]
+        widening = isinstance(have, IntegerType) and isinstance(want[col].dataType, LongType)
+        if have != want[col].dataType and not widening and not isinstance(have, NullType):
             raise SchemaMismatch(
                 f"collection {types.name!r} reads its {col} as {want[col].dataType.simpleString()}"
                 f", but the DataFrame's {col} is {fields[col].simpleString()}"

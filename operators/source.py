@@ -301,6 +301,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         c = self._current(fresh=True)
         start = self.opts.starting_upper
         upper = 0 if start == "earliest" else c.upper if start == "latest" else int(start)
+        self._hold_tried = True
         self._hold_for(upper, c)
         return _offset(upper)
 
@@ -460,8 +461,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         since = effective_since(c)
         frontier = upper - 1 if upper > 0 else since
-        if frontier < since:
-            return  # already lost: the data-loss check reports it
+        if frontier < since or (self._held is not None and self._held >= frontier):
+            return  # already lost (the data-loss check reports it), or already held
         have = c.holds.get(self.opts.read_hold)
         if have == frontier:
             self._held = frontier
