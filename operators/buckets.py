@@ -101,38 +101,39 @@ def _hash_var_width(arr: pa.Array) -> _Hashes:
     return _mix(sums ^ _mix(lens.astype(np.uint64)))
 
 
-def consolidate(table: pa.Table, as_of: int) -> pa.Table:
-    """Sums ``diff`` per ``(key, value)`` of updates at or before ``as_of``, drops zero sums,
-    sets every time to ``as_of``; ``table``'s schema is kept.
+def consolidate(table: pa.Table, as_of: int, *, key_hashes: _Hashes | None = None) -> pa.Table:
+    """Sums ``diff`` per ``(key, value)``, drops zero sums, sets every time to ``as_of``.
+
+    Args:
+        table: updates at or before ``as_of`` (a part's schema, which the result keeps).
+        key_hashes: ``hash_keys(table.column("key"))`` if the caller has it already.
 
     Unlike ``persist.indexed.columnar.contents_at`` this does not sort its output: Spark never
     promises an order, and sorting would cost as much again as the aggregation.
     """
     schema = table.schema
-    if len(table):
-        table = table.filter(pc.less_equal(table.column("time"), pa.scalar(as_of, pa.uint64())))
     if len(table) == 0:
         return schema.empty_table()
+    hk = hash_keys(table.column("key")) if key_hashes is None else key_hashes
     # NB: most (key, value) pairs of a snapshot occur once (compaction already summed them),
-    # and a hash aggregation costs ~10x a sort of 64-bit hashes. A row whose (key, value) hash
-    # no other row shares has no partner to sum with, so only rows with a repeated hash (equal
-    # pairs, or rare collisions, which group_by then tells apart) go through group_by.
-    shared = _repeated(_mix(hash_keys(table.column("key"))
-                            ^ _mix(hash_keys(table.column("value")) + _U(1))))
-    alone = table.filter(pa.array(~shared))
+    # and a hash aggregation costs several times a sort of 64-bit hashes. A row whose
+    # (key, value) hash no other row shares has no partner to sum with, so only rows with a
+    # repeated hash (equal pairs, or rare collisions that group_by then tells apart) go
+    # through group_by.
+    shared = _repeated(_mix(hk ^ _mix(hash_keys(table.column("value")) + _U(1))))
+    at = pa.scalar(as_of, pa.uint64())
+    alone = table.filter(pa.array(~shared)) if shared.any() else table
     alone = alone.filter(pc.not_equal(alone.column("diff"), 0))
     pieces = [pa.Table.from_arrays(
-        [alone.column("key"), alone.column("value"),
-         pa.repeat(pa.scalar(as_of, pa.uint64()), len(alone)), alone.column("diff")],
-        schema=schema)]
+        [alone.column("key"), alone.column("value"), pa.repeat(at, len(alone)),
+         alone.column("diff")], schema=schema)]
     if shared.any():
         rest = table.filter(pa.array(shared))
         agg = rest.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
         agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
         pieces.append(pa.Table.from_arrays(
-            [agg.column("key"), agg.column("value"),
-             pa.repeat(pa.scalar(as_of, pa.uint64()), len(agg)), agg.column("diff_sum")],
-            schema=schema))
+            [agg.column("key"), agg.column("value"), pa.repeat(at, len(agg)),
+             agg.column("diff_sum")], schema=schema))
     return pa.concat_tables(pieces)
 
 

@@ -22,6 +22,8 @@ import functools
 import logging
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
@@ -195,16 +197,25 @@ def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
     reader = _reader(p.target)
     schema = p.types.part_schema
     as_of = pa.scalar(p.as_of, pa.uint64())
-    mine: list[pa.Table] = []
+    n, me = np.uint64(p.buckets), np.uint64(p.bucket)
+    tables: list[pa.Table] = []
+    hashes: list[npt.NDArray[np.uint64]] = []
     for part in parts:
         t = reader.read(part, schema)
         if part.max_time > p.as_of:
             t = t.filter(pc.less_equal(t.column("time"), as_of))
-        # NB: filter each part to this bucket as it is read, so a task holds 1/n of the data.
-        mine.append(t.filter(buckets.bucket_mask(t.column("key"), p.bucket, p.buckets)))
-    if not mine:
+        h = buckets.hash_keys(t.column("key"))
+        if p.buckets > 1:
+            # NB: filter each part to this bucket as it is read, so a task holds 1/n of the
+            # data; the key hashes are kept for the consolidation.
+            mine = h % n == me
+            t, h = t.filter(pa.array(mine)), h[mine]
+        tables.append(t)
+        hashes.append(h)
+    if not tables:
         return schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(mine), p.as_of)
+    return buckets.consolidate(pa.concat_tables(tables), p.as_of,
+                               key_hashes=np.concatenate(hashes))
 
 
 def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:

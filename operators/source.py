@@ -90,7 +90,7 @@ except ImportError:  # pragma: no cover - pyspark 4.0/4.1
 log = logging.getLogger("persist.spark")
 
 #: Consolidated reads: one key-hash bucket per this many rows (capped at MAX_BUCKETS).
-ROWS_PER_BUCKET = 2_000_000
+ROWS_PER_BUCKET = 5_000_000
 MAX_BUCKETS = 8
 
 

@@ -60,6 +60,7 @@ def test_bucketed_consolidation_equals_contents_at() -> None:
         got = []
         for b in range(3):
             mine = table.filter(buckets.bucket_mask(table.column("key"), b, 3))
+            mine = mine.filter(pa.compute.less_equal(mine.column("time"), as_of))
             got += buckets.consolidate(mine, as_of).to_pylist()
         key = lambda r: (r["key"], r["value"])  # noqa: E731
         assert sorted(got, key=key) == sorted(want, key=key)
@@ -109,7 +110,7 @@ def test_grouping_and_bucket_defaults() -> None:
     parts = [part(10, 0), part(10, 1), part(500, 2), part(10, 3), part(95, 4)]
     assert [sum(p.rows for p in g) for g in group(parts, 100)] == [500, 30, 95]
     assert default_buckets(0) == 1
-    assert default_buckets(10_000_000) == 5
+    assert default_buckets(10_000_000) == 2
     assert default_buckets(10**12) == 8
 
 
