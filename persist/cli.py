@@ -135,18 +135,16 @@ def _type_name(type_bytes: bytes, codec: str | None) -> str:
     return str(columnar.deserialize_type(type_bytes))
 
 
-def _lock_info(loc: Location) -> dict[str, Any] | None:
-    rec = loc.lock().current()
+def _lock_dict(rec: LockRecord | None) -> dict[str, Any] | None:
     if rec is None:
         return None
-    return {
-        "holder": rec.holder,
-        "generation": rec.generation,
-        "beat": rec.beat,
-        "lease_seconds": rec.lease_ms / 1000,
-        "released": rec.released,
-        "last_beat_seconds_ago": round(max(0.0, time.time() - rec.wall_ms / 1000), 3),
-    }
+    return {"holder": rec.holder, "generation": rec.generation, "beat": rec.beat,
+            "lease_seconds": rec.lease_ms / 1000, "released": rec.released,
+            "last_beat_seconds_ago": round(max(0.0, time.time() - rec.wall_ms / 1000), 3)}
+
+
+def _lock_info(loc: Location) -> dict[str, Any] | None:
+    return _lock_dict(loc.lock().current())
 
 
 def describe(loc: Location) -> dict[str, Any]:
@@ -494,7 +492,9 @@ def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyRepo
         newest = gc.referenced(Machine(blob).load())
         report.problems.extend(f"{key}: referenced by {blob_parts[key][0]!r} but missing"
                                for key in missing if key in newest)
-    report.leaked = [k for k in data_keys if k not in referenced]
+    # NB: without a state nothing is known to be referenced; calling everything leaked would
+    # invite deleting the whole location.
+    report.leaked = [k for k in data_keys if k not in referenced] if state is not None else []
     return report
 
 
@@ -570,7 +570,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     loc = open_location(args.url, args.storage_options)
     jobs = args.jobs or (2 if loc.blob.is_local else 16)
     report = verify(loc, jobs=jobs, progress=not args.no_progress)
-    if args.delete_leaked and report.leaked:
+    if args.delete_leaked and report.leaked and report.problems:
+        print("not deleting leaked blobs: verify found problems; fix those first",
+              file=sys.stderr)
+    elif args.delete_leaked and report.leaked:
         if not isinstance(loc.blob, Blob):
             raise CliError(EXIT_USAGE, "this location cannot be written")
         grace = args.grace if args.grace is not None else Options().gc_grace_seconds
@@ -649,14 +652,6 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 # -- lock -----------------------------------------------------------------------------------------
-
-
-def _lock_dict(rec: LockRecord | None) -> dict[str, Any] | None:
-    if rec is None:
-        return None
-    return {"holder": rec.holder, "generation": rec.generation, "beat": rec.beat,
-            "lease_seconds": rec.lease_ms / 1000, "released": rec.released,
-            "last_beat_seconds_ago": round(max(0.0, time.time() - rec.wall_ms / 1000), 3)}
 
 
 def cmd_lock_show(args: argparse.Namespace) -> int:

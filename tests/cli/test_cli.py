@@ -402,3 +402,14 @@ def test_dynamodb_create_table_unreachable_is_one_line() -> None:
                "-o", "aws_access_key_id=x", "-o", "aws_secret_access_key=y",
                expect=cli.EXIT_ERROR, timeout=120)
     assert "persist: " in proc.stderr
+
+
+def test_delete_leaked_refuses_when_verify_found_problems(loc: Path) -> None:
+    blob = FileBlob(loc)
+    leaked = f"{meta.DATA_PREFIX}1/leaked"
+    blob.set(leaked, b"orphan")
+    _corrupt_first(loc, "data", "flip")
+    proc = run("verify", str(loc), "--no-progress", "--delete-leaked", "--grace", "0",
+               expect=cli.EXIT_PROBLEMS)
+    assert "not deleting leaked blobs" in proc.stderr
+    assert blob.get(leaked) == b"orphan"
