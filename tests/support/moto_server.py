@@ -14,6 +14,7 @@ DynamoDB do.
 from __future__ import annotations
 
 import argparse
+import io
 import sys
 import threading
 from collections.abc import Callable, Iterable
@@ -37,6 +38,7 @@ class Serialized:
         self._lock = threading.Lock()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        _buffer_body(environ)
         with self._lock:
             result = self._app(environ, start_response)
             try:
@@ -46,6 +48,26 @@ class Serialized:
                 if close is not None:
                     close()
         return [body]
+
+
+def _buffer_body(environ: dict[str, Any]) -> None:
+    """Reads the request body off the socket *before* the request takes the lock.
+
+    NB: moto reads the body inside the application. A client paused between sending its headers
+    and its body (SIGSTOP in the fencing tests, a GC pause) would otherwise hold the lock, and so
+    stall every other client, until it resumed.
+    """
+    stream = environ.get("wsgi.input")
+    if stream is None:
+        return
+    length = environ.get("CONTENT_LENGTH")
+    if length:
+        body = stream.read(int(length))
+    elif environ.get("wsgi.input_terminated"):
+        body = stream.read()
+    else:
+        return
+    environ["wsgi.input"] = io.BytesIO(body)
 
 
 class QuietHandler(MotoRequestHandler):
