@@ -48,6 +48,7 @@ if str(ROOT) not in sys.path:  # run as a file: make `persist` and `tests` impor
     sys.path.insert(0, str(ROOT))
 
 import persist  # noqa: E402
+from persist import aws  # noqa: E402
 from persist.lock.dynamodb import create_table  # noqa: E402
 
 SCHEMA = pa.schema([("key", pa.int64()), ("value", pa.int64()), ("time", pa.int64()),
@@ -145,11 +146,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with moto_server() as endpoint:
         aws_options = {"endpoint_url": endpoint, "region_name": "us-east-1",
                        "addressing_style": "path", **CREDENTIALS}
-        import boto3
-
         bucket = f"bench-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                     **CREDENTIALS).create_bucket(Bucket=bucket)
+        aws.client("s3", aws.AwsOptions.split(aws_options)[0]).create_bucket(Bucket=bucket)
         systems = [persist_system("persist", f"s3://{bucket}/persist-native", aws_options)]
         if args.dynamodb:
             create_table(aws_options, "bench")
