@@ -40,7 +40,14 @@ import boto3
 import botocore.exceptions as bx
 from botocore.config import Config
 
-from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage, PersistError
+from persist.errors import (
+    Determinate,
+    ExternalError,
+    Indeterminate,
+    InvalidUsage,
+    MissingResource,
+    PersistError,
+)
 
 T = TypeVar("T")
 
@@ -49,14 +56,6 @@ T = TypeVar("T")
 Client = Any
 
 AddressingStyle = Literal["auto", "path", "virtual"]
-
-
-class MissingResource(Determinate):
-    """The bucket or DynamoDB table named by the location does not exist.
-
-    Retrying will not help until it is created (``persist.lock.dynamodb.create_table`` makes a
-    table; buckets are created outside persist).
-    """
 
 
 # -- options -----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
     │   └── ReadOnly            a read-only handle was asked to write
     ├── ExternalError           storage (or the lock service) misbehaved
     │   ├── Determinate         definitely did not happen; safe to retry
+    │   │   └── MissingResource the bucket or DynamoDB table does not exist
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -52,6 +53,14 @@ class ExternalError(PersistError):
 
 class Determinate(ExternalError):
     """The operation definitely did not take effect; it is safe to retry."""
+
+
+class MissingResource(Determinate):
+    """The bucket or DynamoDB table named by the location does not exist.
+
+    Retrying will not help until it is created (``persist.lock.dynamodb.create_table`` makes a
+    table; buckets are created outside persist).
+    """
 
 
 class Indeterminate(ExternalError):
@@ -101,6 +110,7 @@ __all__ = [
     "Indeterminate",
     "InvalidUsage",
     "LockHeld",
+    "MissingResource",
     "PersistError",
     "ReadOnly",
     "RuntimeShutdown",

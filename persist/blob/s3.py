@@ -602,7 +602,7 @@ def location(
 
     Returns:
         The location. Nothing is contacted yet: a missing bucket surfaces on first use as
-        :class:`persist.aws.MissingResource`.
+        :class:`persist.MissingResource`.
 
     Raises:
         InvalidUsage: a malformed URL or a bad storage option.
