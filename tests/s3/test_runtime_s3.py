@@ -297,3 +297,17 @@ def test_second_writer_refused_same_id_takes_over(
     assert rec.holder == "blue"
     assert rec.generation == 2
     assert rec.released
+
+
+def test_missing_bucket_fails_open_with_missing_resource(aws_options: dict[str, Any]) -> None:
+    with pytest.raises(persist.MissingResource, match="no-such-bucket"):
+        persist.open("s3://no-such-bucket-here/p", reentrance_id="w", storage_options=aws_options)
+    assert issubclass(persist.MissingResource, persist.Determinate)
+
+
+def test_s3_locks_are_exported_lazily() -> None:
+    import persist.lock
+
+    assert persist.lock.S3Lock is S3Lock
+    assert persist.lock.DynamoLock is DynamoLock
+    assert "S3Lock" not in persist.lock.__all__  # `import *` must not need boto3
