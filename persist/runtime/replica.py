@@ -18,8 +18,10 @@ When to poll:
 
 Log GC: the writer trims log entries once a newer rollup is ``gc_grace`` old, so "the next log
 key is missing" can also mean "trimmed past us". The follower verifies with one LIST of the
-rollups every ``verify_interval`` (shorter while the writer is active), or at once when a pushed
-seq is missing or a reader hit a vanished part; it then reloads from the newest rollup.
+rollups every ``verify_interval`` (1 s while the writer is active, 10 s while it is idle, 60 s
+while push is live), and at once when a pushed seq is missing or a reader hit a vanished part;
+it then reloads from the newest rollup. A replica whose options assume a longer ``gc_grace``
+than the writer's thus lags by at most that interval, never serves a wrong state.
 
 Every storage request goes through a :class:`CountingRead`, so ``describe()`` reports the cost.
 """
@@ -102,7 +104,7 @@ class Follower:
         max_poll: float = 0.5,
         notify: bool = False,
         push_poll: float = 5.0,
-        verify_interval: tuple[float, float] = (1.0, 10.0),
+        verify_interval: tuple[float, float, float] = (1.0, 10.0, 60.0),
         requests: CountingRead | None = None,
     ) -> None:
         """
@@ -112,7 +114,8 @@ class Follower:
             notify: subscribe to the writer's push notifications when it advertises them.
             push_poll: seconds between safety polls while a push subscription is live.
             verify_interval: seconds between LISTs of the rollups that detect a log trimmed past
-                this replica, while the writer is active / idle.
+                this replica: while the writer is active, while it is idle, and while a push
+                subscription is live (a pushed seq that the log lacks triggers one at once).
             requests: the counting blob under ``ix``, for ``describe()``.
         """
         self.ix = ix
@@ -179,8 +182,9 @@ class Follower:
             expect, self._pushed = self._pushed, 0
         with self._lock:
             now = time.monotonic()
-            active = now - self._last_progress < _ACTIVE_FOR
-            verify = full or now - self._last_verify >= self.verify_interval[0 if active else 1]
+            every = self.verify_interval[2 if self.push_live else
+                                         0 if now - self._last_progress < _ACTIVE_FOR else 1]
+            verify = full or now - self._last_verify >= every
             before = self.ix.state
             self.polls += 1
             try:

@@ -67,9 +67,17 @@ def test_refresh_follows_an_untrimmed_log_with_gets_only(blob: MemoryBlob) -> No
     ix.register("c", pa.string(), pa.int64())
     ix.seal("c", 5)
     before = counted.counts
-    assert m.refresh(state) == ix.state
+    assert m.refresh(state) == ix.state  # two new entries, then the miss that ends the chain
     after = counted.counts
     assert (after["get_meta"] - before["get_meta"], after["list"] - before["list"]) == (3, 0)
+    # told by a push how far the log goes, it skips the confirming miss: one GET per commit
+    state = ix.state
+    ix.seal("c", 6)
+    ix.seal("c", 7)
+    before = counted.counts
+    assert m.refresh(state, expect_seq=ix.state.seq) == ix.state
+    after = counted.counts
+    assert (after["get_meta"] - before["get_meta"], after["list"] - before["list"]) == (2, 0)
 
 
 class _TrimsDuringLoad(BlobRead):
@@ -103,7 +111,7 @@ def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
 ) -> None:
     ix = _writer(blob)
     replica = Indexed(blob.read_only())  # default options: assumes 300 s of grace
-    follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5))
+    follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5, 0.5))
     try:
         _commit_and_trim(ix, 10)
         eventually(lambda: follower.published.state == ix.state, timeout=5,

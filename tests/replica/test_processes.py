@@ -49,10 +49,10 @@ def test_blue_green_handover_under_continuous_reads_and_writes(
                 for extra in (["--notify"], [])]
     for p in replicas:
         p.wait_for("ready")
-    blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 150)
+    blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 100)
     if handover == "kill-restart":
         blue.kill()  # a crash: whatever blue acknowledged must survive
-    green = spawn("writer", "--url", loc, "--rid", green_rid, "--count", "300",
+    green = spawn("writer", "--url", loc, "--rid", green_rid, "--count", "150",
                   "--interval", "0.002", "--notify", "--lock-timeout", "30")
     if handover == "other-id":
         green.wait_for("opening")

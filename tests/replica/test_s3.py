@@ -44,14 +44,15 @@ def test_blue_green_handover_on_s3(
     s3_loc: str, aws_options: dict[str, Any], spawn: Callable[..., Proc]  # noqa: F811
 ) -> None:
     opts = ["--storage-options", json.dumps(aws_options)]
-    blue = spawn("writer", "--url", s3_loc, "--rid", "svc", "--notify", *opts)
+    blue = spawn("writer", "--url", s3_loc, "--rid", "svc", "--notify", "--interval", "0.01",
+                 *opts)
     blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 3)
-    replicas = [spawn("listener", "--url", s3_loc, *extra, *opts)
-                for extra in (["--notify"], [])]
+    # one pushed replica here; two replicas, pushed and polling, run on files in test_processes
+    replicas = [spawn("listener", "--url", s3_loc, "--notify", *opts)]
     for p in replicas:
         p.wait_for("ready", timeout=60)
     blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 20)
-    green = spawn("writer", "--url", s3_loc, "--rid", "svc", "--count", "30", "--notify", *opts)
+    green = spawn("writer", "--url", s3_loc, "--rid", "svc", "--count", "20", "--notify", *opts)
     opened = green.wait_for("open", timeout=60)
     blue.wait_for("fenced", timeout=60)
     until = green.wait_for("done", timeout=60)["upper"]
