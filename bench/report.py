@@ -135,7 +135,7 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
                 f"W3 read {which} after {n:,} appends, persist (no manual compaction) / floor's "
                 f"one compacted file", "<=", 2.0,
                 _div(med("W3", f"read {which} @{n:,} (ms)", "persist"),
-                     med("W3", f"after compaction: read {which} @{n:,} (ms)", "floor")))
+                     med("W3", f"after compaction: read {which} (ms)", "floor")))
     w4 = ws.get("W4")
     if w4 is not None:
         threads = list(w4.params.get("threads", []))

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULTS: dict[str, Any] = {
     "repeats": 3, "peer_repeats": 1,
     "w1_appends": 10, "w1_rows": 1_000_000,
-    "w2_appends": 2000, "w2_rows": 100, "w3_reads": 3,
+    "w2_appends": 2000, "w2_rows": 100, "w3_reads": 3, "iceberg_appends": 500,
     "w4_threads": [1, 4, 32], "w4_seconds": 3.0, "w4_rows": 100,
     "w5_appends": 150, "w5_rows": 100, "w5_interval_ms": 20.0, "w5_poll_ms": 5.0,
     "w6_collections": [10, 1000], "w6_seals": [10, 10_000], "w6_appends": 200, "w6_rows": 100,
@@ -43,7 +43,7 @@ DEFAULTS: dict[str, Any] = {
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
     "w1_appends": 3, "w1_rows": 20_000,
-    "w2_appends": 40, "w2_rows": 100, "w3_reads": 1,
+    "w2_appends": 40, "w2_rows": 100, "w3_reads": 1, "iceberg_appends": 40,
     "w4_threads": [1, 4], "w4_seconds": 0.3, "w4_rows": 100,
     "w5_appends": 10, "w5_rows": 100, "w5_interval_ms": 10.0, "w5_poll_ms": 5.0,
     "w6_collections": [2, 5], "w6_seals": [2, 10], "w6_appends": 5, "w6_rows": 100,
@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w2-appends", int, "W2 sequential appends")
     opt("--w2-rows", int, "W2 records per append")
     opt("--w3-reads", int, "W3 reads per point (median)")
+    opt("--iceberg-appends", int, "W2/W3 appends for pyiceberg (its commits slow down "
+        "with every snapshot)")
     opt("--w4-threads", _ints, "W4 thread counts")
     opt("--w4-seconds", float, "W4 seconds per run")
     opt("--w4-rows", int, "W4 records per append")
