@@ -1,0 +1,84 @@
+"""The Spark source and sink on an s3:// location (a serialized moto server), options passed as
+``storage_options.*`` strings through Spark to every process."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pyarrow as pa
+import pytest
+
+import persist
+from tests.spark.support import Collected, canon, sums, updates_at
+
+pytestmark = [pytest.mark.spark, pytest.mark.s3]
+
+SERVER = Path(__file__).resolve().parents[1] / "support" / "moto_server.py"
+
+
+@pytest.fixture(scope="module")
+def s3_options() -> Iterator[dict[str, str]]:
+    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        port = proc.stdout.readline().decode().strip() if ready else ""
+        if not port.isdigit():
+            pytest.fail(f"moto server did not start: {port!r}")
+        yield {
+            "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
+            "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
+            "addressing_style": "path",
+        }
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_batch_stream_and_sink_on_s3(spark: Any, tmp_path: Path,
+                                     s3_options: dict[str, str]) -> None:
+    bucket = f"spark-{uuid.uuid4().hex[:12]}"
+    s3 = boto3.client("s3", **{k: v for k, v in s3_options.items() if k != "addressing_style"})
+    s3.create_bucket(Bucket=bucket)
+    s3.close()
+    url = f"s3://{bucket}/loc"
+    with persist.open(url, storage_options=dict(s3_options)) as client:
+        w, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        for t in range(3):
+            w.append(updates_at(t, 40), upper=t + 1).result()
+        want = r.snapshot(2).to_arrow()
+        history = pa.concat_tables(list(client._ix.updates_between("events", 0, 3)))
+
+    def opts(builder: Any) -> Any:
+        for k, v in s3_options.items():
+            builder = builder.option(f"storage_options.{k}", v)
+        return builder
+
+    df = opts(spark.read.format("persist").option("collection", "events")).load(url)
+    assert canon(df.toArrow()) == canon(want)
+    sink = Collected()
+    q = (opts(spark.readStream.format("persist").option("collection", "events")).load(url)
+         .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(120)
+    assert q.exception() is None
+    assert canon(sink.all()) == canon(history)
+    raw = opts(spark.read.format("persist").option("collection", "events")
+               .option("mode", "raw")).load(url)
+    opts(raw.write.format("persist").mode("append").option("collection", "copy")
+         .option("upper", 5)).save(url)
+    with persist.open(url, read_only=True, storage_options=dict(s3_options)) as client:
+        _, copy = client.create_or_load("copy", key_type=pa.string(), value_type=pa.int64())
+        assert copy.upper == 5
+        assert sums(copy.snapshot(4).to_arrow()) == sums(want)
