@@ -414,7 +414,11 @@ def _replay_problems(
 
 def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
                progress: _Progress) -> Iterator[tuple[str, bytes | PersistError | None]]:
-    """Reads ``keys`` with ``jobs`` threads; yields (key, payload | None | error)."""
+    """Reads ``keys`` with ``jobs`` threads; yields (key, payload | None | error) as they come.
+
+    NB: at most ``2 * jobs`` reads are in flight and a payload is dropped once yielded, so
+    verifying a location never holds more than a few blobs in memory.
+    """
 
     def get(key: str) -> bytes | PersistError | None:
         try:
@@ -424,11 +428,22 @@ def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
                 raise
             return e
 
+    pending = iter(keys)
+    window = max(1, jobs) * 2
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(get, k): k for k in keys}
-        for fut in concurrent.futures.as_completed(futures):
-            progress.update()
-            yield futures[fut], fut.result()
+        running: dict[concurrent.futures.Future[bytes | PersistError | None], str] = {}
+        while True:
+            for key in pending:
+                running[pool.submit(get, key)] = key
+                if len(running) >= window:
+                    break
+            if not running:
+                return
+            done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+            for fut in done:
+                key = running.pop(fut)
+                progress.update()
+                yield key, fut.result()
 
 
 def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyReport:
@@ -459,7 +474,8 @@ def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyRepo
              for p in c.parts]
     referenced = gc.referenced(state) if state else set()
     blob_parts = {p.blob_key: (name, c, p) for name, c, p in parts if p.blob_key}
-    retired_present = [r.key for r in (state.retired if state else ()) if r.key in set(data_keys)]
+    listed = set(data_keys)
+    retired_present = [r.key for r in (state.retired if state else ()) if r.key in listed]
     missing: list[str] = []
     bar = _Progress(len(log_keys) + len(rollup_keys) + len(parts) + len(retired_present),
                     progress)

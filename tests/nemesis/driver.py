@@ -202,7 +202,6 @@ class Nemesis:
         self.writer: Writer | None = None
         self.replicas: list[Replica] = []
         self.listeners: list[threading.Thread] = []
-        self.old_writers: list[Writer] = []
         self.acked: dict[str, list[tuple[str, int]]] = {n: [] for n in NAMES}
         self._left = cfg.ops
         self._done = 0
@@ -288,6 +287,7 @@ class Nemesis:
         for attempt in itertools.count():
             rec = OpenRecord(gen, mode, self.h.stamp())
             self.h.add(rec)
+            client: Client | None = None
             try:
                 if mode == "plain":
                     client = persist.open(self.cfg.url, reentrance_id=rid, options=OPTIONS,
@@ -302,6 +302,8 @@ class Nemesis:
             except PersistError as e:
                 rec.error = type(e)
                 self.h.error("open", e)
+                if client is not None:
+                    client.stop()
                 if attempt > 2000 or time.monotonic() > self._deadline + 30:
                     raise AssertionError(f"could not reopen the writer: {e}") from e
                 time.sleep(0.002)
