@@ -1,7 +1,8 @@
 """Prometheus metrics for persist. Optional: without ``prometheus_client`` every call is a no-op.
 
 Install the ``metrics`` extra and expose the default registry as usual (for example
-``prometheus_client.start_http_server(9100)``); persist registers its metrics there on import.
+``prometheus_client.start_http_server(9100)``); persist registers its metrics there when the
+first writer starts (or the first metered blob is used).
 
 Pushed from the commit path (one cheap call per event):
 
@@ -45,70 +46,102 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("persist.metrics")
 
-_prom: Any
-try:
-    import prometheus_client as _prom
-except ImportError:  # pragma: no cover - depends on the installed extras
-    _prom = None
-    log.debug("prometheus_client is not installed: persist metrics are disabled")
-
-#: True when prometheus_client is installed and the metrics are live.
-ENABLED = _prom is not None
-
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0,
                     5.0, 10.0, 30.0)
 _GROUP_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 
-if _prom is not None:
-    COMMIT_SECONDS: Any = _prom.Histogram(
-        "persist_commit_seconds", "Seconds to make one group of commands durable",
-        buckets=_LATENCY_BUCKETS)
-    GROUP_COMMANDS: Any = _prom.Histogram(
-        "persist_group_commit_commands", "Commands made durable by one commit (group size)",
-        buckets=_GROUP_BUCKETS)
-    COMMIT_FAILURES: Any = _prom.Counter(
-        "persist_commit_failures", "Commits that failed, by error class", ["kind"])
-    FAIL_STOPS: Any = _prom.Counter(
-        "persist_fail_stops", "Runtimes that stopped themselves, by the error that caused it",
-        ["kind"])
-    HEARTBEATS: Any = _prom.Counter(
-        "persist_lock_heartbeats", "Writer-lock lease renewals, by result", ["result"])
-    LOCK_LOSSES: Any = _prom.Counter(
-        "persist_lock_losses", "Writers that lost the writer lock (fenced by a newer writer)")
-    BYTES_WRITTEN: Any = _prom.Counter(
-        "persist_blob_bytes_written", "Framed bytes written to blob storage")
-    BYTES_READ: Any = _prom.Counter(
-        "persist_blob_bytes_read", "Framed bytes read from blob storage")
-    BLOB_ERRORS: Any = _prom.Counter(
-        "persist_blob_errors", "Blob storage errors, by operation and error class",
-        ["op", "kind"])
+
+class _Metrics:
+    """The registered metric objects (exist only when prometheus_client does)."""
+
+    def __init__(self, prom: Any) -> None:
+        self.prom = prom
+        self.commit_seconds = prom.Histogram(
+            "persist_commit_seconds", "Seconds to make one group of commands durable",
+            buckets=_LATENCY_BUCKETS)
+        self.group_commands = prom.Histogram(
+            "persist_group_commit_commands", "Commands made durable by one commit (group size)",
+            buckets=_GROUP_BUCKETS)
+        self.commit_failures = prom.Counter(
+            "persist_commit_failures", "Commits that failed, by error class", ["kind"])
+        self.fail_stops = prom.Counter(
+            "persist_fail_stops", "Runtimes that stopped themselves, by the error that caused it",
+            ["kind"])
+        self.heartbeats = prom.Counter(
+            "persist_lock_heartbeats", "Writer-lock lease renewals, by result", ["result"])
+        self.lock_losses = prom.Counter(
+            "persist_lock_losses", "Writers that lost the writer lock (fenced by a newer writer)")
+        self.bytes_written = prom.Counter(
+            "persist_blob_bytes_written", "Framed bytes written to blob storage")
+        self.bytes_read = prom.Counter(
+            "persist_blob_bytes_read", "Framed bytes read from blob storage")
+        self.blob_errors = prom.Counter(
+            "persist_blob_errors", "Blob storage errors, by operation and error class",
+            ["op", "kind"])
+        prom.REGISTRY.register(_StateCollector())
+
+
+_metrics: _Metrics | None = None
+_loaded = False
+_load_lock = threading.Lock()
+
+
+def _get() -> _Metrics | None:
+    """The metrics, created on first use.
+
+    NB: importing prometheus_client costs ~50 ms; deferring it to the first event keeps
+    ``import persist`` (every CLI call, every replica, every test process) from paying it.
+    """
+    global _metrics, _loaded
+    if _loaded:
+        return _metrics
+    with _load_lock:
+        if not _loaded:
+            try:
+                import prometheus_client
+            except ImportError:
+                log.debug("prometheus_client is not installed: persist metrics are disabled")
+            else:
+                _metrics = _Metrics(prometheus_client)
+            _loaded = True
+    return _metrics
+
+
+def enabled() -> bool:
+    """True when prometheus_client is installed (the metrics are then registered)."""
+    return _get() is not None
 
 
 def commit_done(seconds: float, commands: int) -> None:
     """One group of ``commands`` became durable in ``seconds``."""
-    if _prom is not None:
-        COMMIT_SECONDS.observe(seconds)
-        GROUP_COMMANDS.observe(commands)
+    m = _get()
+    if m is not None:
+        m.commit_seconds.observe(seconds)
+        m.group_commands.observe(commands)
 
 
 def commit_failed(error: BaseException) -> None:
-    if _prom is not None:
-        COMMIT_FAILURES.labels(type(error).__name__).inc()
+    m = _get()
+    if m is not None:
+        m.commit_failures.labels(type(error).__name__).inc()
 
 
 def fail_stop(error: BaseException) -> None:
-    if _prom is not None:
-        FAIL_STOPS.labels(type(error).__name__).inc()
+    m = _get()
+    if m is not None:
+        m.fail_stops.labels(type(error).__name__).inc()
 
 
 def heartbeat(ok: bool) -> None:
-    if _prom is not None:
-        HEARTBEATS.labels("ok" if ok else "error").inc()
+    m = _get()
+    if m is not None:
+        m.heartbeats.labels("ok" if ok else "error").inc()
 
 
 def lock_lost() -> None:
-    if _prom is not None:
-        LOCK_LOSSES.inc()
+    m = _get()
+    if m is not None:
+        m.lock_losses.inc()
 
 
 # -- the blob edge ----------------------------------------------------------------------------
@@ -125,8 +158,15 @@ class MeteredBlob(Blob):
 
     @staticmethod
     def _error(op: str, e: PersistError) -> None:
-        if _prom is not None:
-            BLOB_ERRORS.labels(op, type(e).__name__).inc()
+        m = _get()
+        if m is not None:
+            m.blob_errors.labels(op, type(e).__name__).inc()
+
+    @staticmethod
+    def _count(counter: str, n: int) -> None:
+        m = _get()
+        if m is not None:
+            getattr(m, counter).inc(n)
 
     @override
     def _get(self, key: str) -> bytes | None:
@@ -135,8 +175,8 @@ class MeteredBlob(Blob):
         except PersistError as e:
             self._error("get", e)
             raise
-        if data is not None and _prom is not None:
-            BYTES_READ.inc(len(data))
+        if data is not None:
+            self._count("bytes_read", len(data))
         return data
 
     @override
@@ -154,8 +194,7 @@ class MeteredBlob(Blob):
         except PersistError as e:
             self._error("set", e)
             raise
-        if _prom is not None:
-            BYTES_WRITTEN.inc(len(data))
+        self._count("bytes_written", len(data))
 
     @override
     def _set_if_absent(self, key: str, data: bytes) -> bool:
@@ -164,8 +203,8 @@ class MeteredBlob(Blob):
         except PersistError as e:
             self._error("set_if_absent", e)
             raise
-        if created and _prom is not None:
-            BYTES_WRITTEN.inc(len(data))
+        if created:
+            self._count("bytes_written", len(data))
         return created
 
     @override
@@ -184,20 +223,12 @@ class MeteredBlob(Blob):
 # -- scrape-time gauges -------------------------------------------------------------------------
 
 _runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
-_registered = False
-_register_lock = threading.Lock()
 
 
 def track_runtime(runtime: Runtime) -> None:
     """Includes ``runtime``'s collections in the scrape-time gauges while it lives."""
-    global _registered
-    if _prom is None:
-        return
-    _runtimes.add(runtime)
-    with _register_lock:
-        if not _registered:
-            _prom.REGISTRY.register(_StateCollector())
-            _registered = True
+    if _get() is not None:
+        _runtimes.add(runtime)
 
 
 def frontier_samples() -> Iterator[tuple[str, str, Mapping[str, int]]]:
@@ -223,7 +254,6 @@ class _StateCollector:
     """A prometheus collector reading each live runtime's newest published state."""
 
     def collect(self) -> Iterator[Any]:
-        assert _prom is not None
         from prometheus_client.core import GaugeMetricFamily
 
         labels = ["writer", "collection"]
@@ -251,10 +281,10 @@ class _StateCollector:
 
 
 __all__ = [
-    "ENABLED",
     "MeteredBlob",
     "commit_done",
     "commit_failed",
+    "enabled",
     "fail_stop",
     "frontier_samples",
     "heartbeat",

@@ -105,7 +105,7 @@ def test_everything_works_without_prometheus_client() -> None:
         "import sys; sys.modules['prometheus_client'] = None\n"
         "import pyarrow as pa, persist\n"
         "from persist import metrics\n"
-        "assert not metrics.ENABLED\n"
+        "assert not metrics.enabled()\n"
         "with persist.open('mem://no-prom', reentrance_id='a') as c:\n"
         "    w, r = c.create_or_load('c', key_type=pa.int64(), value_type=pa.int64())\n"
         "    w.append([((1, 1), 0, 1)], 1).result()\n"
