@@ -127,6 +127,7 @@ class Client:
         self._ix = ix
         self._runtime = runtime
         self._follower = follower
+        self._notifier = notifier
         published = runtime.published if runtime else follower.published if follower else None
         assert published is not None
         self._published: Published = published
@@ -157,9 +158,13 @@ class Client:
 
     @property
     def stats(self) -> dict[str, Any]:
-        """Counters: the writer's commits, or a replica's polls and storage requests."""
+        """Counters: the writer's commits (and push notifier), or a replica's polls, storage
+        requests and push subscription."""
         if self._runtime is not None:
-            return self._runtime.describe()
+            out = self._runtime.describe()
+            if self._notifier is not None:
+                out["notify"] = self._notifier.describe()
+            return out
         return self._follower.describe() if self._follower is not None else {}
 
     # -- collections -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -118,10 +118,11 @@ class Notifier:
         self._epoch = epoch
         self._nonce = os.urandom(16)
         self._closing = threading.Event()
+        self._close_lock = threading.Lock()
         self._lock = threading.Lock()
         self._clients: list[socket.socket] = []
         self._tmpdir: str | None = None
-        self.pushes = 0
+        self.broadcasts = 0
         self.accepted = 0
         try:
             self._server, self.address = self._bind(transport)
@@ -181,10 +182,12 @@ class Notifier:
         host, port = server.getsockname()
         return server, f"tcp:{host}:{port}"
 
-    @property
-    def clients(self) -> int:
+    def describe(self) -> dict[str, Any]:
+        """Counters: the address, replicas connected now and ever, seqs broadcast."""
         with self._lock:
-            return len(self._clients)
+            clients = len(self._clients)
+        return {"address": self.address, "clients": clients, "accepted": self.accepted,
+                "broadcasts": self.broadcasts, "closed": self._closing.is_set()}
 
     def _accept_loop(self) -> None:
         while not self._closing.is_set():
@@ -241,7 +244,7 @@ class Notifier:
                     pass
                 c.close()
             self._clients = keep
-            self.pushes += 1
+            self.broadcasts += 1
 
     def close(self) -> None:
         """Stops serving: closes every connection and removes the socket. Idempotent.
@@ -249,9 +252,10 @@ class Notifier:
         The advert is left in place: deleting it could race with a successor's advert, and a
         stale one costs replicas one failed connect.
         """
-        if self._closing.is_set():
-            return
-        self._closing.set()
+        with self._close_lock:
+            if self._closing.is_set():
+                return
+            self._closing.set()
         with contextlib.suppress(OSError):
             self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()

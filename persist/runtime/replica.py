@@ -33,6 +33,8 @@ import threading
 import time
 from typing import Any
 
+from typing_extensions import override
+
 from persist.blob.base import BlobRead
 from persist.errors import PersistError, RuntimeShutdown
 from persist.indexed.indexed import Indexed, Options
@@ -62,16 +64,19 @@ class CountingRead(BlobRead):
         with self._lock:
             return dict(self._counts)
 
+    @override
     def _get(self, key: str) -> bytes | None:
         with self._lock:
             self._counts["get_data" if key.startswith(DATA_PREFIX) else "get_meta"] += 1
         return self._inner._get(key)
 
+    @override
     def _list(self, prefix: str) -> list[str]:
         with self._lock:
             self._counts["list"] += 1
         return self._inner._list(prefix)
 
+    @override
     def close(self) -> None:
         self._inner.close()
 
@@ -107,7 +112,8 @@ class Follower:
         verify_interval: tuple[float, float, float] = (1.0, 10.0, 60.0),
         requests: CountingRead | None = None,
     ) -> None:
-        """
+        """Starts following in a daemon thread (and subscribing to pushes with ``notify``).
+
         Args:
             ix: a read-only engine (its blob is a read half).
             min_poll, max_poll: the polling backoff, in seconds.
@@ -128,8 +134,7 @@ class Follower:
         self.verifies = 0
         self._requests = requests
         self._pushed = 0
-        now = time.monotonic()
-        self._last_verify = now
+        self._last_verify = time.monotonic()
         self._last_progress = float("-inf")
         self._wake = threading.Event()
         self._stopping = threading.Event()

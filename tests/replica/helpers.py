@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -60,6 +61,16 @@ def listened_rows(listener: persist.Listener, until: int, timeout: float = 10.0)
                 step = []
     assert not step
     return rows
+
+
+def file_tree(root: str) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and mtime: to show that nothing changed."""
+    out = {}
+    for d, _, files in os.walk(root):
+        for f in files:
+            st = os.stat(os.path.join(d, f))
+            out[os.path.relpath(os.path.join(d, f), root)] = (st.st_size, st.st_mtime_ns)
+    return out
 
 
 def acks(p: Proc) -> set[int]:

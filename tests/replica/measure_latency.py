@@ -147,7 +147,7 @@ class _Proc:
 
     def collect(self, until: str) -> list[dict[str, Any]]:
         assert self.p.stdout is not None
-        out = []
+        out: list[dict[str, Any]] = []
         for line in self.p.stdout:
             e = json.loads(line)
             if e["ev"] == until:

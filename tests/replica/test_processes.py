@@ -17,6 +17,7 @@ from tests.replica.conftest import Proc
 from tests.replica.helpers import acks as _acks
 from tests.replica.helpers import check_listened as _check_listened
 from tests.replica.helpers import check_snapshots as _check_snapshots
+from tests.replica.helpers import file_tree
 
 Spawn = Callable[..., Proc]
 
@@ -100,25 +101,16 @@ def test_replica_reads_while_the_writer_compacts_and_gcs_aggressively(
     assert data < until // 4
 
 
-def _tree(root: str) -> dict[str, tuple[int, int]]:
-    out = {}
-    for d, _, files in os.walk(root):
-        for f in files:
-            st = os.stat(os.path.join(d, f))
-            out[os.path.relpath(os.path.join(d, f), root)] = (st.st_size, st.st_mtime_ns)
-    return out
-
-
 def test_replica_cannot_write_and_never_takes_the_lock(loc: str, spawn: Spawn) -> None:
     writer = spawn("writer", "--url", loc, "--rid", "w", "--until", "20")
     writer.wait_for("stopped")
-    lock, tree = FileLock(loc).current(), _tree(loc)
+    lock, tree = FileLock(loc).current(), file_tree(loc)
     done = spawn("replica_probe", "--url", loc).wait_for("done")
     assert done["refused"] == ["write", "append", "seal", "allow_compaction", "apply"]
     assert done["unknown"] == ["register"]
     assert (done["upper"], done["rows"]) == (20, 20)
     assert FileLock(loc).current() == lock
-    assert _tree(loc) == tree, "a replica changed the location"
+    assert file_tree(loc) == tree, "a replica changed the location"
 
     # and against a live writer: the lock's holder and generation stay, the writer goes on
     live = spawn("writer", "--url", loc, "--rid", "w2", "--interval", "0.005")

@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -218,8 +219,9 @@ def replica_probe(a: argparse.Namespace) -> None:
         listen = r.listen(upper - 1)
         listen.poll(0.05)
         listen.close()
-        refused, unknown = [], []
-        for what, call in [
+        refused: list[str] = []
+        unknown: list[str] = []
+        attempts: list[tuple[str, Callable[[], object]]] = [
             ("write", lambda: w.write([((key(upper), upper), upper, 1)])),
             ("append", lambda: w.append([((key(upper), upper), upper, 1)], upper=upper + 1)),
             ("seal", lambda: w.seal(upper + 1)),
@@ -227,7 +229,8 @@ def replica_probe(a: argparse.Namespace) -> None:
             ("apply", lambda: client.apply(seals={NAME: upper + 1})),
             ("register", lambda: client.create_or_load("other", key_type=pa.string(),
                                                         value_type=pa.int64())),
-        ]:
+        ]
+        for what, call in attempts:
             try:
                 call()
             except persist.ReadOnly:
