@@ -83,6 +83,8 @@ def open(
 
     Raises:
         LockHeld: another writer holds the lock.
+        Fenced: another writer took the lock over between this one's acquisition and its
+            fence commit (open again, or with another reentrance id).
         InvalidUsage: a malformed URL, or called from inside a running asyncio loop.
         ExternalError, Corruption: storage failed or holds bytes persist cannot trust.
     """

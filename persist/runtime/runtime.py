@@ -151,6 +151,7 @@ class Runtime:
         self._stopped = threading.Event()
         self._stop_lock = threading.Lock()
         self._maint_wake = threading.Event()
+        self._maint_lock = threading.Lock()
         self.stats = {"commits": 0, "commands": 0, "groups_max": 0}
         self._thread = threading.Thread(target=self._run, name="persist-runtime", daemon=True)
         self._thread.start()
@@ -293,10 +294,18 @@ class Runtime:
             for c in accepted:
                 c.future.set_exception(e)
             try:
-                self.ix.reload()
-                self.published.publish(self.ix.state)
+                state = self.ix.reload()
             except PersistError as reload_error:
                 self._poison(reload_error)
+                return
+            if state.epoch > self.ix.epoch:
+                # A newer writer committed: never stage later commands against its state.
+                self._poison(Fenced(
+                    f"writer {self.ix.writer!r} (generation {self.ix.epoch}) was fenced: "
+                    f"{state.writer!r} (generation {state.epoch}) committed seq {state.seq}"
+                ))
+                return
+            self.published.publish(state)
             return
         except Exception as e:  # Indeterminate, Fenced, bugs: fail-stop
             metrics.commit_failed(e)
@@ -357,6 +366,9 @@ class Runtime:
             try:
                 self.maintain_once()
             except (ExternalError, RuntimeShutdown, Fenced) as e:
+                if self._stopping.is_set() or self._poisoned is not None:
+                    log.debug("maintenance step ended by shutdown: %s", e)
+                    return
                 log.warning("maintenance step failed (will retry): %s", e)
                 time.sleep(0.1)
             except InvalidUsage as e:  # raced with a concurrent change; plan again
@@ -366,7 +378,15 @@ class Runtime:
                 time.sleep(1.0)
 
     def maintain_once(self) -> bool:
-        """Runs one round of compaction, GC and rollup. Returns True if it did anything."""
+        """Runs one round of compaction, GC and rollup. Returns True if it did anything.
+
+        NB: serialized by a lock: the background thread and ``Client.maintain`` would otherwise
+        plan the same merge twice, and the second would be refused (its parts are gone).
+        """
+        with self._maint_lock:
+            return self._maintain_round()
+
+    def _maintain_round(self) -> bool:
         did = False
         state = self.published.state
         for name, parts in self.ix.plan_compaction(state):

@@ -105,5 +105,6 @@ class LockConformance:
     def test_force_release(self, make_lock: MakeLock) -> None:
         make_lock().acquire("a")
         old = make_lock().force_release()
-        assert old is not None and old.holder == "a"
+        assert old is not None
+        assert old.holder == "a"
         assert make_lock().acquire("b").generation == 2

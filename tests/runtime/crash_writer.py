@@ -2,8 +2,8 @@
 
 Usage: python -m tests.runtime.crash_writer LOCATION SEED
 
-Stdout lines (JSON): {"attempt": t, "keys": [...]} before a write is submitted and
-{"ack": t} once its future resolved (durable). The parent SIGKILLs this process at random.
+Stdout lines (JSON): {"ready": true} once the location is open, {"attempt": t, "keys": [...]}
+before a write is submitted and {"ack": t} once its future resolved (durable). The parent SIGKILLs this process at random.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def main() -> None:
     handles = {n: client.create_or_load(n, key_type=pa.int64(), value_type=pa.int64())
                for n in ("c", "d")}
     out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
     while True:
         t = handles["c"][1].upper
         rows = rng.randint(1, 300)

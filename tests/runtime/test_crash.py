@@ -19,6 +19,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -30,19 +31,45 @@ import persist
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run_round(location: Path, seed: int, delay: float) -> tuple[set[int], dict[int, list[int]]]:
+def _run_round(
+    location: Path, seed: int, delay: float, *, from_ready: bool
+) -> tuple[set[int], dict[int, list[int]]]:
+    """Runs one writer and SIGKILLs it ``delay`` seconds after it started (``from_ready``
+    False: kills land in start-up, lock takeover and fencing too) or after its first
+    acknowledged write (True: kills land among writes, compactions and GC, however slow start-up
+    is on a loaded machine)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.runtime.crash_writer", str(location), str(seed)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT,
     )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            lines.append(raw.decode(errors="replace"))
+            # NB: the first ack, not "ready": the first write of a fresh interpreter pays for
+            # lazy imports and kernel set-up, long enough to swallow a short delay entirely.
+            if not ready.is_set() and '"ack"' in lines[-1]:
+                ready.set()
+        ready.set()  # the process ended (or was killed): stop waiting
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    if from_ready:
+        ready.wait(timeout=60)
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
-    out, err = proc.communicate(timeout=30)
+    proc.wait(timeout=30)
+    reader.join(timeout=30)  # NB: stdout has one reader only, the pump; never communicate()
+    assert proc.stderr is not None
+    err = proc.stderr.read()
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
     acked: set[int] = set()
     attempted: dict[int, list[int]] = {}
-    for line in out.decode().splitlines():
+    for line in lines:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
@@ -64,13 +91,14 @@ def _crash_rounds(tmp_path: Path, kills: int, seed: int) -> None:
     acked: set[int] = set()
     attempted: dict[int, list[int]] = {}
     recorded: dict[int, pa.Table] = {}
-    startup_done = 0
     for round_ in range(kills):
-        # NB: the first rounds use longer delays so the writer gets past interpreter start-up.
-        delay = rng.uniform(0.8, 1.6) if startup_done < 2 else rng.uniform(0.02, 1.2)
-        got_acked, got_attempted = _run_round(location, rng.randrange(2**32), delay)
-        if got_acked:
-            startup_done += 1
+        # NB: one round in five kills at a random moment from process start (start-up, lock
+        # takeover, fence); the rest kill at a random moment once the writer is writing.
+        from_ready = rng.random() >= 0.2
+        delay = rng.uniform(0.0, 0.6) if from_ready else rng.uniform(0.0, 1.5)
+        got_acked, got_attempted = _run_round(
+            location, rng.randrange(2**32), delay, from_ready=from_ready
+        )
         acked |= got_acked
         attempted.update(got_attempted)
         if not (location / "meta").exists():
@@ -97,7 +125,9 @@ def _crash_rounds(tmp_path: Path, kills: int, seed: int) -> None:
             as_of = rng.randrange(since, upper)
             recorded.setdefault(as_of, read.snapshot(as_of).to_arrow())
     print(f"crash test: {kills} kills, {len(acked)} acknowledged appends, {len(recorded)} snapshots rechecked")
-    assert len(acked) > kills // 2, "the writer barely made progress; the test proves little"
+    # NB: a count of acks, not a rate: the proof needs writes in flight at the kills, however
+    # slowly a loaded machine runs them.
+    assert len(acked) >= kills, "the writer barely made progress; the test proves little"
 
 
 @pytest.mark.crash
