@@ -15,14 +15,15 @@ from persist.blob.file import FileBlob
 from persist.runtime.notify import ADVERT_KEY, Advert, read_advert
 from tests.replica.helpers import append_times, events, eventually
 
-#: Replicas in these tests poll so rarely that only a push can make them see a write quickly.
+#: Replicas in these tests poll so rarely that only a push can make them see a write within
+#: 10 s (a generous bound: commits alone took up to 0.8 s on a loaded 2-core machine).
 SLOW = (30.0, 30.0)
 
 
 def _visible_within(writer_handle: Any, replica_read: Any, t: int) -> float:
     started = time.monotonic()
     append_times(writer_handle, t, t + 1)
-    eventually(lambda: replica_read.upper > t, timeout=5)
+    eventually(lambda: replica_read.upper > t, timeout=10)
     return time.monotonic() - started
 
 
@@ -37,7 +38,7 @@ def test_push_makes_a_rarely_polling_replica_see_writes_at_once(
             eventually(lambda: replica.stats["push"]["live"], what="subscribed")
             polls = replica.stats["polls"]
             for t in range(5):
-                assert _visible_within(w, rr, t) < 2.0
+                assert _visible_within(w, rr, t) < 10.0
             stats = replica.stats
             assert stats["push"]["pushes"] >= 5
             assert writer.stats["notify"]["clients"] == 1
@@ -131,7 +132,7 @@ def test_writer_stop_hangs_up_and_the_replica_moves_to_the_next_writer(loc: str)
         eventually(lambda: replica.stats["push"]["connects"] >= 2, what="subscribed to green")
         eventually(lambda: replica.stats["push"]["live"])
         for t in range(3):
-            assert _visible_within(wg, rg, t) < 2.0
+            assert _visible_within(wg, rg, t) < 10.0
         green.stop()
         eventually(lambda: not replica.stats["push"]["live"], what="hang-up on stop")
     blue.stop()

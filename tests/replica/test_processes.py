@@ -82,7 +82,7 @@ def test_replica_reads_while_the_writer_compacts_and_gcs_aggressively(
 ) -> None:
     until, churn = 400, 10
     writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until), "--aggressive",
-                   "--churn", str(churn), "--since-lag", "200", "--interval", "0.002",
+                   "--churn", str(churn), "--since-lag", "250", "--interval", "0.003",
                    "--notify")
     writer.wait_for("ack", pred=lambda e: e["t"] >= 5)
     # a polling replica (default options: it assumes 300 s of grace where the writer gives 0)

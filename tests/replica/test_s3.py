@@ -34,7 +34,7 @@ def test_pushed_replica_of_an_s3_location(s3_loc: str, aws_options: dict[str, An
             eventually(lambda: replica.stats["push"]["live"], what="subscribed over S3's advert")
             append_times(w, 3, 15)
             # the replica polls every 30 s: only pushes can have made it follow this fast
-            assert listen_rows(listener, 15, timeout=10) == [(key(t), t, 1) for t in range(3, 15)]
+            assert listen_rows(listener, 15, timeout=20) == [(key(t), t, 1) for t in range(3, 15)]
             for as_of in (0, 7, 14):
                 assert rr.snapshot(as_of).to_arrow().equals(r.snapshot(as_of).to_arrow())
             listener.close()
