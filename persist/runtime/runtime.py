@@ -293,11 +293,20 @@ class Runtime:
             metrics.commit_failed(e)
             for c in accepted:
                 c.future.set_exception(e)
-            try:
-                state = self.ix.reload()
-            except PersistError as reload_error:
-                self._poison(reload_error)
-                return
+            # NB: retry the reload briefly: a storage blip that failed the commit often fails
+            # the next read too, and stopping the writer for it would force a reopen.
+            for attempt in range(6):
+                try:
+                    state = self.ix.reload()
+                    break
+                except Determinate as reload_error:
+                    if attempt == 5:
+                        self._poison(reload_error)
+                        return
+                    time.sleep(min(1.0, 0.02 * 2**attempt))
+                except PersistError as reload_error:
+                    self._poison(reload_error)
+                    return
             if state.epoch > self.ix.epoch:
                 # A newer writer committed: never stage later commands against its state.
                 self._poison(Fenced(
