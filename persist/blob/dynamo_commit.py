@@ -1,281 +1,128 @@
-"""Conditional create for object stores without conditional writes, synchronized in DynamoDB.
+"""Conditional create for object stores without conditional writes, decided in DynamoDB.
 
 Used by :class:`persist.blob.s3.S3Blob` when ``storage_options["conditional_put"] ==
 "dynamodb"`` (S3-compatible stores that ignore ``If-None-Match``, or deployments that want the
-commit arbitrated outside the object store). It follows the DynamoDB commit protocol that
-object_store / delta-rs used before S3 had conditional writes, with one change, marked below.
+commit arbitrated outside the object store). The design follows delta-rs' DynamoDB log store: the
+object store never arbitrates anything, and no late write can change a created key's bytes.
 
 Table schema (shared with :class:`persist.lock.dynamodb.DynamoLock`; see ``create_table``)::
 
     path        S  partition key   "s3://<bucket>/<key>" of the object being created
-    etag        S  sort key        "*" for a create (the precondition "absent")
-    generation  N                  1 when created, +1 on every takeover of a stale record
-    owner       S                  random token of the acquisition (see NB in ``_Record``)
-    timeout     N                  the holder's operation timeout, milliseconds
-    ttl         N                  epoch seconds after which DynamoDB may delete the record
+    etag        S  sort key        "*decided" (DECISION_ETAG) for a decision item
+    owner       S                  random token of the creator (resolves ambiguous PutItems)
+    temp        S                  object key of the creator's temporary copy of the value
+    created_ms  N                  wall clock of the creator (for operators only)
 
-To create ``path`` (etag ``*``):
+The decision item is created once with ``attribute_not_exists`` and is **never** taken over,
+replaced or expired: whoever created it won, and it names the only value the key can ever hold
+(until the key is deleted). It carries no ``ttl``: a decision that expired while its creator was
+paused before copying the value into place would let a second creator win. Items are removed
+only by :meth:`S3Blob.delete <persist.blob.s3.S3Blob>` of the key (which GC's trim uses).
 
-1. If the object exists, fail (return False).
-2. Create the record with ``attribute_not_exists(path)``.
-   1. On success: check the object is still absent (the NB below), then write it within the
-      record's ``timeout``, then delete the record (conditioned on our owner token).
-   2. On conflict: poll. If the object appears, fail. If the record is gone, go to 2. If the
-      record's ``(generation, owner)`` stays unchanged for ``timeout * max_clock_skew_rate``
-      seconds of *our* monotonic clock, replace it with ``generation + 1`` conditioned on the
-      observed ``(generation, owner)``: on success go to 2.1, on conflict keep polling.
+To create key ``k`` with value ``v`` (in :mod:`persist.blob.s3`):
 
-Invariant: at most one writer holds the record for ``(path, "*")`` at a time, up to the timeout
-assumption: a holder finishes (or abandons) its write within ``timeout`` of its own clock, and no
-clock runs more than ``max_clock_skew_rate`` times faster than another's.
+1. ``HEAD k``: present → False (cheap refusal; never needed for correctness).
+2. ``PUT _pending/<k>/<uuid> = v`` (the temp object), confirmed.
+3. ``PutItem`` the decision naming the temp object, ``attribute_not_exists``
+   (:meth:`DynamoCommit.claim`). Lost → delete the temp object, False.
+4. Won → ``CopyObject`` temp → ``k``, then delete the temp object; True. A late or repeated copy
+   writes the same bytes; a copy after the temp object was deleted fails and writes nothing.
 
-NB (the change): the seed leaves records for TTL to collect. Here a holder whose write succeeded
-deletes its record, so deleting an object and creating it again (persist's tests do; GC could)
-need not wait out ``timeout * skew``. That is safe only because step 2.1 checks the object again
-*after* taking the record: a writer that saw "absent", then lost the race to a holder that wrote
-and released, finds the object on that second check. A holder whose write is ambiguous never
-deletes its record; it stands until it is stale, by which time the write has landed or never will.
+Anyone who finds a decision item but not the object (a creator paused or crashed after step 3)
+*rolls the write forward*: it reads the named temp object (that is the key's value) and copies it
+into place. The temp object is deleted only after the final object exists (or by a delete of the
+key, before the object and the item), so "item, no temp object, no final object" means the key
+was created and later deleted.
 
-Limitations (as in the seed): only conditional creates are synchronized. Plain ``set`` and
-``delete`` are not; persist never mixes them with ``set_if_absent`` on one key except to delete a
-key for good. TTL is cleanup only and never needed for correctness.
+Limitations: only conditional creates go through DynamoDB. Plain ``set`` of a key that is also
+created conditionally would race the roll-forward, so persist never mixes them on one key (commit
+keys are created once and only ever deleted by GC). TTL is never used on decision items.
 """
 
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from persist import aws
-from persist.errors import ExternalError, Indeterminate, InvalidUsage
+from persist.errors import Determinate, ExternalError, Indeterminate
 
 log = logging.getLogger(__name__)
 
-CREATE_ETAG = "*"
+#: Sort key of decision items. NB: not "*", the sort key of the lease records of the previous
+#: protocol (taken over when stale, and expired by TTL): a leftover one must not be mistaken for a
+#: decision. The two protocols must not run against one location at the same time.
+DECISION_ETAG = "*decided"
 
 
 @dataclass(frozen=True)
-class _Record:
-    """A commit record as read from the table.
+class Decision:
+    """The decision for one key: who created it and where its value waits to be copied."""
 
-    NB: the owner token, not only the generation, identifies a record. A record deleted by its
-    holder and created afresh starts again at generation 1; a contender that had been watching
-    the old generation-1 record for a while must not take the new one over at once. Observing
-    and conditioning on ``(generation, owner)`` tells the two apart.
-    """
-
-    generation: int
     owner: str
-    timeout_ms: int
-
-
-@dataclass(frozen=True)
-class Hold:
-    """This writer's claim on ``(path, etag)``: its write must finish before ``deadline``."""
-
-    path: str
-    etag: str
-    generation: int
-    owner: str
-    #: ``time.monotonic()`` by which the guarded write must be complete.
-    deadline: float
-
-    def remaining(self) -> float:
-        """Seconds left before the hold may be taken over by others."""
-        return self.deadline - time.monotonic()
+    #: Object key (full, in the same bucket) of the creator's temporary copy of the value.
+    temp: str
 
 
 class DynamoCommit:
-    """Arbitrates conditional creates of object-store keys through one DynamoDB table."""
+    """Decides conditional creates of object-store keys through one DynamoDB table."""
 
-    def __init__(
-        self,
-        client: aws.Client,
-        table: str,
-        *,
-        timeout: float = 20.0,
-        max_clock_skew_rate: float = 3.0,
-        ttl: float = 3600.0,
-        retry: aws.RetryPolicy | None = None,
-        poll_interval: float = 0.02,
-    ) -> None:
+    def __init__(self, client: aws.Client, table: str, *,
+                 retry: aws.RetryPolicy | None = None) -> None:
         """Args:
             client: a boto3 DynamoDB client.
             table: the table name (schema in the module docstring).
-            timeout: seconds a holder may take for its write before others may take over.
-            max_clock_skew_rate: how much faster the fastest clock may tick than the slowest.
-            ttl: seconds after which DynamoDB may delete a record (cleanup only).
             retry: backoff for transient DynamoDB failures.
-            poll_interval: base interval between polls while another writer holds the record.
-
-        Raises:
-            InvalidUsage: nonsensical timing parameters.
         """
-        if timeout <= 0 or max_clock_skew_rate < 1 or ttl < timeout * max_clock_skew_rate:
-            raise InvalidUsage(
-                "commit timeout must be > 0, max_clock_skew_rate >= 1, and ttl at least "
-                "timeout * max_clock_skew_rate"
-            )
         self.client = client
         self.table = table
-        self.timeout = timeout
-        self.max_clock_skew_rate = max_clock_skew_rate
-        self.ttl = ttl
         self.retry = retry or aws.RetryPolicy()
-        self.poll_interval = poll_interval
-
-    # -- the protocol ------------------------------------------------------------------------
-
-    def acquire(self, path: str, precondition: Callable[[], bool],
-                etag: str = CREATE_ETAG) -> Hold | None:
-        """Takes the record for ``(path, etag)``, waiting out a live holder.
-
-        Args:
-            path: the object's identity (``s3://bucket/key``).
-            precondition: returns True while the operation still makes sense (for a create:
-                the object is absent). Checked before, while waiting, and after taking the record.
-            etag: ``"*"`` for a create.
-
-        Returns:
-            The hold, or None when ``precondition`` failed (for a create: the object exists).
-
-        Raises:
-            Determinate: DynamoDB (or the precondition check) definitely failed; no hold taken.
-            Indeterminate: the outcome of a record write could not be resolved.
-        """
-        if not precondition():
-            return None
-        seen: _Record | None = None
-        seen_at = time.monotonic()
-        polls = 0
-        current: _Record | None = None
-        while True:
-            if current is None:
-                hold, current = self._put(path, etag, generation=1, replacing=None)
-            elif self._stale(current, time.monotonic() - seen_at):
-                hold, current = self._put(path, etag, generation=current.generation + 1,
-                                          replacing=current)
-            else:
-                hold = None
-            if hold is not None:
-                # NB: the second check that makes releasing records safe (module docstring).
-                try:
-                    still = precondition()
-                except BaseException:
-                    self.release(hold)
-                    raise
-                if still:
-                    return hold
-                self.release(hold)
-                return None
-            if current is not None and current != seen:
-                seen, seen_at = current, time.monotonic()
-            polls += 1
-            time.sleep(self._poll_delay(polls))
-            if not precondition():
-                return None
-            current = self._get(path, etag)
-            if current is not None and current != seen:
-                seen, seen_at = current, time.monotonic()
-
-    def release(self, hold: Hold) -> None:
-        """Deletes the record if ``hold`` still owns it. Never raises: a record left behind
-        costs only waiting time (it goes stale), never correctness."""
-        def delete() -> None:
-            try:
-                self.client.delete_item(
-                    TableName=self.table,
-                    Key=self._key(hold.path, hold.etag),
-                    ConditionExpression="#owner = :owner",
-                    ExpressionAttributeNames={"#owner": "owner"},
-                    ExpressionAttributeValues={":owner": {"S": hold.owner}},
-                )
-            except aws.AWS_ERRORS as e:
-                if aws.error_code(e)[0] != "ConditionalCheckFailedException":
-                    raise
-                # taken over since (our hold went stale): not ours to delete
-
-        try:
-            aws.call(delete, what=f"release commit record {hold.path} in table {self.table}",
-                     write=True, idempotent=True, retry=self.retry)
-        except ExternalError as e:
-            log.warning("could not release commit record %s: %s", hold.path, e)
-
-    # -- pieces ------------------------------------------------------------------------------
-
-    def _stale(self, rec: _Record, unchanged_for: float) -> bool:
-        return unchanged_for >= rec.timeout_ms / 1000 * self.max_clock_skew_rate
-
-    def _poll_delay(self, polls: int) -> float:
-        cap = min(0.25, self.poll_interval * (1.5 ** min(polls, 12)))
-        return cap / 2 + random.uniform(0, cap / 2)
 
     @staticmethod
-    def _key(path: str, etag: str) -> dict[str, Any]:
-        return {"path": {"S": path}, "etag": {"S": etag}}
+    def _key(path: str) -> dict[str, Any]:
+        return {"path": {"S": path}, "etag": {"S": DECISION_ETAG}}
 
     @staticmethod
-    def _decode(item: dict[str, Any] | None) -> _Record | None:
+    def _decode(item: dict[str, Any] | None) -> Decision | None:
         if not item:
             return None
-        return _Record(
-            generation=int(item["generation"]["N"]),
-            owner=item.get("owner", {}).get("S", ""),
-            timeout_ms=int(item.get("timeout", {}).get("N", "0")),
-        )
+        return Decision(owner=item.get("owner", {}).get("S", ""),
+                        temp=item.get("temp", {}).get("S", ""))
 
-    def _get(self, path: str, etag: str) -> _Record | None:
-        response = aws.call(
-            lambda: self.client.get_item(
-                TableName=self.table, Key=self._key(path, etag), ConsistentRead=True
-            ),
-            what=f"read commit record {path} in table {self.table}",
-            write=False,
-            idempotent=True,
-            retry=self.retry,
-        )
-        return self._decode(response.get("Item"))
+    def claim(self, path: str, temp: str) -> tuple[bool, Decision | None]:
+        """Creates the decision item for ``path`` naming ``temp``, unless one exists.
 
-    def _put(
-        self, path: str, etag: str, *, generation: int, replacing: _Record | None
-    ) -> tuple[Hold | None, _Record | None]:
-        """Writes our record iff the stored one is ``replacing`` (None: absent).
+        An ambiguous ``PutItem`` is resolved by a consistent read (the owner token is unique, so
+        an item carrying it is ours); when the read finds no item the same conditional write is
+        sent again (a late landing of the first makes the second fail its condition, and the
+        read after that finds our token).
 
         Returns:
-            ``(hold, None)`` on success; ``(None, record now stored)`` on a conflict.
+            ``(True, our decision)`` if this call created the item; ``(False, the existing
+            decision)`` otherwise (None if it could not be read, or vanished: deleted since).
+
+        Raises:
+            Determinate: definitely not created (and no earlier attempt can still land).
+            Indeterminate: our item may exist; the temp object must then be kept.
         """
         owner = uuid.uuid4().hex
-        start = time.monotonic()
-        timeout_ms = int(self.timeout * 1000)
         item = {
-            **self._key(path, etag),
-            "generation": {"N": str(generation)},
+            **self._key(path),
             "owner": {"S": owner},
-            "timeout": {"N": str(timeout_ms)},
-            "ttl": {"N": str(int(time.time() + self.ttl))},
+            "temp": {"S": temp},
+            "created_ms": {"N": str(int(time.time() * 1000))},
         }
-        if replacing is None:
-            condition = "attribute_not_exists(#path)"
-            names = {"#path": "path"}
-            values: dict[str, Any] = {}
-        else:
-            condition = "#gen = :gen AND #owner = :owner"
-            names = {"#gen": "generation", "#owner": "owner"}
-            values = {":gen": {"N": str(replacing.generation)}, ":owner": {"S": replacing.owner}}
 
-        def put() -> tuple[bool, _Record | None]:
+        def put() -> tuple[bool, Decision | None]:
             try:
                 self.client.put_item(
                     TableName=self.table,
                     Item=item,
-                    ConditionExpression=condition,
-                    ExpressionAttributeNames=names,
-                    **({"ExpressionAttributeValues": values} if values else {}),
+                    ConditionExpression="attribute_not_exists(#path)",
+                    ExpressionAttributeNames={"#path": "path"},
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
                 return True, None
@@ -285,15 +132,76 @@ class DynamoCommit:
                     return False, self._decode(response.get("Item"))
                 raise
 
-        try:
-            won, existing = aws.call(put, what=f"write commit record {path} in table {self.table}",
-                                     write=True, idempotent=False, retry=self.retry)
-        except Indeterminate:
-            # NB: resolve an ambiguous conditional write by reading: the owner token is unique,
-            # so the record carrying it can only be ours. A late landing after this read can
-            # leave an orphan record, which only costs others the wait until it is stale.
-            existing = self._get(path, etag)
-            won = existing is not None and existing.owner == owner
-        if won:
-            return Hold(path, etag, generation, owner, start + self.timeout), None
-        return None, existing
+        what = f"create decision {path} in table {self.table}"
+        ambiguous: Indeterminate | None = None
+        for attempt in range(self.retry.max_attempts):
+            try:
+                won, existing = aws.call(put, what=what, write=True, idempotent=False,
+                                         retry=self.retry)
+            except Indeterminate as e:
+                ambiguous = e
+            except Determinate as e:
+                if ambiguous is None:
+                    raise
+                raise Indeterminate(f"{what}: an earlier ambiguous attempt may still land: {e}") \
+                    from e
+            else:
+                if won:
+                    return True, Decision(owner, temp)
+                if ambiguous is None:
+                    return False, existing
+                # NB: a condition failure after an ambiguous attempt may be our own first write.
+            try:
+                existing = self.lookup(path)
+            except ExternalError as e:
+                raise Indeterminate(f"{what}: outcome unknown, read-back failed: {e}") from e
+            if existing is not None:
+                if existing.owner == owner:
+                    return True, existing
+                return False, existing
+            if attempt + 1 < self.retry.max_attempts:
+                time.sleep(self.retry.delay(attempt))
+        raise Indeterminate(f"{what} failed ambiguously {self.retry.max_attempts} times") \
+            from ambiguous
+
+    def lookup(self, path: str) -> Decision | None:
+        """The decision for ``path`` (consistent read), or None.
+
+        Raises:
+            ExternalError: DynamoDB failed.
+        """
+        response = aws.call(
+            lambda: self.client.get_item(TableName=self.table, Key=self._key(path),
+                                         ConsistentRead=True),
+            what=f"read decision {path} in table {self.table}",
+            write=False,
+            idempotent=True,
+            retry=self.retry,
+        )
+        return self._decode(response.get("Item"))
+
+    def forget(self, path: str, decision: Decision) -> None:
+        """Deletes the decision item if it is still ``decision`` (used when deleting the key).
+
+        Raises:
+            ExternalError: DynamoDB failed.
+        """
+        def delete() -> None:
+            try:
+                self.client.delete_item(
+                    TableName=self.table,
+                    Key=self._key(path),
+                    ConditionExpression="#owner = :owner",
+                    ExpressionAttributeNames={"#owner": "owner"},
+                    ExpressionAttributeValues={":owner": {"S": decision.owner}},
+                )
+            except aws.AWS_ERRORS as e:
+                if aws.error_code(e)[0] != "ConditionalCheckFailedException":
+                    raise
+                # gone already, or a newer decision (the key was deleted and created again)
+
+        aws.call(delete, what=f"delete decision {path} in table {self.table}", write=True,
+                 idempotent=True, retry=self.retry)
+
+
+__all__ = ["DECISION_ETAG", "Decision", "DynamoCommit"]

@@ -10,15 +10,21 @@ The commit primitive, ``set_if_absent``, has two implementations, chosen by
     ``put_object(IfNoneMatch="*")``: S3 itself refuses the second creator with 412. A 409
     ``ConditionalRequestConflict`` (a concurrent conditional write) is retried with backoff.
 ``"dynamodb"``
-    for stores without conditional writes: a record in a DynamoDB table serializes creators of a
-    key (:mod:`.dynamo_commit`), then a plain ``put_object`` writes the value.
+    for stores without conditional writes: the value is written to a unique temporary object
+    (``_pending/<key>/<uuid>``), a DynamoDB item created once with ``attribute_not_exists``
+    decides the winner and names that object, and the winner (or any reader that finds the
+    decision but not the object: *roll-forward*) copies it into place (:mod:`.dynamo_commit`).
+    A late or repeated copy writes the same bytes, so no late write can change a created key.
+    On a miss, ``get`` of a key outside ``data/`` consults the decision (one consistent
+    ``GetItem``) and rolls the write forward; ``delete`` of such a key also deletes its decision.
 
-Ambiguous failures of ``set_if_absent`` (a timeout or reset after the request was sent, a 5xx)
-are never answered by re-sending blindly: the key is read back and compared with the exact bytes
-sent. Identical bytes mean the create landed (True). Other bytes mean another writer created it
-(False). Absent means it has not landed (yet): the create is sent again, which is safe because a
-late landing of the first attempt makes the second fail with 412 and the read-back then finds our
-bytes. When the read-back itself fails, or attempts run out, ``Indeterminate`` is raised.
+Ambiguous failures of a native ``set_if_absent`` (a timeout or reset after the request was sent,
+a 5xx) are never answered by re-sending blindly: the key is read back and compared with the exact
+bytes sent. Identical bytes mean the create landed (True). Other bytes mean another writer
+created it (False). Absent means it has not landed (yet): the create is sent again, which is safe
+because a late landing of the first attempt makes the second fail with 412 and the read-back then
+finds our bytes. When the read-back itself fails, or attempts run out, ``Indeterminate`` is
+raised. (The DynamoDB mode resolves its decision by an owner token instead: .dynamo_commit.)
 
 NB: "identical bytes mean ours" is exact for persist, whose commit entries name their writer and
 epoch: two writers never produce the same bytes for one key.
@@ -31,9 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import re
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -44,8 +52,8 @@ from typing_extensions import override
 
 from persist import aws
 from persist.blob.base import Blob
-from persist.blob.dynamo_commit import DynamoCommit, Hold
-from persist.errors import Determinate, Indeterminate, InvalidUsage
+from persist.blob.dynamo_commit import Decision, DynamoCommit
+from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
 
 if TYPE_CHECKING:
     from persist.location import Location
@@ -55,6 +63,14 @@ CACHEABLE_PREFIX = "data/"
 #: S3's smallest part (except the last) of a multipart upload; moto enforces it too.
 MIN_PART_SIZE = 5 << 20
 LOCK_KEY = "LOCK"
+#: DynamoDB mode: temporary copies of values being created conditionally live under this
+#: (reserved) prefix, as ``_pending/<key>/<uuid>``. Leftovers (a creator that crashed between
+#: writing one and deciding) are listed by ``list_keys("_pending/")``.
+PENDING_PREFIX = "_pending/"
+#: S3's largest CopyObject source: the DynamoDB mode copies a created value into place.
+MAX_COPY_SIZE = 5 << 30
+
+log = logging.getLogger(__name__)
 
 ConditionalPut = Literal["native", "dynamodb"]
 LockKind = Literal["auto", "dynamodb", "s3"]
@@ -263,26 +279,12 @@ class S3Blob(Blob):
         self._dynamodb: aws.Client | None = None
         self._dynamodb_lock = threading.Lock()
         self.commit: DynamoCommit | None = None
-        self._guarded: aws.Client | None = None
-        self._guard_budget = 0.0
         if self.config.conditional_put == "dynamodb":
             assert self.config.dynamodb_table is not None
-            timeout = self.config.commit_timeout
-            self.commit = DynamoCommit(
-                self.dynamodb_client(),
-                self.config.dynamodb_table,
-                timeout=timeout,
-                max_clock_skew_rate=self.config.max_clock_skew_rate or 3.0,
-                ttl=self.config.commit_ttl,
-                retry=self.retry,
-            )
-            # NB: the write made under a commit hold must finish within the hold's timeout, or
-            # a contender may take the record over while it is still in flight. Its client
-            # therefore waits at most a quarter of the timeout to connect and to read, and no
-            # attempt starts with less than half the timeout left (see _create_synchronized).
-            self._guard_budget = timeout / 2
-            self._guarded = aws.client("s3", self.aws, connect_timeout=timeout / 4,
-                                       read_timeout=timeout / 4)
+            # NB: commit_timeout / commit_ttl are accepted but unused since decisions are never
+            # taken over or expired (docs/s3.md); max_clock_skew_rate still serves the lock.
+            self.commit = DynamoCommit(self.dynamodb_client(), self.config.dynamodb_table,
+                                       retry=self.retry)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (self.bucket, self.prefix, self._storage_options))
@@ -323,7 +325,10 @@ class S3Blob(Blob):
             hit = self.cache.get(key)
             if hit is not None:
                 return hit
-        data = self._fetch(self.full_key(key))
+        full = self.full_key(key)
+        data = self._fetch(full)
+        if data is None and self._decided_by_dynamodb(key):
+            data = self._roll_forward(full)
         if data is not None and cacheable:
             self.cache.put(key, data)
         return data
@@ -396,7 +401,7 @@ class S3Blob(Blob):
     def _set_if_absent(self, key: str, data: bytes) -> bool:
         full = self.full_key(key)
         if self.commit is not None:
-            created = self._create_synchronized(full, data)
+            created = self._create_decided(key, full, data)
         else:
             created = self._create_native(full, data)
         if created and key.startswith(CACHEABLE_PREFIX):
@@ -407,6 +412,19 @@ class S3Blob(Blob):
     def _delete(self, key: str) -> None:
         full = self.full_key(key)
         self.cache.discard(key)
+        decision: Decision | None = None
+        if self.commit is not None and self._decided_by_dynamodb(key):
+            # NB: the order matters. The temp object goes first: once it is gone no roll-forward
+            # (a copy from it) can put the value back; then the object; the decision last, so a
+            # reader that misses the object meanwhile finds "decided, temp gone" and says absent.
+            decision = self.commit.lookup(self._path(full))
+            if decision is not None and decision.temp:
+                self._delete_object(decision.temp)
+        self._delete_object(full)
+        if self.commit is not None and decision is not None:
+            self.commit.forget(self._path(full), decision)
+
+    def _delete_object(self, full: str) -> None:
         # NB: S3 answers 204 for an absent key, so a retried delete is harmless.
         aws.call(lambda: self.client.delete_object(Bucket=self.bucket, Key=full),
                  what=f"delete s3://{self.bucket}/{full}", write=True, idempotent=True,
@@ -414,7 +432,7 @@ class S3Blob(Blob):
 
     @override
     def close(self) -> None:
-        for c in (self.client, self._guarded, self._dynamodb):
+        for c in (self.client, self._dynamodb):
             close = getattr(c, "close", None)
             if close is not None:
                 close()
@@ -439,43 +457,125 @@ class S3Blob(Blob):
             f"{self.retry.max_attempts} times and its outcome is unknown"
         ) from ambiguous
 
-    def _create_synchronized(self, full: str, data: bytes) -> bool:
+    # -- the DynamoDB-decided create (module docstring of .dynamo_commit) ---------------------
+
+    def _decided_by_dynamodb(self, key: str) -> bool:
+        """Whether ``key`` may have been created through a DynamoDB decision, so that a miss must
+        consult it. NB: ``data/`` keys (immutable, uniquely named, written with ``set``) and the
+        temp objects themselves never are, which keeps their misses at one request."""
+        return self.commit is not None and not key.startswith((CACHEABLE_PREFIX, PENDING_PREFIX))
+
+    def _path(self, full: str) -> str:
+        return f"s3://{self.bucket}/{full}"
+
+    def _create_decided(self, key: str, full: str, data: bytes) -> bool:
         assert self.commit is not None
-        hold = self.commit.acquire(f"s3://{self.bucket}/{full}",
-                                   precondition=lambda: not self._exists(full))
-        if hold is None:
+        if not self._decided_by_dynamodb(key):
+            raise InvalidUsage(
+                f"conditional_put='dynamodb' creates no keys under {CACHEABLE_PREFIX!r} or "
+                f"{PENDING_PREFIX!r} conditionally (their misses never consult the decisions): "
+                f"{key!r}"
+            )
+        if len(data) > MAX_COPY_SIZE:
+            raise InvalidUsage(f"conditional_put='dynamodb' creates values up to {MAX_COPY_SIZE} "
+                               f"bytes (S3's CopyObject limit), not {len(data)}")
+        if self._exists(full):
             return False
+        temp = self.full_key(f"{PENDING_PREFIX}{key}/{uuid.uuid4().hex}")
         try:
-            landed = self._guarded_write(full, data, hold)
+            self._write(self.client, temp, data, conditional=False)
+        except Indeterminate as e:
+            try:
+                confirmed = self._fetch(temp) == data
+            except ExternalError:
+                confirmed = False
+            if not confirmed:
+                self._discard(temp)
+                raise Determinate(
+                    f"could not confirm the temporary copy s3://{self.bucket}/{temp}; "
+                    f"s3://{self.bucket}/{full} was not created"
+                ) from e
+        except BaseException:
+            self._discard(temp)
+            raise
+        try:
+            won, decision = self.commit.claim(self._path(full), temp)
         except Indeterminate:
-            # NB: keep the record: it must stand until it is stale, by which time our write has
-            # landed or never will. Releasing it now could let a contender see "absent" and
-            # create the key while our write is still in flight.
+            # NB: keep the temp object: the decision may exist and name it.
             raise
         except BaseException:
-            self.commit.release(hold)
+            self._discard(temp)
             raise
-        self.commit.release(hold)
-        return landed
-
-    def _guarded_write(self, full: str, data: bytes, hold: Hold) -> bool:
-        assert self._guarded is not None
-        last_start = hold.deadline - self._guard_budget
-        if time.monotonic() >= last_start:
-            raise Determinate(f"commit hold on s3://{self.bucket}/{full} ran out before the write")
+        if not won:
+            self._discard(temp)
+            return False
+        assert decision is not None
+        assert decision.temp == temp
         try:
-            self._write(self._guarded, full, data, conditional=False, deadline=last_start)
-            return True
-        except Indeterminate as e:
-            outcome = self._readback(full, data)
-            if outcome == "absent":
-                raise Indeterminate(
-                    f"write of s3://{self.bucket}/{full} under a commit hold is unconfirmed"
-                ) from e
-            # NB: "other" bytes can only be a successor's, written after our hold went stale
-            # (it checked for the object after taking the record and did not see ours); under
-            # the timeout assumption our write then never lands: False is the truth.
-            return outcome == "ours"
+            self._finish(full, decision)
+        except ExternalError as e:
+            # NB: the key is created (decided): the value is durable in the temp object, and any
+            # reader rolls it forward (or a delete removes it). True is the truth.
+            log.warning("created %s but could not copy it into place yet (readers roll it "
+                        "forward): %s", self._path(full), e)
+        return True
+
+    def _finish(self, full: str, decision: Decision) -> bool:
+        """Copies the decided value into place, then deletes the temp object.
+
+        Returns:
+            True if this call copied it; False if the temp object was gone (finished by someone
+            else, or the key deleted since: a copy then writes nothing).
+
+        Raises:
+            ExternalError: S3 failed (nothing is lost: the temp object stays).
+        """
+        what = f"copy s3://{self.bucket}/{decision.temp} to s3://{self.bucket}/{full}"
+
+        def copy() -> bool:
+            try:
+                self.client.copy_object(Bucket=self.bucket, Key=full,
+                                        CopySource={"Bucket": self.bucket, "Key": decision.temp})
+                return True
+            except aws.AWS_ERRORS as e:
+                code, status = aws.error_code(e)
+                if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
+                    return False
+                raise
+
+        # NB: idempotent: every copy of this decision writes the same bytes, and one that
+        # arrives after the temp object was deleted fails without writing.
+        copied = aws.call(copy, what=what, write=True, idempotent=True, retry=self.retry)
+        if copied:
+            # NB: only now, with the object in place, may the temp object go.
+            self._delete_object(decision.temp)
+        return copied
+
+    def _roll_forward(self, full: str) -> bytes | None:
+        """The value of a key whose object is missing: a decided but unfinished create's, or
+        None. Copies it into place on the way (best effort: a read-only caller may not write)."""
+        assert self.commit is not None
+        decision = self.commit.lookup(self._path(full))
+        if decision is None or not decision.temp:
+            return None
+        value = self._fetch(decision.temp)
+        if value is None:
+            # NB: the temp object is deleted only once the object exists, or by a delete of the
+            # key; whichever it was, the object tells.
+            return self._fetch(full)
+        try:
+            self._finish(full, decision)
+        except ExternalError as e:
+            log.info("could not roll %s forward: %s", self._path(full), e)
+        return value
+
+    def _discard(self, temp: str) -> None:
+        """Deletes an undecided temp object, best effort (a leftover is listed under
+        ``_pending/``)."""
+        try:
+            self._delete_object(temp)
+        except ExternalError as e:
+            log.warning("could not delete temporary object s3://%s/%s: %s", self.bucket, temp, e)
 
     def _readback(self, full: str, data: bytes) -> Literal["ours", "other", "absent"]:
         """Resolves an ambiguous write by reading the key.

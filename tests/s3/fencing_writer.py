@@ -149,9 +149,10 @@ def run_trials() -> None:
         try:
             write_until_lost(client, spec["tag"], spec["pipeline"])
         finally:
-            lock_lost = client.lock_lost
+            # NB: read after stop(), which joins the heartbeat thread: that thread fails the
+            # futures before it records lock_lost, so reading earlier races it.
             client.stop()
-            emit(ev="closed", lock_lost=_error_name(lock_lost))
+            emit(ev="closed", lock_lost=_error_name(client.lock_lost))
 
 
 def _warm_up(url: str, options: dict[str, Any]) -> None:
@@ -201,9 +202,8 @@ def contend(me: str, loc: dict[str, Any], lease: float, rng: random.Random,
             write_until_lost(client, f"{me}.{holds}", rng.choice((1, 1, 3)), stop=stop,
                              max_writes=rng.randint(2, 8), loc=name)
         finally:
-            lock_lost = client.lock_lost
-            client.stop()
-            emit(ev="closed", lock_lost=_error_name(lock_lost), loc=name)
+            client.stop()  # NB: then read lock_lost (see run_trials)
+            emit(ev="closed", lock_lost=_error_name(client.lock_lost), loc=name)
         time.sleep(rng.uniform(0.0, 0.2))
 
 

@@ -110,6 +110,10 @@ def main() -> None:
                _time(n, lambda i: synced.set_if_absent(f"meta/c/{i}", payload)))
         _stats("S3Blob.set_if_absent dynamodb (key exists)",
                _time(n, lambda i: synced.set_if_absent(f"meta/c/{i}", payload)))
+        _stats("S3Blob.get miss (meta/), native",
+               _time(n, lambda i: native.get(f"meta/none/{i}")))
+        _stats("S3Blob.get miss (meta/), dynamodb (+ GetItem)",
+               _time(n, lambda i: synced.get(f"meta/none/{i}")))
         ddb = synced.dynamodb_client()
         _stats("raw DynamoDB conditional put_item", _time(n, lambda i: ddb.put_item(
             TableName=table, Item={"path": {"S": f"p{i}"}, "etag": {"S": "*"}},

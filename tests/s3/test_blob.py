@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from persist.blob.dynamo_commit import DECISION_ETAG
 from persist.blob.s3 import MIN_PART_SIZE, ImmutableCache, S3Blob, S3Config
 from persist.errors import InvalidUsage
 from tests.blob.conformance import BlobConformance
@@ -34,22 +35,39 @@ class TestS3BlobDynamoCommit(BlobConformance):
         return S3Blob(bucket, "p", storage_options=opts)
 
     def test_dynamodb_mode_never_sends_if_none_match(self, blob: S3Blob) -> None:
-        sent: list[dict[str, Any]] = []
-        assert blob._guarded is not None
-        blob._guarded.meta.events.register(
-            "provide-client-params.s3.PutObject", lambda params, **_: sent.append(params)
-        )
+        sent: list[tuple[str, dict[str, Any]]] = []
+        for op in ("PutObject", "CopyObject"):
+            blob.client.meta.events.register(
+                f"provide-client-params.s3.{op}",
+                lambda params, op=op, **_: sent.append((op, params)))
         assert blob.set_if_absent("k", b"v") is True
-        assert blob.set_if_absent("k", b"w") is False
-        assert len(sent) == 1
-        assert "IfNoneMatch" not in sent[0]
+        assert blob.set_if_absent("k", b"w") is False  # a HEAD finds the object: no write
+        # the temporary copy, then the copy into place
+        assert [op for op, _ in sent] == ["PutObject", "CopyObject"]
+        assert sent[0][1]["Key"].startswith("p/_pending/k/")
+        assert sent[1][1]["Key"] == "p/k"
+        assert all("IfNoneMatch" not in params for _, params in sent)
 
-    def test_records_are_released_after_a_create(
-        self, blob: S3Blob, aws_options: dict[str, Any], dynamodb_table: str
+    def test_decision_stays_and_goes_with_the_key(
+        self, blob: S3Blob, dynamodb_table: str
     ) -> None:
-        assert blob.set_if_absent("k", b"v") is True
+        assert blob.set_if_absent("meta/log/1", b"v") is True
         items = blob.dynamodb_client().scan(TableName=dynamodb_table)["Items"]
-        assert items == []
+        assert [(i["path"]["S"], i["etag"]["S"]) for i in items] == [
+            (blob.url("meta/log/1"), DECISION_ETAG)]
+        assert "ttl" not in items[0]  # a decision never expires (docs/s3.md)
+        assert items[0]["temp"]["S"].startswith("p/_pending/meta/log/1/")
+        assert blob.list_keys("") == ["meta/log/1"]  # the temporary object is gone
+        blob.delete("meta/log/1")
+        assert blob.dynamodb_client().scan(TableName=dynamodb_table)["Items"] == []
+        assert blob.get("meta/log/1") is None
+        assert blob.set_if_absent("meta/log/1", b"again") is True
+        assert blob.get("meta/log/1") == b"again"
+
+    def test_data_keys_are_not_created_conditionally(self, blob: S3Blob) -> None:
+        for key in ("data/1/part", "_pending/x"):
+            with pytest.raises(InvalidUsage, match="conditional"):
+                blob.set_if_absent(key, b"v")
 
 
 def test_keys_live_under_the_prefix(aws_options: dict[str, Any], bucket: str,

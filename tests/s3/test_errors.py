@@ -219,24 +219,84 @@ def test_plain_set_retries_and_reports_indeterminate_when_it_cannot_tell(blob: S
     assert blob.get("k") == b"v"
 
 
+def _decided_blob(aws_options: dict[str, Any], bucket: str, table: str
+                  ) -> tuple[S3Blob, Faulty, Faulty]:
+    blob = S3Blob(bucket, "e", storage_options={
+        **aws_options, "conditional_put": "dynamodb", "dynamodb_table": table})
+    assert blob.commit is not None
+    s3, ddb = Faulty(blob.client), Faulty(blob.commit.client)
+    blob.client, blob.commit.client = s3, ddb
+    return blob, s3, ddb
+
+
+def _decisions(blob: S3Blob, table: str) -> list[str]:
+    return [i["path"]["S"] for i in blob.dynamodb_client().scan(TableName=table)["Items"]]
+
+
 @pytest.mark.s3
 @pytest.mark.dynamodb
-def test_dynamodb_commit_resolves_and_keeps_unresolved_records(
+def test_dynamodb_decision_that_landed_but_timed_out_is_ours(
     aws_options: dict[str, Any], bucket: str, dynamodb_table: str
 ) -> None:
-    blob = S3Blob(bucket, "e", storage_options={
-        **aws_options, "conditional_put": "dynamodb", "dynamodb_table": dynamodb_table})
-    assert blob._guarded is not None
-    guarded = Faulty(blob._guarded)
-    blob._guarded = guarded
-    guarded.script["put_object"] = ["land+timeout"]
+    blob, _, ddb = _decided_blob(aws_options, bucket, dynamodb_table)
+    ddb.script["put_item"] = ["land+timeout"]
     assert blob.set_if_absent("meta/log/1", b"v") is True
-    guarded.script["put_object"] = ["timeout"] * 50
-    with pytest.raises(Indeterminate, match="unconfirmed"):
+    assert ddb.calls["put_item"] == 1  # resolved by reading the owner token back
+    ddb.script["put_item"] = ["timeout", "land+reset"]
+    assert blob.set_if_absent("meta/log/2", b"w") is True  # not landed: sent again
+    assert ddb.calls["put_item"] == 3
+    assert (blob.get("meta/log/1"), blob.get("meta/log/2")) == (b"v", b"w")
+    assert blob.list_keys("") == ["meta/log/1", "meta/log/2"]
+
+
+@pytest.mark.s3
+@pytest.mark.dynamodb
+def test_dynamodb_unresolved_decision_is_indeterminate_and_keeps_its_value(
+    aws_options: dict[str, Any], bucket: str, dynamodb_table: str
+) -> None:
+    blob, _, ddb = _decided_blob(aws_options, bucket, dynamodb_table)
+    ddb.script["put_item"] = ["land+timeout"]
+    ddb.script["get_item"] = ["timeout"] * 50
+    with pytest.raises(Indeterminate, match="read-back failed"):
+        blob.set_if_absent("meta/log/1", b"v")
+    # NB: the decision landed and names the temporary object, which was kept: the create took
+    # effect, and the first read that misses the object rolls it forward.
+    assert _decisions(blob, dynamodb_table) == [blob.url("meta/log/1")]
+    ddb.script["get_item"] = []
+    assert blob.get("meta/log/1") == b"v"
+    assert blob.list_keys("") == ["meta/log/1"]
+
+
+@pytest.mark.s3
+@pytest.mark.dynamodb
+def test_dynamodb_failed_copy_still_created(
+    aws_options: dict[str, Any], bucket: str, dynamodb_table: str
+) -> None:
+    blob, s3, _ = _decided_blob(aws_options, bucket, dynamodb_table)
+    s3.script["copy_object"] = ["500"] * blob.retry.max_attempts
+    assert blob.set_if_absent("meta/log/1", b"v") is True  # decided: the copy can wait
+    assert blob.set_if_absent("meta/log/1", b"w") is False
+    plain = S3Blob(bucket, "e", storage_options=aws_options)
+    assert plain.get("meta/log/1") is None
+    assert blob.get("meta/log/1") == b"v"  # rolled forward
+    assert plain.get("meta/log/1") == b"v"
+
+
+@pytest.mark.s3
+@pytest.mark.dynamodb
+def test_dynamodb_unconfirmed_temp_object_decides_nothing(
+    aws_options: dict[str, Any], bucket: str, dynamodb_table: str
+) -> None:
+    blob, s3, _ = _decided_blob(aws_options, bucket, dynamodb_table)
+    s3.script["put_object"] = ["land+timeout"]
+    assert blob.set_if_absent("meta/log/1", b"v") is True  # read back: it is there
+    s3.script["put_object"] = ["timeout"] * 50
+    with pytest.raises(Determinate, match="temporary") as info:
         blob.set_if_absent("meta/log/2", b"v")
-    items = blob.dynamodb_client().scan(TableName=dynamodb_table)["Items"]
-    # NB: the unresolved create keeps its record until it is stale; the resolved one let go.
-    assert [i["path"]["S"] for i in items] == [blob.url("meta/log/2")]
+    assert not isinstance(info.value, Indeterminate)
+    assert _decisions(blob, dynamodb_table) == [blob.url("meta/log/1")]
+    s3.script["put_object"] = []
+    assert blob.set_if_absent("meta/log/2", b"v") is True
 
 
 @pytest.mark.s3

@@ -1,7 +1,7 @@
 """``persist.open("s3://...")`` end to end through the runtime, against the moto server.
 
 For each combination of writer lock (an S3 object, or a DynamoDB item chosen by giving a
-``dynamodb_table``) and commit primitive (S3's native conditional put, or the DynamoDB-synchronized
+``dynamodb_table``) and commit primitive (S3's native conditional put, or the DynamoDB-decided
 create): create_or_load, write, seal, append, allow_compaction, background and explicit
 compaction and GC (small thresholds, ``gc_grace_seconds=0``), snapshots checked against a model,
 listen on the writer and on a replica, and a read-only replica that follows the writer across
