@@ -386,8 +386,7 @@ def call(
         idempotent: sending it twice has the effect of sending it once. A non-idempotent write
             (a conditional create) is retried only after failures that prove nothing happened.
         retry: the backoff policy.
-        deadline: a ``time.monotonic()`` instant after which no new attempt is started (for
-            writes that are only safe within a hold, see ``persist.blob.dynamo_commit``).
+        deadline: a ``time.monotonic()`` instant after which no new attempt is started.
 
     Returns:
         Whatever ``fn`` returns.

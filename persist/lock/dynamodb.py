@@ -3,8 +3,9 @@
 Table schema (the same table serves :mod:`persist.blob.dynamo_commit`; :func:`create_table`)::
 
     path        S  partition key   the lock's id: "s3://<bucket>/<prefix>/LOCK"
-    etag        S  sort key        "#writer-lock" (commit records use "*" or an object etag)
-    ttl         N  TTL attribute   set on commit records only; never on a lock item
+    etag        S  sort key        "#writer-lock" (commit decisions use "*decided")
+    ttl         N  TTL attribute   cleanup of records of the old commit protocol only; never
+                                   on a lock item or a commit decision
 
 Lock item attributes (one per location; the fields of :class:`~persist.lock.base.LockRecord`)::
 
