@@ -64,7 +64,8 @@ def _run_round(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     reader.join(timeout=30)  # NB: stdout has one reader only, the pump; never communicate()
-    assert proc.stderr is not None and proc.stdout is not None
+    assert proc.stderr is not None
+    assert proc.stdout is not None
     err = proc.stderr.read()
     proc.stderr.close()
     proc.stdout.close()
