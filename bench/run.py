@@ -34,11 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULTS: dict[str, Any] = {
     "repeats": 3, "peer_repeats": 1,
     "w1_appends": 10, "w1_rows": 1_000_000,
-    "w2_appends": 2000, "w2_rows": 100, "w3_reads": 3, "iceberg_appends": 500,
-    "w4_threads": [1, 4, 32], "w4_seconds": 3.0, "w4_rows": 100,
-    "w5_appends": 150, "w5_rows": 100, "w5_interval_ms": 20.0, "w5_poll_ms": 5.0,
+    "w2_appends": 2000, "w2_rows": 100, "w3_reads": 3, "iceberg_appends": 250,
+    "w4_threads": [1, 4, 32], "w4_seconds": 2.0, "w4_rows": 100,
+    "w5_appends": 100, "w5_rows": 100, "w5_interval_ms": 20.0, "w5_poll_ms": 5.0,
     "w6_collections": [10, 1000], "w6_seals": [10, 10_000], "w6_appends": 200, "w6_rows": 100,
-    "w7_appends": 10, "w7_rows": 1_000_000,
+    "w6_repeats": 2,
+    "w7_appends": 10, "w7_rows": 1_000_000, "w7_repeats": 1,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -47,7 +48,8 @@ QUICK: dict[str, Any] = {
     "w4_threads": [1, 4], "w4_seconds": 0.3, "w4_rows": 100,
     "w5_appends": 10, "w5_rows": 100, "w5_interval_ms": 10.0, "w5_poll_ms": 5.0,
     "w6_collections": [2, 5], "w6_seals": [2, 10], "w6_appends": 5, "w6_rows": 100,
-    "w7_appends": 2, "w7_rows": 20_000,
+    "w6_repeats": 1,
+    "w7_appends": 2, "w7_rows": 20_000, "w7_repeats": 1,
 }
 
 
@@ -77,7 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        help=f"{help_} [{DEFAULTS[key]} / {QUICK[key]}]")
 
     opt("--repeats", int, "rounds of every workload (systems rotated each round)")
-    opt("--peer-repeats", int, "rounds of W2/W3 for delta and iceberg (slow)")
+    opt("--peer-repeats", int, "rounds of W2/W3, W5 and W6 for delta and iceberg (slow)")
     opt("--w1-appends", int, "W1 appends")
     opt("--w1-rows", int, "W1 records per append")
     opt("--w2-appends", int, "W2 sequential appends")
@@ -96,8 +98,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w6-seals", _ints, "W6 prior seal counts")
     opt("--w6-appends", int, "W6 measured appends")
     opt("--w6-rows", int, "W6 records per append")
+    opt("--w6-repeats", int, "W6 rounds (10,000 awaited seals take a while)")
     opt("--w7-appends", int, "W7 appends")
     opt("--w7-rows", int, "W7 records per append")
+    opt("--w7-repeats", int, "W7 rounds (one fresh process per system each)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():

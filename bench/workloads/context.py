@@ -26,6 +26,10 @@ class Context:
     def repeats(self) -> int:
         return int(self.args.repeats)
 
+    def peer_skips_round(self, name: str, r: int) -> bool:
+        """delta-rs and pyiceberg run only ``--peer-repeats`` rounds of the slow workloads."""
+        return name in ("delta", "iceberg") and r >= int(self.args.peer_repeats)
+
     def log(self, msg: str) -> None:
         elapsed = time.monotonic() - self.started
         print(f"[{elapsed:7.1f}s] {msg}", file=sys.stderr, flush=True)

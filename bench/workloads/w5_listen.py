@@ -49,6 +49,8 @@ def run(ctx: Context) -> list[WorkloadResult]:
         runs.insert(1, ("persist", True))
     for r in range(ctx.repeats):
         for name, push in rotate(runs, r):
+            if ctx.peer_skips_round(name, r):
+                continue
             ctx.log(f"W5 round {r + 1}/{ctx.repeats}: {name}{' (push)' if push else ''}")
             if push:
                 root = fresh_dir(ctx.work, f"w5-r{r}-persist-push")

@@ -30,13 +30,15 @@ def run(ctx: Context) -> list[WorkloadResult]:
         WID, f"{TITLE}: median of {a.w6_appends} appends x {a.w6_rows} records with "
         f"{' vs '.join(f'{x:,}' for x in dims['collections'])} collections and "
         f"{' vs '.join(f'{x:,}' for x in dims['seals'])} prior seals",
-        params={**dims, "appends": a.w6_appends, "rows": a.w6_rows, "repeats": ctx.repeats})
+        params={**dims, "appends": a.w6_appends, "rows": a.w6_rows, "repeats": a.w6_repeats})
     batches = [make_batch(6000 + i, a.w6_rows, time_lo=0) for i in range(a.w6_appends)]
     for dim, sizes in dims.items():
-        for r in range(ctx.repeats):
+        for r in range(a.w6_repeats):
             for name in rotate(ctx.systems, r):
+                if ctx.peer_skips_round(name, r):
+                    continue
                 for size in rotate(sizes, r):
-                    ctx.log(f"W6 {dim}={size:,} round {r + 1}/{ctx.repeats}: {name}")
+                    ctx.log(f"W6 {dim}={size:,} round {r + 1}/{a.w6_repeats}: {name}")
                     s = ctx.new_system(name, f"w6-{dim}-{size}-r{r}")
                     try:
                         with timed() as t:

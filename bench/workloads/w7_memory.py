@@ -28,11 +28,11 @@ def run(ctx: Context) -> list[WorkloadResult]:
     n, rows = a.w7_appends, a.w7_rows
     res = WorkloadResult(WID, f"{TITLE}: peak RSS writing {n} x {rows:,} records, then reading "
                          "them (fresh process per system)",
-                         params={"appends": n, "rows": rows, "repeats": ctx.repeats})
+                         params={"appends": n, "rows": rows, "repeats": a.w7_repeats})
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    for r in range(ctx.repeats):
+    for r in range(a.w7_repeats):
         for name in rotate(ctx.systems, r):
-            ctx.log(f"W7 round {r + 1}/{ctx.repeats}: {name}")
+            ctx.log(f"W7 round {r + 1}/{a.w7_repeats}: {name}")
             root = fresh_dir(ctx.work, f"w7-r{r}-{name}")
             try:
                 out = subprocess.run(

@@ -197,12 +197,19 @@ _PLAIN_OPTS = pa.ipc.IpcWriteOptions()
 #: NB: Arrow compresses every buffer separately with a fresh zstd context: for a 100-row part
 #: that is ~0.4 ms to encode and ~0.8 ms to decode, against ~0.03 ms each uncompressed, to save
 #: ~2 KiB. Readers need nothing: an IPC stream records per batch whether it is compressed.
-COMPRESS_MIN_BYTES = 16 << 10
+COMPRESS_MIN_BYTES = 64 << 10
+#: A table of several chunks (a group commit's writes, a merge) below this size is made one
+#: chunk first: every chunk would otherwise become its own record batch, with per-batch (and,
+#: compressed, per-buffer) overhead.
+_COMBINE_MAX_BYTES = 16 << 20
 
 
 def encode_part(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    opts = _WRITE_OPTS if table.nbytes >= COMPRESS_MIN_BYTES else _PLAIN_OPTS
+    nbytes = table.nbytes
+    if table.num_columns and table.column(0).num_chunks > 1 and nbytes <= _COMBINE_MAX_BYTES:
+        table = table.combine_chunks()
+    opts = _WRITE_OPTS if nbytes >= COMPRESS_MIN_BYTES else _PLAIN_OPTS
     with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
         w.write_table(table, max_chunksize=1 << 20)
     return bytes(sink.getvalue().to_pybytes())
@@ -275,6 +282,32 @@ def contents_at(table: pa.Table, as_of: int) -> pa.Table:
         schema=schema,
     )
     return out.sort_by([("key", "ascending"), ("value", "ascending")])
+
+
+#: Time columns up to this long get their minimum in Python (see ``min_time``).
+_PY_MIN_ROWS = 4096
+
+
+def min_time(col: pa.ChunkedArray) -> int:
+    """The smallest value of a non-empty ``time`` column (uint64, no nulls).
+
+    NB: a short column is scanned in Python through the buffer protocol rather than with
+    ``pc.min``. Compute functions release the GIL, and on the runtime thread every release can
+    cost a wait of up to the interpreter's switch interval (5 ms) to get it back from the
+    client threads that are busy preparing the next group: per staged write, that was the
+    largest single cost of group commit with many writer threads.
+    """
+    if len(col) <= _PY_MIN_ROWS and col.type == pa.uint64() and col.null_count == 0:
+        lo: int | None = None
+        for chunk in col.chunks:
+            n, off = len(chunk), chunk.offset
+            if n:
+                values = memoryview(chunk.buffers()[1]).cast("B")[off * 8:(off + n) * 8]
+                m = min(values.cast("Q"))
+                lo = m if lo is None else min(lo, m)
+        if lo is not None:
+            return lo
+    return int(pc.min(col).as_py())
 
 
 def time_range(table: pa.Table) -> tuple[int, int]:
