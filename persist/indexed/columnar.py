@@ -156,9 +156,10 @@ def from_updates(updates: Any, schema: pa.Schema, key: Codec, value: Codec) -> p
 
 
 def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    missing = [n for n in ("key", "value", "time", "diff") if n not in table.column_names]
+    have = table.column_names  # NB: builds a new list on every access
+    missing = [n for n in ("key", "value", "time", "diff") if n not in have]
     if missing:
-        raise SchemaMismatch(f"updates table lacks columns {missing}; has {table.column_names}")
+        raise SchemaMismatch(f"updates table lacks columns {missing}; has {have}")
     # NB: time first, so a negative time is reported as such whatever else is wrong; the safe
     # cast to uint64 is what detects it (a separate min() would cost as much as the cast).
     order, names = _field_order(schema)
@@ -297,19 +298,29 @@ def min_time(col: pa.ChunkedArray) -> int:
     client threads that are busy preparing the next group: per staged write, that was the
     largest single cost of group commit with many writer threads.
     """
-    if len(col) <= _PY_MIN_ROWS and col.type == pa.uint64() and col.null_count == 0:
-        lo: int | None = None
-        for chunk in col.chunks:
-            n, off = len(chunk), chunk.offset
-            if n:
-                values = memoryview(chunk.buffers()[1]).cast("B")[off * 8:(off + n) * 8]
-                m = min(values.cast("Q"))
-                lo = m if lo is None else min(lo, m)
-        if lo is not None:
-            return lo
+    values = _small_times(col)
+    if values is not None:
+        return min(values)
     return int(pc.min(col).as_py())
 
 
+def _small_times(col: pa.ChunkedArray) -> list[int] | None:
+    """The values of a short, non-empty uint64 column without nulls (else None), read through
+    the buffer protocol: no compute call, so the GIL is never released (see ``min_time``)."""
+    if not 0 < len(col) <= _PY_MIN_ROWS or col.type != pa.uint64() or col.null_count:
+        return None
+    out: list[int] = []
+    for chunk in col.chunks:
+        n, off = len(chunk), chunk.offset
+        if n:
+            out.extend(memoryview(chunk.buffers()[1]).cast("B")[off * 8:(off + n) * 8].cast("Q"))
+    return out
+
+
 def time_range(table: pa.Table) -> tuple[int, int]:
-    mm = pc.min_max(table.column("time"))
+    col = table.column("time")
+    values = _small_times(col)
+    if values is not None:
+        return min(values), max(values)
+    mm = pc.min_max(col)
     return int(mm["min"].as_py()), int(mm["max"].as_py())

@@ -50,6 +50,9 @@ from persist.runtime import commands as cmd
 
 log = logging.getLogger("persist.runtime")
 
+#: Compaction plans per maintenance round at most (merges cascade up the levels).
+_MAX_CASCADE = 16
+
 
 class Published:
     """The newest committed state, readable from any thread, with a condition to wait on."""
@@ -135,6 +138,7 @@ class Runtime:
         maintenance: bool = True,
         max_group: int = 4096,
         maintenance_linger: float = 0.05,
+        maintenance_interval: float = 0.02,
     ) -> None:
         self.ix = ix
         self.lock = lock
@@ -144,6 +148,7 @@ class Runtime:
         self.holds = LocalHolds()
         self.max_group = max_group
         self.maintenance_linger = maintenance_linger
+        self.maintenance_interval = maintenance_interval
         self.lock_lost: Fenced | None = None
         self._queue: queue.SimpleQueue[cmd.Command] = queue.SimpleQueue()
         self._poisoned: BaseException | None = None
@@ -369,6 +374,12 @@ class Runtime:
     def _maintain(self) -> None:
         while not self._stopping.is_set():
             self._maint_wake.wait(timeout=1.0)
+            # NB: at most one round per interval, however often commits wake us. A round right
+            # after every commit competes for the GIL with the writer preparing its next append
+            # (adding its CPU to that append's latency), and merges the few parts one commit
+            # made; a round per interval merges what the interval accumulated, in one go.
+            if self._stopping.wait(self.maintenance_interval):
+                return
             self._maint_wake.clear()
             if self._stopping.is_set() or self._poisoned is not None:
                 return
@@ -397,14 +408,21 @@ class Runtime:
 
     def _maintain_round(self) -> bool:
         did = False
-        state = self.published.state
-        for name, parts in self.ix.plan_compaction(state):
-            held = self.holds.frontier(name)
-            c = state.collections[name]
-            frontier = effective_since(c) if held is None else min(held, effective_since(c))
-            op = self.ix.run_compaction(state, name, parts, frontier)
-            self.submit(cmd.Maintenance((op,))).result()
-            did = True
+        # NB: plan again after merging: a merge can fill the next level up (cascading), and a
+        # round per interval must not leave those for later rounds, in which the lowest level
+        # (refilled by new writes meanwhile) would always be chosen first.
+        for _ in range(_MAX_CASCADE):
+            state = self.published.state
+            planned = self.ix.plan_compaction(state)
+            if not planned:
+                break
+            for name, parts in planned:
+                held = self.holds.frontier(name)
+                c = state.collections[name]
+                frontier = effective_since(c) if held is None else min(held, effective_since(c))
+                op = self.ix.run_compaction(state, name, parts, frontier)
+                self.submit(cmd.Maintenance((op,))).result()
+                did = True
         state = self.published.state
         grace_ms = int(self.ix.options.gc_grace_seconds * 1000)
         keys = gc.collectable(state, now_ms=int(time.time() * 1000), grace_ms=grace_ms)
