@@ -25,8 +25,9 @@ Events (``ev``; in contend mode each also names its location, ``loc``)::
     opened  gen, seq              the lock generation (fence token) and the seq of its fence
     ack     i, key, seq           append i (row key ``key``) is durable, committed at ``seq``
     failed  i, key, error         append i definitely did not happen (a Determinate error)
-    lost    i, key, error, cause, first
-                                  append i failed terminally (``first``: the first such)
+    lost    i, key, error, cause, fenced_by, first
+                                  append i failed terminally (``first``: the first such;
+                                  ``fenced_by``: the Fenced message; i = -1: registering)
     held    error                 contend: another contender kept the lock for the timeout
     open_fenced  error            contend: a successor fenced before this open's own fence
     closed  lock_lost             the client was stopped
@@ -89,6 +90,15 @@ def _error_name(e: BaseException | None) -> str | None:
     return None if e is None else type(e).__name__
 
 
+def _fence_message(e: BaseException) -> str | None:
+    """The message of the Fenced that ended the writer (``e`` or its cause), if any: it tells a
+    commit refused by storage from a lease the heartbeat found lost ("writer lock ...")."""
+    for err in (e, e.__cause__):
+        if isinstance(err, Fenced):
+            return str(err)
+    return None
+
+
 def write_until_lost(client: persist.Client, tag: str, pipeline: int, *,
                      stop: threading.Event | None = None, max_writes: int | None = None,
                      **labels: Any) -> bool:
@@ -101,7 +111,14 @@ def write_until_lost(client: persist.Client, tag: str, pipeline: int, *,
     Returns:
         True if it ended on a terminal failure (the client is no longer usable).
     """
-    w, r = client.create_or_load("c", key_type=KEY_TYPE, value_type=VALUE_TYPE)
+    try:
+        w, r = client.create_or_load("c", key_type=KEY_TYPE, value_type=VALUE_TYPE)
+    except PersistError as e:
+        # NB: paused right after open() and fenced before registering: the register commit is
+        # the first to find the successor's fence.
+        emit(ev="lost", i=-1, key=None, error=_error_name(e), cause=_error_name(e.__cause__),
+             fenced_by=_fence_message(e), first=True, **labels)
+        return True
     t0 = r.upper
     inflight: collections.deque[tuple[int, str, Future[Any]]] = collections.deque()
     i = 0
@@ -125,7 +142,7 @@ def write_until_lost(client: persist.Client, tag: str, pipeline: int, *,
             emit(ev="failed", i=n, key=key, error=_error_name(e), **labels)
         except PersistError as e:
             emit(ev="lost", i=n, key=key, error=_error_name(e), cause=_error_name(e.__cause__),
-                 first=not lost, **labels)
+                 fenced_by=_fence_message(e), first=not lost, **labels)
             lost = True
         else:
             emit(ev="ack", i=n, key=key, seq=seq, **labels)
