@@ -19,6 +19,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persist.indexed.columnar import constant_times
+
 _U = np.uint64
 _Hashes = npt.NDArray[np.uint64]
 
@@ -121,18 +123,17 @@ def consolidate(table: pa.Table, as_of: int, *, key_hashes: _Hashes | None = Non
     # repeated hash (equal pairs, or rare collisions that group_by then tells apart) go
     # through group_by.
     shared = _repeated(_mix(hk ^ _mix(hash_keys(table.column("value")) + _U(1))))
-    at = pa.scalar(as_of, pa.uint64())
     alone = table.filter(pa.array(~shared)) if shared.any() else table
     alone = alone.filter(pc.not_equal(alone.column("diff"), 0))
     pieces = [pa.Table.from_arrays(
-        [alone.column("key"), alone.column("value"), pa.repeat(at, len(alone)),
+        [alone.column("key"), alone.column("value"), constant_times(as_of, len(alone)),
          alone.column("diff")], schema=schema)]
     if shared.any():
         rest = table.filter(pa.array(shared))
         agg = rest.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
         agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
         pieces.append(pa.Table.from_arrays(
-            [agg.column("key"), agg.column("value"), pa.repeat(at, len(agg)),
+            [agg.column("key"), agg.column("value"), constant_times(as_of, len(agg)),
              agg.column("diff_sum")], schema=schema))
     return pa.concat_tables(pieces)
 

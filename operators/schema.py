@@ -139,7 +139,7 @@ def to_spark(table: pa.Table, target: pa.Schema, *, time: int | None = None) -> 
     if time is not None:
         if time > MAX_LONG:
             raise InvalidUsage(f"time {time} does not fit Spark's long (max {MAX_LONG})")
-        times: pa.Array | pa.ChunkedArray = pa.repeat(pa.scalar(time, pa.int64()), n)
+        times: pa.Array | pa.ChunkedArray = columnar.constant_times(time, n, pa.int64())
     else:
         times = _checked_cast(table.column("time"), pa.int64(), "time")
     cols = [

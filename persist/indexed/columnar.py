@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -216,7 +217,7 @@ def encode_part(table: pa.Table) -> bytes:
     return bytes(sink.getvalue().to_pybytes())
 
 
-def decode_part(key: str, data: bytes, schema: pa.Schema) -> pa.Table:
+def decode_part(key: str, data: bytes | memoryview, schema: pa.Schema) -> pa.Table:
     """Decodes a stored part, checking its format tag and schema.
 
     Raises:
@@ -241,6 +242,20 @@ def decode_part(key: str, data: bytes, schema: pa.Schema) -> pa.Table:
 
 
 # -- consolidation -------------------------------------------------------------------------
+
+
+_UINT64 = pa.uint64()
+_FILL_FORMATS = {_UINT64: "<Q", pa.int64(): "<q"}
+
+
+def constant_times(value: int, n: int, typ: pa.DataType = _UINT64) -> pa.Array:
+    """An array of ``n`` copies of ``value`` (a uint64 or int64 time column).
+
+    NB: built from one repeated 8-byte pattern: ``pa.repeat`` takes ~10 ms per million rows,
+    this ~0.5 ms, and a snapshot rewrites the time column of every part it reads.
+    """
+    pattern = struct.pack(_FILL_FORMATS[typ], value)
+    return pa.Array.from_buffers(typ, n, [None, pa.py_buffer(pattern * n)])
 
 
 def forward(table: pa.Table, frontier: int) -> pa.Table:
@@ -278,7 +293,7 @@ def contents_at(table: pa.Table, as_of: int) -> pa.Table:
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
     out = pa.Table.from_arrays(
         [agg.column("key"), agg.column("value"),
-         pa.repeat(pa.scalar(as_of, pa.uint64()), len(agg)),
+         constant_times(as_of, len(agg)),
          agg.column("diff_sum")],
         schema=schema,
     )

@@ -66,7 +66,7 @@ class PartReader:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit[0]
-        data = self.blob.get(key)
+        data = self.blob.get_view(key)
         if data is None:
             raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
         table = columnar.decode_part(key, data, schema)
@@ -148,7 +148,7 @@ def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema, as_of: int)
     t = reader.read(p, schema)
     if p.max_time > as_of:
         t = t.filter(pc.less_equal(t.column("time"), pa.scalar(as_of, pa.uint64())))
-    return t.set_column(2, schema.field(2), pa.repeat(pa.scalar(as_of, pa.uint64()), len(t)))
+    return t.set_column(2, schema.field(2), columnar.constant_times(as_of, len(t)))
 
 
 def updates_between(

@@ -36,6 +36,19 @@ class BlobConformance:
         blob.set("big", value)
         assert blob.get("big") == value
 
+    def test_get_view_is_the_verified_payload(self, blob: Blob) -> None:
+        assert blob.get_view("nope") is None
+        value = bytes(range(256)) * 4_000
+        blob.set("v", value)
+        view = blob.get_view("v")
+        assert isinstance(view, memoryview)
+        assert view == value
+        raw = bytearray(blob._get("v") or b"")
+        raw[-1] ^= 0x01
+        blob._set("v", bytes(raw))
+        with pytest.raises(ChecksumMismatch, match="'v'"):
+            blob.get_view("v")
+
     def test_set_if_absent_creates_once(self, blob: Blob) -> None:
         assert blob.set_if_absent("x", b"first") is True
         assert blob.set_if_absent("x", b"second") is False

@@ -22,7 +22,7 @@ from persist.errors import (
     SchemaMismatch,
     UnknownCollection,
 )
-from persist.indexed import gc, meta
+from persist.indexed import columnar, gc, meta
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
 
@@ -57,6 +57,15 @@ def test_types_roundtrip(kt: object, vt: object, k: object, v: object) -> None:
     ix.write({"c": [((k, v), 0, 3)]})
     ix.seal("c", 1)
     assert ix.snapshot("c", 0).to_python() == [((k, v), 0, 3)]
+
+
+@pytest.mark.parametrize(("typ", "value"), [(pa.uint64(), 2**64 - 1), (pa.uint64(), 7),
+                                           (pa.int64(), -3), (pa.int64(), 2**63 - 1)])
+@pytest.mark.parametrize("n", [0, 1, 1000])
+def test_constant_times_equals_repeat(typ: pa.DataType, value: int, n: int) -> None:
+    got = columnar.constant_times(value, n, typ)
+    got.validate(full=True)
+    assert got.equals(pa.repeat(pa.scalar(value, typ), n))
 
 
 def test_reregistering_with_other_types_is_refused() -> None:
