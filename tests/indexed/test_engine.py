@@ -4,13 +4,14 @@ metadata that does not grow with history."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pyarrow as pa
 import pytest
 
-from persist.blob.base import Blob
+from persist.blob.base import Blob, ReadOnlyView
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import (
@@ -298,3 +299,79 @@ def test_updates_between_refuses_ranges_compacted_away() -> None:
         list(ix.updates_between("c", 2, 5))
     got = pa.concat_tables(ix.updates_between("c", 4, 5))
     assert got.column("time").to_pylist() == [4]
+
+
+# -- loading: writers scan the log, readers probe it -----------------------------------------
+
+
+class _Watched(ReadOnlyView):
+    """A read-only view that records LIST prefixes and can run a hook before one GET."""
+
+    def __init__(self, inner: Blob) -> None:
+        super().__init__(inner)
+        self.listed: list[str] = []
+        self.before_get: dict[str, Callable[[], None]] = {}
+
+    def _list(self, prefix: str) -> list[str]:
+        self.listed.append(prefix)
+        return super()._list(prefix)
+
+    def _get(self, key: str) -> bytes | None:
+        hook = self.before_get.pop(key, None)
+        if hook is not None:
+            hook()
+        return super()._get(key)
+
+
+def _history(blob: Blob, commits: int, **opts: object) -> Indexed:
+    ix = fresh(blob, **opts)
+    ix.register("c", pa.string(), pa.int64())
+    for t in range(commits):
+        ix.write({"c": [((f"k{t}", t), t, 1)]})
+        ix.seal("c", t + 1)
+    return ix
+
+
+def test_reader_load_probes_instead_of_listing_the_log() -> None:
+    blob = MemoryBlob(uuid.uuid4().hex)
+    writer = _history(blob, 40, rollup_every=16)
+    writer.maybe_rollup()
+    writer.seal("c", 41)  # entries after the newest rollup
+    view = _Watched(blob)
+    reader = Indexed(view)
+    assert reader.state == writer.state
+    assert meta.LOG_PREFIX not in view.listed  # cost: entries since the rollup, not the log
+
+
+def test_writer_load_finds_a_gap_a_probe_would_read_as_the_end() -> None:
+    blob = MemoryBlob(uuid.uuid4().hex)
+    writer = _history(blob, 10, rollup_every=10_000)
+    seq = writer.state.seq
+    blob.delete(meta.log_key(seq - 2))  # storage lost an entry in the middle
+    with pytest.raises(Corruption, match="gap"):
+        Indexed(blob, epoch=2, writer="w2")
+    # a reader cannot tell that hole from the end of the log (as when following it), and reads
+    # the definite prefix before it
+    assert Indexed(blob.read_only()).state.seq == seq - 3
+
+
+def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None:
+    # GC grace 0: the trust window is empty, so the probe is verified by LISTing the rollups.
+    blob = MemoryBlob(uuid.uuid4().hex)
+    writer = _history(blob, 20, rollup_every=10_000, gc_grace_seconds=0.0)
+    writer.machine.write_rollup(writer.state)
+    first = writer.state.seq
+    for t in range(20, 30):
+        writer.write({"c": [((f"k{t}", t), t, 1)]})
+    view = _Watched(blob)
+
+    def rollup_and_trim() -> None:
+        # between the reader's LIST of rollups and its probe: a newer rollup, and the log
+        # trimmed up to it (what GC does once that rollup is a grace period old)
+        writer.machine.write_rollup(writer.state)
+        for seq in range(first + 1, writer.state.seq + 1):
+            blob.delete(meta.log_key(seq))
+
+    view.before_get[meta.log_key(first + 1)] = rollup_and_trim
+    reader = Indexed(view, options=Options(gc_grace_seconds=0.0))
+    assert reader.state == writer.state
