@@ -322,6 +322,27 @@ def error_code(e: BaseException) -> tuple[str, int]:
     return "", 0
 
 
+def get_object(client: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
+    """One GET of ``s3://bucket/key``: ``(body, ETag)``, or None if there is no such object.
+
+    Raises the botocore error for anything else (a missing *bucket* too): wrap the call in
+    :func:`call` for retries and the persist error tree.
+    """
+    try:
+        response = client.get_object(Bucket=bucket, Key=key)
+    except AWS_ERRORS as e:
+        code, status = error_code(e)
+        if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
+            return None
+        raise
+    body = response["Body"]
+    try:
+        data: bytes = body.read()
+    finally:
+        body.close()
+    return data, str(response["ETag"])
+
+
 def classify(e: BaseException, what: str, *, write: bool) -> Failure:
     """Sorts ``e`` into the persist error tree (see the module table).
 

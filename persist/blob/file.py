@@ -32,7 +32,9 @@ class FileBlob(Blob):
         # voids the durability guarantee and is never the default.
         self._fsync = fsync
         self._known_dirs: set[str] = set()
-        os.makedirs(self.root, exist_ok=True)
+        # NB: the root is created by the first write (``_ensure_dir`` makes every missing
+        # directory up to it, durably), not here: a read-only replica opened on a mistyped
+        # path must not leave directories behind, and reads of a missing root are just empty.
         self.is_local = True
 
     def _path(self, key: str) -> str:

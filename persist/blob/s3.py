@@ -334,23 +334,10 @@ class S3Blob(Blob):
         return data
 
     def _fetch(self, full: str) -> bytes | None:
-        def get() -> bytes | None:
-            try:
-                response = self.client.get_object(Bucket=self.bucket, Key=full)
-            except aws.AWS_ERRORS as e:
-                code, status = aws.error_code(e)
-                if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
-                    return None
-                raise
-            body = response["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-            return data
-
-        return aws.call(get, what=f"get s3://{self.bucket}/{full}", write=False,
-                        idempotent=True, retry=self.retry)
+        got = aws.call(lambda: aws.get_object(self.client, self.bucket, full),
+                       what=f"get s3://{self.bucket}/{full}", write=False, idempotent=True,
+                       retry=self.retry)
+        return None if got is None else got[0]
 
     def _exists(self, full: str) -> bool:
         def head() -> bool:

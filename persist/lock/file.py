@@ -32,6 +32,9 @@ class FileLock(WriterLock):
     @contextlib.contextmanager
     def _mutex(self) -> Iterator[None]:
         try:
+            # NB: the mutex file lives in the location's directory, which only a first write
+            # creates (FileBlob): taking or reading the lock of a new location comes first.
+            os.makedirs(self._blob.root, exist_ok=True)
             fd = os.open(self._mutex_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise Determinate(f"opening lock mutex {self._mutex_path}: {e}") from e

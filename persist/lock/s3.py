@@ -82,22 +82,8 @@ class S3Lock(WriterLock):
                 self._etags.popitem(last=False)
 
     def _read_with_etag(self) -> tuple[LockRecord, str] | None:
-        def get() -> tuple[bytes, str] | None:
-            try:
-                response = self.client.get_object(Bucket=self.bucket, Key=self.key)
-            except aws.AWS_ERRORS as e:
-                code, status = aws.error_code(e)
-                if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
-                    return None
-                raise
-            body = response["Body"]
-            try:
-                data: bytes = body.read()
-            finally:
-                body.close()
-            return data, str(response["ETag"])
-
-        got = aws.call(get, what=f"read lock {self._url}", write=False, idempotent=True,
+        got = aws.call(lambda: aws.get_object(self.client, self.bucket, self.key),
+                       what=f"read lock {self._url}", write=False, idempotent=True,
                        retry=self.retry)
         if got is None:
             return None

@@ -4,10 +4,12 @@ import multiprocessing as mp
 import os
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
+import persist
 from persist.blob.file import FileBlob
-from persist.errors import InvalidUsage
+from persist.errors import InvalidUsage, UnknownCollection
 from tests.blob.conformance import BlobConformance
 
 
@@ -47,3 +49,19 @@ def test_no_temp_files_left_and_none_listed(tmp_path: Path) -> None:
 def test_bad_keys_are_refused(tmp_path: Path, key: str) -> None:
     with pytest.raises(InvalidUsage):
         FileBlob(tmp_path).set(key, b"")
+
+
+def test_reading_a_missing_root_creates_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "not" / "there"
+    blob = FileBlob(root)
+    assert blob.get("k") is None
+    assert blob.list_keys("") == []
+    assert not (tmp_path / "not").exists()
+    # a replica opened on a location no writer has created yet sees it empty, and leaves no trace
+    with persist.open(root, read_only=True) as replica:
+        assert replica.state.seq == 0
+        with pytest.raises(UnknownCollection, match="'c'"):
+            replica.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+    assert not (tmp_path / "not").exists()
+    blob.set("a/b", b"v")  # the first write makes the directories
+    assert FileBlob(root).get("a/b") == b"v"
