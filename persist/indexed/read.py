@@ -70,7 +70,9 @@ class PartReader:
         if data is None:
             raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
         table = columnar.decode_part(key, data, schema)
-        size = len(data)
+        # NB: the decoded size, which is what the cache holds: a zstd part decodes to ~3x its
+        # stored bytes, so counting those would let the cache grow to ~3x its budget.
+        size = table.nbytes
         if size <= self.cache_bytes // 4:
             with self._lock:
                 if key not in self._cache:

@@ -26,6 +26,7 @@ from persist.errors import (
 from persist.indexed import columnar, gc, meta
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
+from persist.indexed.read import PartReader, Types
 
 
 def fresh(blob: Blob | None = None, epoch: int = 1, **opts: object) -> Indexed:
@@ -375,3 +376,23 @@ def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None
     view.before_get[meta.log_key(first + 1)] = rollup_and_trim
     reader = Indexed(view, options=Options(gc_grace_seconds=0.0))
     assert reader.state == writer.state
+
+
+def test_part_cache_is_bounded_by_decoded_bytes() -> None:
+    blob = MemoryBlob(uuid.uuid4().hex)
+    ix = fresh(blob, inline_threshold=0)
+    ix.register("c", pa.int64(), pa.int64())
+    for t in range(6):
+        ix.write({"c": [((t * 10_000 + i, i), t, 1) for i in range(10_000)]})
+    ix.seal("c", 6)
+    c = ix.state.collections["c"]
+    schema = Types.of(c).schema
+    decoded = [columnar.decode_part(p.blob_key or "", blob.get(p.blob_key or "") or b"", schema)
+               for p in c.parts]
+    budget = 4 * max(t.nbytes for t in decoded)  # room for about four decoded parts
+    reader = PartReader(blob, cache_bytes=budget)
+    for p in c.parts:
+        assert reader.read(p, schema).equals(decoded[c.parts.index(p)])
+        cached = sum(t.nbytes for t, _ in reader._cache.values())
+        assert reader._cached == cached <= budget
+    assert len(reader._cache) < len(c.parts)  # it evicted
