@@ -140,5 +140,6 @@ def test_sigkill_never_loses_acknowledged_writes(tmp_path: Path) -> None:
 
 @pytest.mark.crash
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 300 kills, each a fresh interpreter: ~15 min on a loaded 2-core box
 def test_sigkill_many(tmp_path: Path) -> None:
     _crash_rounds(tmp_path, _kills(300), seed=int(os.environ.get("PERSIST_CRASH_SEED", "11")))
