@@ -168,7 +168,7 @@ class RssSampler:
             with open("/proc/self/statm", "rb") as f:
                 return int(f.read().split()[1]) * _PAGE
         except OSError:
-            import psutil
+            import psutil  # type: ignore[import-untyped]  # NB: no stubs in the bench extra
 
             return int(psutil.Process().memory_info().rss)
 

@@ -52,14 +52,16 @@ def ratio(m: Metric, peer: str) -> float | None:
 
 def render_workload(w: WorkloadResult, systems: list[str]) -> str:
     peers = [p for p in PEER_ORDER if p in systems]
-    head = ["metric", *systems, *(f"p/{p}" for p in peers)]
+    # NB: a workload may head a system's column differently (W9 puts spark.read.parquet in
+    # the floor's column); the ratio columns keep the system names.
+    head = ["metric", *(w.columns.get(s, s) for s in systems), *(f"p/{p}" for p in peers)]
     rows = [head]
     for m in w.metrics.values():
         arrow = {"higher": " ↑", "lower": " ↓"}.get(m.better or "", "")
         row = [m.name + arrow, *(cell(m, s) for s in systems)]
         for p in peers:
-            r = ratio(m, p) if m.better else None
-            row.append("—" if r is None else f"{r:.2f}")
+            q = ratio(m, p) if m.better else None
+            row.append("—" if q is None else f"{q:.2f}")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = [f"{w.wid} {w.title}"]

@@ -6,7 +6,8 @@ JSON shape (``results.json``)::
      "workloads": {"W1": {"title": str, "params": {...}, "status": {system: "ok" | "skipped: why"},
                           "metrics": [{"name", "unit", "better": "higher"|"lower"|null,
                                        "values": {system: {"median","min","max","n","samples"}}}],
-                          "notes": [str], "series": {...}}},
+                          "notes": [str], "series": {...},
+                          "columns": {system: heading}}},
      "targets": [{"id", "description", "value", "threshold", "op", "met": bool | null}]}
 """
 
@@ -52,6 +53,9 @@ class WorkloadResult:
     status: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     series: dict[str, Any] = field(default_factory=dict)
+    #: Column headings that differ from the system name in this workload, e.g. W9 reports
+    #: ``spark.read.parquet`` in the floor's column (explained in a note).
+    columns: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
 
     def metric(self, name: str, unit: str, better: Better) -> Metric:
@@ -91,5 +95,6 @@ class WorkloadResult:
             "metrics": [m.to_json() for m in self.metrics.values()],
             "notes": self.notes,
             "series": self.series,
+            "columns": self.columns,
             "seconds": self.seconds,
         }

@@ -1,9 +1,10 @@
 """The one command: ``python -m bench.run [--quick] [--out DIR] [sizes...]``.
 
-Runs W1..W7 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
+Runs W1..W9 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
 table of median [min-max] over the repeats with the ratios persist/peer measured in this run,
 the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
-A system whose package is missing is skipped, with the reason recorded in every workload.
+A system whose package is missing is skipped, with the reason recorded in every workload; so is
+W8 (S3 on a moto server) without boto3/moto, and W9 (the Spark source) without pyspark or Java.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from bench.workloads.context import Context
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Default sizes (the issue's workloads; a few minutes here) and the --quick ones (< 1 minute).
+#: Default sizes (the issue's workloads; a few minutes here) and the --quick ones (about a
+#: minute, W8's moto server and W9's Spark start-up included).
 DEFAULTS: dict[str, Any] = {
     "repeats": 3, "peer_repeats": 1,
     "w1_appends": 10, "w1_rows": 1_000_000,
@@ -40,6 +42,9 @@ DEFAULTS: dict[str, Any] = {
     "w6_collections": [10, 1000], "w6_seals": [10, 10_000], "w6_appends": 200, "w6_rows": 100,
     "w6_repeats": 2,
     "w7_appends": 10, "w7_rows": 1_000_000, "w7_repeats": 1,
+    "w8_appends": 100, "w8_rows": 100, "w8_bulk": 5, "w8_bulk_rows": 200_000, "w8_repeats": 1,
+    "w9_rows": 5_000_000, "w9_part_rows": 1_000_000, "w9_repeats": 3, "w9_seals": 20,
+    "w9_gap": 1.0,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -50,6 +55,8 @@ QUICK: dict[str, Any] = {
     "w6_collections": [2, 5], "w6_seals": [2, 10], "w6_appends": 5, "w6_rows": 100,
     "w6_repeats": 1,
     "w7_appends": 2, "w7_rows": 20_000, "w7_repeats": 1,
+    "w8_appends": 10, "w8_rows": 100, "w8_bulk": 2, "w8_bulk_rows": 20_000, "w8_repeats": 1,
+    "w9_rows": 20_000, "w9_part_rows": 10_000, "w9_repeats": 1, "w9_seals": 3, "w9_gap": 0.5,
 }
 
 
@@ -62,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="python -m bench.run",
         description="persist against delta-rs, pyiceberg and the storage floor (see bench/README.md)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny sizes, one repeat: a smoke test (< 1 minute); asserts nothing")
+                   help="tiny sizes, one repeat: a smoke test (about a minute); asserts nothing")
     p.add_argument("--out", type=Path, default=None,
                    help="output directory (default bench/results/<timestamp>)")
     p.add_argument("--work", type=Path, default=None,
@@ -70,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma-separated subset of: " + ", ".join(SYSTEMS))
     p.add_argument("--workloads", default=",".join(ALL_IDS),
-                   help="comma-separated subset of W1..W7 (W2 and W3 run together)")
+                   help="comma-separated subset of W1..W9 (W2 and W3 run together)")
     g = p.add_argument_group("sizes (defaults in brackets: full run / --quick)")
 
     def opt(name: str, kind: Any, help_: str) -> None:
@@ -102,6 +109,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w7-appends", int, "W7 appends")
     opt("--w7-rows", int, "W7 records per append")
     opt("--w7-repeats", int, "W7 rounds (one fresh process per system each)")
+    opt("--w8-appends", int, "W8 (S3) small appends, contenders alternating")
+    opt("--w8-rows", int, "W8 records per small append")
+    opt("--w8-bulk", int, "W8 bulk appends")
+    opt("--w8-bulk-rows", int, "W8 records per bulk append")
+    opt("--w8-repeats", int, "W8 rounds (fresh tables on the same moto server)")
+    opt("--w9-rows", int, "W9 (Spark) records read")
+    opt("--w9-part-rows", int, "W9 records per persist append / Parquet file")
+    opt("--w9-repeats", int, "W9 rounds of the reads")
+    opt("--w9-seals", int, "W9 seals timed to their micro-batch")
+    opt("--w9-gap", float, "W9 seconds between seals")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():
@@ -113,7 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for pkg in ("persist", "pyarrow", "deltalake", "pyiceberg", "SQLAlchemy", "numpy",
-                "matplotlib", "psutil"):
+                "matplotlib", "psutil", "boto3", "moto", "pyspark"):
         try:
             out[pkg] = importlib.metadata.version(pkg)
         except importlib.metadata.PackageNotFoundError:
@@ -123,7 +140,7 @@ def _versions() -> dict[str, str | None]:
 
 def _fs_type(path: Path) -> str | None:
     try:
-        best = ("", None)
+        best: tuple[str, str | None] = ("", None)
         with open("/proc/mounts") as f:
             for line in f:
                 parts = line.split()

@@ -25,12 +25,17 @@ _OPTS = pa.ipc.IpcWriteOptions(compression=pa.Codec("zstd", compression_level=1)
 _SUFFIX = ".arrows"
 
 
-def write_file(path: str, table: pa.Table) -> None:
-    """Encodes ``table`` and writes it to a new file at ``path``, fsync'd (not the directory)."""
+def encode(table: pa.Table) -> pa.Buffer:
+    """``table`` as one Arrow IPC stream, zstd level 1 (what the floor stores, locally or on S3)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema, options=_OPTS) as w:
         w.write_table(table, max_chunksize=1 << 20)
-    buf = sink.getvalue()
+    return sink.getvalue()
+
+
+def write_file(path: str, table: pa.Table) -> None:
+    """Encodes ``table`` and writes it to a new file at ``path``, fsync'd (not the directory)."""
+    buf = encode(table)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         view = memoryview(buf)

@@ -1,4 +1,4 @@
-"""The workloads W1..W7, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
+"""The workloads W1..W9, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from bench.workloads import (
     w5_listen,
     w6_metadata,
     w7_memory,
+    w8_s3,
+    w9_spark,
 )
 
 #: W3 (time travel) runs inside W2's appends, so ``w2_small_appends`` produces both W2 and W3.
@@ -21,6 +23,10 @@ WORKLOADS: dict[str, ModuleType] = {
     "W5": w5_listen,
     "W6": w6_metadata,
     "W7": w7_memory,
+    # NB: W8 and W9 run last: the moto server and the JVM they start (and end) then compete
+    # with none of the local measurements.
+    "W8": w8_s3,
+    "W9": w9_spark,
 }
 
-ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
+ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")

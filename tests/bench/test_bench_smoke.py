@@ -1,12 +1,17 @@
 """Smoke test of the benchmark suite: ``python -m bench.run --quick`` runs to the end and writes
 a complete results.json. It asserts *nothing* about speed: absolute numbers on a shared CI
 machine mean nothing, and the ratios are for people to read.
+
+W8 (S3 on a moto server) and W9 (the Spark source) need optional packages (and Java for W9):
+where those are present they must run; where not, they must say why they were skipped.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +19,31 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {"persist", "floor", "delta", "iceberg"}
-WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7"}
+WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"}
+#: Workloads that run only where optional packages are installed (else skipped with a reason).
+OPTIONAL = {"W8", "W9"}
 
 
-def _run(args: list[str], *, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def _has(*modules: str) -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _can_run(wid: str) -> bool:
+    """Whether ``wid``'s optional prerequisites are here, as the suite itself decides."""
+    if wid == "W8":
+        return _has("boto3", "moto", "werkzeug")
+    if wid == "W9":
+        home = os.environ.get("JAVA_HOME")
+        has_java = (os.access(Path(home) / "bin" / "java", os.X_OK) if home
+                    else shutil.which("java") is not None)
+        return _has("pyspark") and has_java
+    return True
+
+
+def _run(args: list[str], *, block: tuple[str, ...] = (),
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Runs the bench CLI in a fresh interpreter; ``block`` makes those modules unimportable."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ if env is None else env, PYTHONPATH=str(ROOT))
     code = "import sys; " + "".join(f"sys.modules[{m!r}] = None; " for m in block)
     code += "from bench.run import main; raise SystemExit(main(sys.argv[1:]))"
     return subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, env=env,
@@ -42,6 +66,10 @@ def test_quick_mode_covers_every_workload_and_system(tmp_path: Path) -> None:
         assert set(w["status"]) == SYSTEMS, (wid, w["status"])
         for system, status in w["status"].items():
             assert status.startswith(("ok", "skipped: ")), (wid, system, status)
+            assert status != "skipped: ", (wid, system)
+        if wid in OPTIONAL and not _can_run(wid):
+            assert w["status"]["persist"].startswith("skipped: "), (wid, w["status"])
+            continue
         for system in ("persist", "floor"):
             assert w["status"][system].startswith("ok"), (wid, system, w["status"][system])
         assert w["metrics"], wid
@@ -65,3 +93,24 @@ def test_missing_peer_packages_are_skipped_with_a_reason(tmp_path: Path) -> None
         assert doc["workloads"]["W1"]["status"][peer].startswith("skipped: ")
     for system in ("persist", "floor"):
         assert doc["workloads"]["W1"]["status"][system] == "ok"
+
+
+def test_w8_w9_without_their_packages_or_java_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    args = ["--quick", "--workloads", "W8,W9", "--systems", "persist,floor"]
+    proc = _run([*args, "--out", str(tmp_path / "blocked")], block=("boto3", "pyspark"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ws = _load(tmp_path / "blocked")["workloads"]
+    for wid, missing in (("W8", "boto3"), ("W9", "pyspark")):
+        for system in ("persist", "floor"):
+            status = ws[wid]["status"][system]
+            assert status.startswith(f"skipped: {missing} "), (wid, system, status)
+            assert "not installed" in status, (wid, system, status)
+        assert not ws[wid]["metrics"], wid
+
+    no_java = dict(os.environ, JAVA_HOME=str(tmp_path))  # a JAVA_HOME without bin/java
+    proc = _run(["--quick", "--workloads", "W9", "--systems", "persist,floor",
+                 "--out", str(tmp_path / "nojava")], env=no_java)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    w9 = _load(tmp_path / "nojava")["workloads"]["W9"]
+    for system in ("persist", "floor"):
+        assert w9["status"][system].startswith("skipped: Java is not installed"), w9["status"]

@@ -1,0 +1,314 @@
+"""W9 Spark: the persist Spark source (``PersistedSource``) against ``spark.read.parquet`` of the
+same rows, and seal -> micro-batch latency.
+
+1. **Reads.** The same ``--w9-rows`` records (``bench.common.make_batch``, one persist append and
+   one zstd Parquet file per ``--w9-part-rows``) are read in one ``local[2]`` SparkSession
+   through ``spark.read.parquet`` and through the persist source (``mode=raw``,
+   ``mode=consolidated``, and consolidated with ``numPartitions=2``), each fully materialized by
+   the ``noop`` sink. One warm-up read of Parquet and of persist raw (JIT, codegen, the Python
+   workers), then ``--w9-repeats`` rounds, the order of the cases rotated every round.
+   Parquet is reported in the *floor* column: plain files read by Spark's own vectorized
+   reader, no table format in between, are the floor of a Spark read.
+2. **Latency.** A streaming query (default trigger, ``foreachBatch``) reads a collection while
+   this process seals one small append every ``--w9-gap`` seconds (``--w9-seals`` of them); for
+   each seal, the time from ``append(...).result()`` returning (durable, sealed) to the
+   ``foreachBatch`` call holding that time returning, and to Spark's commit-log entry for that
+   batch being written (its file's mtime: the micro-batch is then committed). persist only: a
+   Parquet directory has no change feed.
+
+``--quick`` starts the JVM with C1 only and the serial GC (about twice as fast to start); the full
+run keeps the default JIT, so Spark's own reader runs at its steady-state speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.common import fresh_dir, make_batch, percentile, remove, rotate, settle, timed
+from bench.results import WorkloadResult
+from bench.workloads.context import Context
+
+WID = "W9"
+TITLE = "Spark read path"
+REPO = Path(__file__).resolve().parents[2]
+
+RAW = "raw read records/s"
+CONSOLIDATED = "consolidated read records/s (mode=consolidated)"
+CONSOLIDATED_2 = "consolidated read records/s, numPartitions=2"
+NO_READER = {
+    "delta": "not measured: reading Delta from Spark needs the delta-spark JARs (not installed)",
+    "iceberg": "not measured: reading Iceberg from Spark needs the iceberg-spark-runtime JAR "
+               "(not installed)",
+}
+
+
+def java() -> str | None:
+    """The java that spark-submit will run (``$JAVA_HOME/bin/java``, else the one on PATH)."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        exe = Path(home) / "bin" / "java"
+        return str(exe) if os.access(exe, os.X_OK) else None
+    return shutil.which("java")
+
+
+def unavailable() -> str | None:
+    """Why W9 cannot run here (pyspark >= 4.0 or Java missing), or None."""
+    try:
+        importlib.import_module("pyspark")
+        # NB: the Python Data Source API the persist source is built on arrived in pyspark 4.0
+        importlib.import_module("pyspark.sql.datasource")
+    except ImportError as e:
+        return f"pyspark >= 4.0 is not installed ({e}); install the 'spark' extra"
+    if java() is None:
+        where = "JAVA_HOME has no bin/java" if os.environ.get("JAVA_HOME") else "no java on PATH"
+        return f"Java is not installed ({where}); PySpark needs Java 17+"
+    return None
+
+
+def prepare(root: Path, rows: int, part_rows: int) -> tuple[str, str]:
+    """Writes ``rows`` records to a persist location and, the same tables, to a Parquet
+    directory (one append / one file per ``part_rows``). Returns (persist URL, Parquet dir)."""
+    import persist
+
+    url, parquet = f"file://{root}/persist", root / "parquet"
+    parquet.mkdir(parents=True)
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
+        for i in range((rows + part_rows - 1) // part_rows):
+            t = make_batch(9000 + i, min(part_rows, rows - i * part_rows), time_lo=i)
+            w.append(t, upper=i + 1).result()
+            pq.write_table(t, parquet / f"part-{i:05d}.parquet", compression="zstd")
+    return url, str(parquet)
+
+
+@contextlib.contextmanager
+def spark_session(*, fast_start: bool) -> Iterator[Any]:
+    """A ``local[2]`` SparkSession with the persist format registered; the JVM ends on exit.
+
+    Raises:
+        RuntimeError: the JVM did not start (the message says why).
+    """
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
+                                            "PYTHONPATH", "SPARK_LOCAL_IP")}
+    # NB: Python workers are separate processes started by the JVM with its environment: they
+    # see PYTHONPATH (captured when the JVM starts), not this process's sys.path.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    path = saved["PYTHONPATH"]
+    os.environ["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
+    # loopback only (as spark.driver.host), and no warning that the hostname resolves to it
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    try:
+        from pyspark.sql import SparkSession
+
+        import operators
+
+        b = (SparkSession.builder.master("local[2]").appName("persist-bench")
+             .config("spark.driver.memory", "4g")
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.driver.bindAddress", "127.0.0.1"))
+        if fast_start:
+            b = b.config("spark.driver.extraJavaOptions",
+                         "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        try:
+            spark = b.getOrCreate()
+        except Exception as e:  # py4j / pyspark raise assorted types when the JVM fails
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise RuntimeError(f"Spark did not start: {type(e).__name__}: {first}") from e
+        try:
+            spark.sparkContext.setLogLevel("ERROR")
+            operators.register(spark)
+            yield spark
+        finally:
+            spark.stop()
+            _end_jvm()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _end_jvm() -> None:
+    """Ends the JVM that pyspark launched (``stop()`` leaves it running until this process
+    exits, with its heap, beside whatever the suite runs next)."""
+    from pyspark import SparkContext
+
+    gw = SparkContext._gateway
+    if gw is None:
+        return
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    proc = getattr(gw, "proc", None)
+    with contextlib.suppress(Exception):
+        gw.shutdown()
+    if proc is not None:
+        # NB: Spark's gateway exits when its stdin reaches EOF (that is how it dies with us).
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except Exception:
+            proc.kill()
+            proc.wait()
+
+
+def _materialize(factory: Callable[[], Any]) -> float:
+    """Seconds to read the DataFrame fully (the ``noop`` sink: every row produced, none kept)."""
+    with timed() as t:
+        factory().write.format("noop").mode("overwrite").save()
+    return t.seconds
+
+
+def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str, *,
+          rows: int, repeats: int, with_parquet: bool) -> None:
+    def persist_df(**opts: Any) -> Any:
+        r = spark.read.format("persist").option("collection", "bench")
+        for k, v in opts.items():
+            r = r.option(k, v)
+        return r.load(url)
+
+    cases: list[tuple[str, str, Callable[[], Any]]] = [
+        ("persist", RAW, lambda: persist_df(mode="raw")),
+        ("persist", CONSOLIDATED, lambda: persist_df(mode="consolidated")),
+        ("persist", CONSOLIDATED_2, lambda: persist_df(mode="consolidated", numPartitions=2)),
+    ]
+    if with_parquet:
+        cases.insert(0, ("floor", RAW, lambda: spark.read.parquet(parquet)))
+    for _, _, factory in cases[:2]:  # warm the JVM (JIT, codegen) and the Python workers
+        _materialize(factory)
+    for r in range(repeats):
+        for column, metric, factory in rotate(cases, r):
+            ctx.log(f"W9 read round {r + 1}/{repeats}: {column}, {metric}")
+            settle()
+            res.add(metric, "rec/s", "higher", column, rows / _materialize(factory))
+
+
+def latency(spark: Any, root: Path, seals: int, gap: float) -> tuple[list[float], list[float]]:
+    """Seconds from each seal to (its micro-batch processed, its micro-batch committed)."""
+    import persist
+
+    url, ckpt = f"file://{root}/stream", root / "ckpt"
+    sealed: dict[int, float] = {}
+    batch_of: dict[int, int] = {}
+    processed: dict[int, float] = {}
+    lock = threading.Lock()
+
+    def on_batch(df: Any, batch_id: int) -> None:
+        # NB: one Spark job (toArrow), no shuffle: the callback should cost little next to
+        # the micro-batch itself
+        times = set(df.toArrow().column("time").to_pylist())
+        now = time.time()
+        with lock:
+            for t in times:
+                batch_of.setdefault(int(t), batch_id)
+                processed.setdefault(int(t), now)
+
+    def wait_for(n: int, deadline: float, q: Any) -> None:
+        while len(processed) < n and time.monotonic() < deadline:
+            if not q.isActive:
+                raise RuntimeError(f"W9 streaming query stopped: {q.exception()}")
+            time.sleep(0.05)
+
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("s", key_type=pa.int64(), value_type=pa.int64())
+        w.append(make_batch(9900, 100, time_lo=0), upper=1).result()
+        q = (spark.readStream.format("persist").option("collection", "s").load(url)
+             .writeStream.foreachBatch(on_batch)
+             .option("checkpointLocation", str(ckpt)).start())
+        try:
+            deadline = time.monotonic() + 120
+            wait_for(1, deadline, q)
+            for t in range(1, seals + 1):
+                time.sleep(gap)
+                w.append(make_batch(9900 + t, 100, time_lo=t), upper=t + 1).result()
+                sealed[t] = time.time()
+            wait_for(seals + 1, deadline, q)
+            # NB: foreachBatch returns before Spark writes the batch's commit-log entry: wait
+            # for the last one (not a fixed sleep)
+            with lock:
+                last = ckpt / "commits" / str(max(batch_of.values(), default=0))
+            while not last.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            q.stop()
+    done = [t for t in range(1, seals + 1) if t in processed]
+    committed = [(ckpt / "commits" / str(batch_of[t])).stat().st_mtime - sealed[t]
+                 for t in done if (ckpt / "commits" / str(batch_of[t])).exists()]
+    return [processed[t] - sealed[t] for t in done], committed
+
+
+def run(ctx: Context) -> list[WorkloadResult]:
+    a = ctx.args
+    rows, part_rows, repeats = a.w9_rows, a.w9_part_rows, a.w9_repeats
+    seals, gap = a.w9_seals, a.w9_gap
+    res = WorkloadResult(
+        WID, f"{TITLE}: {rows:,} records through PersistedSource vs spark.read.parquet, and "
+        f"seal -> micro-batch latency ({seals} seals {gap:g} s apart)",
+        params={"rows": rows, "part_rows": part_rows, "repeats": repeats, "seals": seals,
+                "gap_s": gap, "fast_start": bool(a.quick)})
+    res.columns["floor"] = "floor (spark.read.parquet)"
+    for peer, reason in NO_READER.items():
+        res.skip(peer, reason)
+    why = unavailable()
+    if why is None and "persist" not in ctx.systems:
+        why = "persist not selected (--systems): nothing to compare Parquet with"
+    if why is not None:
+        for name in ctx.systems:
+            res.skip(name, why)
+        return [res]
+    root = fresh_dir(ctx.work, "w9")
+    try:
+        ctx.log(f"W9: writing {rows:,} records to persist and to Parquet")
+        url, parquet = prepare(root, rows, part_rows)
+        settle()
+        ctx.log("W9: starting Spark")
+        with contextlib.ExitStack() as stack:
+            try:
+                spark = stack.enter_context(spark_session(fast_start=bool(a.quick)))
+            except RuntimeError as e:
+                for name in ctx.systems:
+                    res.skip(name, str(e))
+                return [res]
+            ctx.log("W9: Spark is up; warm-up reads")
+            reads(ctx, res, spark, url, parquet, rows=rows, repeats=repeats,
+                  with_parquet="floor" in ctx.systems)
+            ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
+            processed, committed = latency(spark, root, seals, gap)
+    finally:
+        remove(root)
+    for label, xs in (("processed", processed), ("committed", committed)):
+        if xs:
+            res.add(f"seal -> micro-batch {label}, median (ms)", "ms", "lower", "persist",
+                    statistics.median(xs) * 1000)
+            res.add(f"seal -> micro-batch {label}, p95 (ms)", "ms", "lower", "persist",
+                    percentile(xs, 95) * 1000)
+    if len(processed) < seals:
+        res.notes.append(f"only {len(processed)} of {seals} seals reached a micro-batch within "
+                         "the 120 s deadline")
+    res.notes.append("floor column: spark.read.parquet of the same rows (zstd Parquet, one file "
+                     "per persist append); p/floor on the raw row = persist mode=raw / Parquet, "
+                     "in the same session")
+    res.notes.append("processed: from append(...).result() returning to foreachBatch returning "
+                     "for the micro-batch holding that time; committed: to Spark's commit-log "
+                     "entry for it (default trigger); persist only (Parquet has no change feed)")
+    res.notes.append(f"reads: {repeats} round(s) (--w9-repeats) after one warm-up read each of "
+                     "Parquet and persist raw; the noop sink materializes every row")
+    return [res]
