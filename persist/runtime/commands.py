@@ -24,7 +24,18 @@ class PersistFuture(concurrent.futures.Future[Any]):
     Calling ``result()`` on an unresolved future from inside a running loop would freeze the
     loop (and every task that could resolve the future): it raises instead. Await
     ``asyncio.wrap_future(f)`` or use ``persist.aio``.
+
+    It also cannot be cancelled: the command is already in the runtime's queue, ordered before
+    every later call, and it will be committed (or refused) whatever its caller does.
+    ``cancel()`` returns False, as ``concurrent.futures`` does for a call already running.
     """
+
+    def cancel(self) -> bool:
+        # NB: asyncio.wrap_future cancels the wrapped future when the awaiting task is
+        # cancelled (asyncio.wait_for's timeout, a TaskGroup failing). A cancelled future would
+        # make the runtime's set_result raise InvalidStateError and stop the writer; and
+        # "cancelled" would be a lie, since the write may still become durable.
+        return False
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.done():

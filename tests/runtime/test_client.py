@@ -267,3 +267,35 @@ def test_asyncio_client() -> None:
             assert r.upper == 2
 
     asyncio.run(main())
+
+
+def test_a_write_cannot_be_cancelled(tmp_path: Path) -> None:
+    """Queued commands are linearized and committed whatever their caller does."""
+    with persist.open(f"file://{tmp_path}/loc") as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        futures = [w.append([((i, i), i, 1)], i + 1) for i in range(20)]
+        assert not any(f.cancel() for f in futures)
+        assert [f.result() is not None for f in futures] == [True] * 20
+        assert not any(f.cancelled() for f in futures)
+        assert len(r.snapshot(19).to_python()) == 20
+
+
+def test_an_abandoned_async_write_neither_stops_the_writer_nor_is_lost() -> None:
+    """asyncio.wait_for cancels the awaiting task, which cancels the wrapped future."""
+
+    async def main() -> None:
+        async with await persist.aio.open(url()) as client:
+            w, r = await client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+            timed_out = 0
+            for i in range(30):
+                try:
+                    await asyncio.wait_for(w.append([((i, i), i, 1)], i + 1), timeout=1e-6)
+                except TimeoutError:
+                    timed_out += 1
+            assert timed_out > 0
+            # the writer still runs, and every abandoned append was committed in order
+            await w.append([((30, 30), 30, 1)], 31)
+            rows = await r.snapshot(30).to_python()
+            assert sorted(k for (k, _v), _t, _d in rows) == list(range(31))
+
+    asyncio.run(main())
