@@ -267,10 +267,21 @@ def forward(table: pa.Table, frontier: int) -> pa.Table:
     return table.set_column(2, table.schema.field(2), pc.max_element_wise(t, f))
 
 
+_CONSOLIDATED_ORDER = [("key", "ascending"), ("value", "ascending"), ("time", "ascending")]
+
+
 def consolidate(table: pa.Table) -> pa.Table:
     """Sums diffs per (key, value, time), drops zeros, sorts by (key, value, time)."""
     if len(table) == 0:
         return table
+    distinct = _sorted_if_distinct(table)
+    if distinct is not None:
+        return distinct.filter(pc.not_equal(distinct.column("diff"), 0))
+    return consolidate_grouped(table)
+
+
+def consolidate_grouped(table: pa.Table) -> pa.Table:
+    """``consolidate`` by hash-grouping: the general path, for any input."""
     schema = table.schema
     agg = table.group_by(["key", "value", "time"], use_threads=False).aggregate([("diff", "sum")])
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
@@ -278,7 +289,34 @@ def consolidate(table: pa.Table) -> pa.Table:
         [agg.column("key"), agg.column("value"), agg.column("time"), agg.column("diff_sum")],
         schema=schema,
     )
-    return out.sort_by([("key", "ascending"), ("value", "ascending"), ("time", "ascending")])
+    return out.sort_by(_CONSOLIDATED_ORDER)
+
+
+def _sorted_if_distinct(table: pa.Table) -> pa.Table | None:
+    """``table`` sorted by (key, value, time) if no two rows share all three, else None.
+
+    NB: most merges (appends of new keys or later times) have nothing to sum. Sorting and
+    comparing neighbours is ~3x cheaper than hash-grouping all rows and then sorting the groups,
+    and when it finds a duplicate the caller takes the general path. Columns with nulls or NaNs
+    go the general path too: ``equal`` does not see those as equal, but grouping does.
+    """
+    for name in ("key", "value"):
+        col = table.column(name)
+        if col.null_count or (pa.types.is_floating(col.type) and pc.any(pc.is_nan(col)).as_py()):
+            return None
+    ordered = table.take(pc.sort_indices(table, sort_keys=_CONSOLIDATED_ORDER))
+    if len(ordered) < 2:
+        return ordered
+    later, earlier = ordered.slice(1), ordered.slice(0, len(ordered) - 1)
+    try:
+        same = pc.and_(
+            pc.and_(pc.equal(later.column("key"), earlier.column("key")),
+                    pc.equal(later.column("value"), earlier.column("value"))),
+            pc.equal(later.column("time"), earlier.column("time")),
+        )
+    except pa.ArrowNotImplementedError:  # a type without an equality kernel
+        return None
+    return None if pc.any(same).as_py() else ordered
 
 
 def contents_at(table: pa.Table, as_of: int) -> pa.Table:
