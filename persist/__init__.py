@@ -14,6 +14,7 @@ Any read as of a time in ``[since, upper)`` is definite: the same everywhere, al
 from persist import aio
 from persist.errors import (
     ChecksumMismatch,
+    CommitDeadline,
     Corruption,
     Determinate,
     ExternalError,
@@ -49,6 +50,7 @@ __all__ = [
     "ChecksumMismatch",
     "Client",
     "ClientSnapshot",
+    "CommitDeadline",
     "Corruption",
     "Determinate",
     "ExternalError",

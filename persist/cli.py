@@ -563,8 +563,10 @@ def delete_leaked(loc: Location, first: list[str], grace: float,
     later, after reloading the state.
 
     NB: a live writer writes a part's blob *before* the commit that references it; waiting a
-    grace period and listing again means only blobs abandoned for that long are deleted (the
-    same rule the engine's GC follows for retired parts).
+    grace period and listing again means only blobs abandoned for that long are deleted. A
+    writer sends no commit referencing a blob older than its commit deadline
+    (``Options.commit_deadline_seconds``), so a grace longer than that deadline plus a
+    commit's latency cannot delete a blob a commit will still claim.
     """
     if not first:
         return []
@@ -774,8 +776,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-leaked", action="store_true",
                    help="delete unreferenced data blobs that stay unreferenced for --grace")
     p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                   help="how long a blob must stay leaked before deletion (default: the "
-                        f"engine's GC grace, {Options().gc_grace_seconds:g}s)")
+                   help="how long a blob must stay leaked before deletion; must exceed the "
+                        "writers' commit deadline (default "
+                        f"{Options().commit_deadline_seconds:g}s) (default: the engine's GC "
+                        f"grace, {Options().gc_grace_seconds:g}s)")
     p.add_argument("--jobs", type=int, default=0, help="parallel reads (default: 2 local, "
                    "16 remote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

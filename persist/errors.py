@@ -7,7 +7,8 @@
     │   └── ReadOnly            a read-only handle was asked to write
     ├── ExternalError           storage (or the lock service) misbehaved
     │   ├── Determinate         definitely did not happen; safe to retry
-    │   │   └── MissingResource the bucket or DynamoDB table does not exist
+    │   │   ├── MissingResource the bucket or DynamoDB table does not exist
+    │   │   └── CommitDeadline  not sent: its data blobs are older than the commit deadline
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -61,6 +62,12 @@ class MissingResource(Determinate):
     Retrying will not help until it is created (``persist.lock.dynamodb.create_table`` makes a
     table; buckets are created outside persist).
     """
+
+
+class CommitDeadline(Determinate):
+    """A commit was not sent: data blobs it references were written longer ago than the
+    writer's commit deadline (``Options.commit_deadline_seconds``), so a leaked-blob sweep may
+    have deleted them. Nothing was committed; retrying writes the data again."""
 
 
 class Indeterminate(ExternalError):

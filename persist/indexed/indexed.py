@@ -14,6 +14,7 @@ Commit pipeline for one step (a ``Txn``)::
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,14 @@ import pyarrow as pa
 
 from persist import crashpoints
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Indeterminate, InvalidUsage, ReadOnly, SchemaMismatch
+from persist.errors import (
+    CommitDeadline,
+    Indeterminate,
+    InvalidUsage,
+    PersistError,
+    ReadOnly,
+    SchemaMismatch,
+)
 from persist.indexed import columnar, compact, gc
 from persist.indexed.columnar import Codec
 from persist.indexed.machine import Machine
@@ -58,6 +66,9 @@ class Txn:
     retired: list[Any] = field(init=False)
     ops: list[Op] = field(default_factory=list)
     writes: dict[str, list[pa.Table]] = field(default_factory=dict)
+    #: ``time.monotonic()`` when the oldest data blob this commit will reference was written
+    #: (parts made by compaction off-thread, or by the commit itself); see ``check_deadline``.
+    blobs_written_at: float | None = None
 
     def __post_init__(self) -> None:
         self.collections = dict(self.base.collections)
@@ -80,6 +91,11 @@ class Txn:
                     f"times below upper are sealed"
                 )
             self.writes.setdefault(name, []).append(table)
+
+    def wrote_blobs(self, at: float) -> None:
+        """Notes that a data blob this commit will reference was written at ``at``."""
+        if self.blobs_written_at is None or at < self.blobs_written_at:
+            self.blobs_written_at = at
 
     def atomically(self) -> _Savepoint:
         """``with txn.atomically(): ...`` stages several ops all or nothing."""
@@ -121,6 +137,11 @@ class Options:
     #: Write a rollup (whole state) after this many commits, bounding replay on open.
     rollup_every: int = 64
     gc_grace_seconds: float = 300.0
+    #: A data blob is referenced by a commit sent within this long of writing it, or never:
+    #: a later commit fails with ``CommitDeadline`` (a ``Determinate``) instead. ``persist verify --delete-leaked``
+    #: relies on it: a blob unreferenced for longer than its ``--grace`` (default 300 s) plus a
+    #: commit's latency is abandoned, not in flight (DESIGN.md section 9).
+    commit_deadline_seconds: float = 60.0
     compaction: compact.CompactionPolicy = field(default_factory=compact.CompactionPolicy)
     cache_bytes: int = 256 << 20
 
@@ -183,12 +204,17 @@ class Indexed:
             return self.state
         blob = self._blob()
         ops: list[Op] = [op for op in txn.ops if isinstance(op, Register)]
+        written: list[str] = []
         for name, tables in txn.writes.items():
             c = txn.collections[name]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            started = time.monotonic()
             part = compact.new_part(blob, c, table,
                                     inline_threshold=self.options.inline_threshold,
                                     consolidated=False)
+            if part.blob_key is not None:
+                txn.wrote_blobs(started)
+                written.append(part.blob_key)
             ops.append(AddPart(name=name, part=part))
         crashpoints.hit("commit.data_written")
         for op in txn.ops:
@@ -205,10 +231,37 @@ class Indexed:
                 ops.append(op)
         commit = plan(self.state, ops, epoch=self.epoch, writer=self.writer, wall_ms=_now_ms())
         new_state = apply(self.state, commit)
+        try:
+            self.check_deadline(txn.blobs_written_at)
+        except CommitDeadline:
+            # NB: nothing will reference the blobs this commit wrote; don't leave them behind
+            # (if a delete fails, `persist verify --delete-leaked` finds the blob)
+            for key in written:
+                with contextlib.suppress(PersistError):
+                    blob.delete(key)
+            raise
         self.machine.commit(commit)
         crashpoints.hit("commit.meta_written")
         self.state = new_state
         return new_state
+
+    def check_deadline(self, written_at: float | None) -> None:
+        """Refuses to send a commit referencing data blobs written (``time.monotonic()``) at
+        ``written_at``, if that is longer ago than the commit deadline.
+
+        Raises:
+            CommitDeadline: (a Determinate) the commit must not be sent.
+        """
+        if written_at is None:
+            return
+        age = time.monotonic() - written_at
+        deadline = self.options.commit_deadline_seconds
+        if age > deadline:
+            raise CommitDeadline(
+                f"not committing: its data blobs were written {age:.3g}s ago, past the commit "
+                f"deadline of {deadline:g}s (a leaked-blob sweep may have deleted them); "
+                f"nothing was committed, retry"
+            )
 
     def reload(self) -> State:
         """Reads the truth from storage (after an indeterminate commit, or to follow a writer)."""

@@ -86,9 +86,14 @@ class Register:
 
 @dataclass(frozen=True, eq=False)
 class Maintenance:
-    """Ops computed off-thread by compaction or GC (ReplaceParts, Forget, SetHold)."""
+    """Ops computed off-thread by compaction or GC (ReplaceParts, Forget, SetHold).
+
+    ``written_at``: ``time.monotonic()`` before the data blobs the ops reference were written,
+    if any (the commit deadline, ``Options.commit_deadline_seconds``, runs from then).
+    """
 
     ops: tuple[Op, ...]
+    written_at: float | None = None
     future: PersistFuture = field(default_factory=PersistFuture)
 
 

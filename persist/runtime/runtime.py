@@ -34,6 +34,7 @@ from typing import Any
 
 from persist import metrics
 from persist.errors import (
+    CommitDeadline,
     Determinate,
     ExternalError,
     Fenced,
@@ -43,7 +44,15 @@ from persist.errors import (
 )
 from persist.indexed import gc
 from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
-from persist.indexed.meta import AddPart, AllowCompaction, Register, Seal, SetHold, State
+from persist.indexed.meta import (
+    AddPart,
+    AllowCompaction,
+    Register,
+    ReplaceParts,
+    Seal,
+    SetHold,
+    State,
+)
 from persist.indexed.state import effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
@@ -256,7 +265,7 @@ class Runtime:
             try:
                 self._stage(txn, c)
                 accepted.append(c)
-            except InvalidUsage as e:
+            except (InvalidUsage, Determinate) as e:
                 c.future.set_exception(e)
             except Exception as e:  # a bug in staging must not kill the loop silently
                 log.exception("staging a command failed")
@@ -285,6 +294,11 @@ class Runtime:
             else:
                 txn.stage(Register(new_collection(txn.base, txn, c.name, c.key, c.value)))
         elif isinstance(c, cmd.Maintenance):
+            if c.written_at is not None:
+                # NB: refuse it alone here (a merge waited too long in the queue) rather than
+                # fail the whole group at the commit's own check; compaction plans again.
+                self.ix.check_deadline(c.written_at)
+                txn.wrote_blobs(c.written_at)
             with txn.atomically():
                 for op in c.ops:
                     txn.stage(op)
@@ -420,8 +434,16 @@ class Runtime:
                 held = self.holds.frontier(name)
                 c = state.collections[name]
                 frontier = effective_since(c) if held is None else min(held, effective_since(c))
+                started = time.monotonic()
                 op = self.ix.run_compaction(state, name, parts, frontier)
-                self.submit(cmd.Maintenance((op,))).result()
+                try:
+                    self.submit(cmd.Maintenance((op,), written_at=started)).result()
+                except CommitDeadline:
+                    # NB: refused before sending, so nothing references the merged parts: delete
+                    # them now rather than leave them for a leaked-blob sweep. (Not on other
+                    # Determinate errors: if one were ever wrong, deleting would lose data.)
+                    self._discard(op)
+                    raise
                 did = True
         state = self.published.state
         grace_ms = int(self.ix.options.gc_grace_seconds * 1000)
@@ -436,6 +458,15 @@ class Runtime:
         if did:
             self._maint_wake.set()  # more may be ready (cascading merges)
         return did
+
+    def _discard(self, op: ReplaceParts) -> None:
+        blob = self.ix._blob()
+        for part in op.added:
+            if part.blob_key is not None:
+                try:
+                    blob.delete(part.blob_key)
+                except PersistError as e:  # left for `persist verify --delete-leaked`
+                    log.info("could not delete the uncommitted merge %s: %s", part.blob_key, e)
 
     # -- the lock heartbeat --------------------------------------------------------------------
 

@@ -79,6 +79,9 @@ OPTIONS = Options(
     rollup_every=6,
     gc_grace_seconds=0.25,
     compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=8192),
+    # NB: short enough that op_verify_live's sweep (VERIFY_GRACE) runs against it, long enough
+    # that a loaded CI machine rarely trips it (a tripped commit is a definite failure).
+    commit_deadline_seconds=1.0,
 )
 #: Short, so a lapsed lease is taken over within a second (``op_lapse``).
 LEASE_SECONDS = 0.5
@@ -98,8 +101,9 @@ LOCK_FAULTS: dict[str, Faults] = {
 NO_FAULTS: dict[str, Faults] = {}
 
 MAX_LISTENERS = 4
-#: How long ``op_verify_live`` lets a leaked blob sit before deleting it (the CLI's --grace).
-VERIFY_GRACE = 1.5
+#: How long ``op_verify_live`` lets a leaked blob sit before deleting it (the CLI's --grace):
+#: more than the writers' commit deadline plus a commit's latency, as the CLI requires.
+VERIFY_GRACE = 3.0
 MAX_REPLICAS = 3
 
 
@@ -305,7 +309,10 @@ class Nemesis:
                 if client is not None:
                     client.stop()
                 if attempt > 2000 or time.monotonic() > self._deadline + 30:
-                    raise AssertionError(f"could not reopen the writer: {e}") from e
+                    recent = [f"{r.error.__name__}: {r.message}" for r in self.h.errors[-50:]
+                              if r.op == "open"][-5:]
+                    raise AssertionError(f"could not reopen the writer after {attempt} attempts:"
+                                         f" {e}; the last errors: {recent}") from e
                 time.sleep(0.002)
                 continue
             rec.completed = self.h.stamp()

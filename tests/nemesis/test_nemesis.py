@@ -19,7 +19,11 @@ from tests.nemesis.driver import Config, Nemesis, Report
 
 
 def _run(cfg: Config) -> Report:
-    report = Nemesis(cfg).run()
+    try:
+        report = Nemesis(cfg).run()
+    except BaseException as e:
+        e.add_note(f"nemesis seed {cfg.seed}: replay with PERSIST_NEMESIS_SEED={cfg.seed}")
+        raise
     print(report.summary())
     for note in report.notes:
         print("note:", note)

@@ -1,0 +1,112 @@
+"""The commit deadline: a data blob is committed within ``commit_deadline_seconds`` of being
+written, or never. ``persist verify --delete-leaked`` on a live location relies on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from persist import cli
+from persist.blob.file import FileBlob
+from persist.blob.memory import MemoryBlob
+from persist.errors import CommitDeadline
+from persist.indexed import gc, meta
+from persist.indexed.compact import CompactionPolicy
+from persist.indexed.indexed import Indexed, Options
+from persist.runtime.client import Client
+from persist.runtime.runtime import Runtime
+
+
+class StallingBlob(FileBlob):
+    """Stalls after storing a data blob while ``armed``: a writer paused between writing a
+    part and committing it (GC pause, swapped out, a slow disk)."""
+
+    def __init__(self, root: Path, stall: float) -> None:
+        super().__init__(root)
+        self.stall = stall
+        self.armed = threading.Event()
+        self.stored = threading.Event()
+
+    def _set(self, key: str, data: bytes) -> None:
+        super()._set(key, data)
+        if key.startswith(meta.DATA_PREFIX) and self.armed.is_set():
+            self.stored.set()
+            time.sleep(self.stall)
+
+
+def rows(n: int, t: int) -> pa.Table:
+    return pa.table({"key": pa.array(range(n), pa.int64()), "value": pa.array(range(n), pa.int64()),
+                     "time": pa.array([t] * n, pa.uint64()), "diff": pa.array([1] * n, pa.int64())})
+
+
+def test_a_commit_past_its_deadline_sends_nothing_and_removes_its_blobs() -> None:
+    blob = MemoryBlob(uuid.uuid4().hex)
+    ix = Indexed(blob, epoch=1, writer="w",
+                 options=Options(inline_threshold=0, commit_deadline_seconds=0.0))
+    ix.fence()
+    ix.register("c", pa.int64(), pa.int64())
+    before = (ix.state, blob.list_keys(meta.LOG_PREFIX))
+    with pytest.raises(CommitDeadline, match="commit deadline"):
+        ix.write({"c": rows(10, 0)})
+    assert (ix.state, blob.list_keys(meta.LOG_PREFIX)) == before
+    assert blob.list_keys(meta.DATA_PREFIX) == []
+    ix.seal("c", 1)  # no data blob, no deadline
+    assert Indexed(blob.read_only()).state.collections["c"].upper == 1
+
+
+def test_a_merge_past_its_deadline_is_dropped_and_leaves_no_blob() -> None:
+    """Compaction writes its merged part off the commit thread; if the merge then waits too
+    long to commit, it is refused alone (writes in the same group still commit)."""
+    blob = MemoryBlob(uuid.uuid4().hex)
+    opts = Options(inline_threshold=1 << 20, commit_deadline_seconds=0.0,
+                   compaction=CompactionPolicy(inline_flush_bytes=1))
+    ix = Indexed(blob, epoch=1, writer="w", options=opts)
+    ix.fence()
+    client = Client("mem://deadline", ix, runtime=Runtime(ix, lock=None, lease=None, maintenance=False))
+    try:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(8):
+            w.append(rows(5, t), t + 1).result()
+        parts = len(ix.state.collections["c"].parts)
+        with pytest.raises(CommitDeadline, match="commit deadline"):
+            client.maintain()
+        assert len(ix.state.collections["c"].parts) == parts
+        assert gc.leaked(blob, ix.state) == []
+        w.append(rows(5, 8), 9).result()
+        assert len(r.snapshot(8).to_python()) == 5
+    finally:
+        client.stop()
+
+
+def test_a_live_leaked_blob_sweep_cannot_delete_what_a_writer_commits(tmp_path: Path) -> None:
+    """The writer stalls after storing a part for longer than the sweep's grace; the sweep
+    deletes the part; the writer must not then commit a reference to it."""
+    loc = tmp_path / "loc"
+    blob = StallingBlob(loc, stall=1.5)
+    ix = Indexed(blob, epoch=1, writer="w",
+                 options=Options(inline_threshold=0, commit_deadline_seconds=0.3))
+    ix.fence()
+    client = Client(str(loc), ix, runtime=Runtime(ix, lock=None, lease=None, maintenance=False))
+    try:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w.append(rows(10, 0), 1).result()
+        blob.armed.set()
+        stalled = w.append(rows(10, 1), 2)
+        assert blob.stored.wait(10)
+        sweep = cli.open_location(str(loc), {})
+        report = cli.verify(sweep, progress=False)
+        assert len(report.leaked) == 1  # the stalled writer's part, not yet committed
+        assert cli.delete_leaked(sweep, report.leaked, 0.6, lambda _: None) == report.leaked
+        with pytest.raises(CommitDeadline, match="commit deadline"):
+            stalled.result(10)
+        blob.armed.clear()
+        w.append(rows(10, 2), 3).result()
+        assert cli.verify(sweep, progress=False).problems == []
+        assert len(r.snapshot(2).to_python()) == 10  # the first and third appends
+    finally:
+        client.stop()
