@@ -288,6 +288,7 @@ class Nemesis:
         to the current writer's reentrance id (a restart or takeover of the same service)."""
         rid = rid or (self.writer.rid if self.writer is not None else RID)
         gen = next(self._gens)
+        began = time.monotonic()
         for attempt in itertools.count():
             rec = OpenRecord(gen, mode, self.h.stamp())
             self.h.add(rec)
@@ -308,7 +309,10 @@ class Nemesis:
                 self.h.error("open", e)
                 if client is not None:
                     client.stop()
-                if attempt > 2000 or time.monotonic() > self._deadline + 30:
+                # NB: past the run's time budget, give up sooner, but never on the first
+                # failures: a loaded machine may have used the budget up before this reopen.
+                now = time.monotonic()
+                if attempt > 2000 or (now > self._deadline + 30 and now - began > 30):
                     recent = [f"{r.error.__name__}: {r.message}" for r in self.h.errors[-50:]
                               if r.op == "open"][-5:]
                     raise AssertionError(f"could not reopen the writer after {attempt} attempts:"
