@@ -70,6 +70,17 @@ def test_constant_times_equals_repeat(typ: pa.DataType, value: int, n: int) -> N
     assert got.equals(pa.repeat(pa.scalar(value, typ), n))
 
 
+def test_constant_times_share_one_buffer_and_never_mix_values() -> None:
+    made = [(v, n, columnar.constant_times(v, n)) for v, n in
+            [(5, 10), (5, 3), (5, 1 << 20), (6, 4), (5, 2), (5, (1 << 21) + 1), (5, 7)]]
+    for v, n, arr in made:  # every earlier array is intact after the later calls
+        arr.validate(full=True)
+        assert arr.equals(pa.repeat(pa.scalar(v, pa.uint64()), n))
+        assert arr.buffers()[1].size == 8 * n  # a slice: IPC writes no more than n values
+    small, smaller = made[0][2], made[1][2]
+    assert small.buffers()[1].address == smaller.buffers()[1].address
+
+
 def test_reregistering_with_other_types_is_refused() -> None:
     ix = fresh()
     ix.register("c", pa.string(), pa.int64())
