@@ -15,6 +15,7 @@ Commit pipeline for one step (a ``Txn``)::
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ from persist.indexed.read import PartReader, Snapshot, Types, updates_between
 from persist.indexed.state import apply, apply_op, check, collection, plan
 
 replace = msgspec.structs.replace
+log = logging.getLogger("persist.indexed")
 
 
 def _now_ms() -> int:
@@ -241,6 +243,12 @@ class Indexed:
                     blob.delete(key)
             raise
         self.machine.commit(commit)
+        if txn.blobs_written_at is not None:
+            late = time.monotonic() - txn.blobs_written_at
+            if late > self.options.commit_deadline_seconds:
+                log.warning("commit seq %d landed %.3gs after its data blobs were written, past "
+                            "the commit deadline of %gs", commit.seq, late,
+                            self.options.commit_deadline_seconds)
         crashpoints.hit("commit.meta_written")
         self.state = new_state
         return new_state

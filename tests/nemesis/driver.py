@@ -211,6 +211,8 @@ class Nemesis:
         self._done = 0
         self._stop = threading.Event()
         self._verifier: threading.Thread | None = None
+        #: Blob key -> time.monotonic() when a live sweep deleted it (to explain a problem).
+        self._swept: dict[str, float] = {}
         self._failure: BaseException | None = None
         self._deadline = 0.0
 
@@ -648,12 +650,17 @@ class Nemesis:
             if delete and report.leaked:
                 deleted = cli.delete_leaked(loc, report.leaked, VERIFY_GRACE, lambda _: None)
                 self.h.count("verify.live_deleted", len(deleted))
+                now = time.monotonic()
+                self._swept.update((k, now) for k in deleted)
         except PersistError as e:  # storage faults do not reach it (a clean handle), but...
             self.h.error("verify", e)
             return
         self.h.count("verify.live")
         for p in report.problems:
-            self.h.note(f"PROBLEM: live verify: {p}")
+            swept = self._swept.get(p.split(":", 1)[0])
+            why = "" if swept is None else \
+                f" (a live sweep deleted it {time.monotonic() - swept:.1f}s ago)"
+            self.h.note(f"PROBLEM: live verify: {p}{why}")
 
     # -- processes: restarts, takeovers, intruders, replicas ---------------------------------
 
