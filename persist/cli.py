@@ -503,9 +503,12 @@ def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyRepo
         bar.close()
     report.problems.extend(_replay_problems(commits, rollups))
     if missing:
-        # NB: a part that vanished while we read is only a problem if the newest state still
-        # references it: a live writer's GC may have retired and deleted it meanwhile.
-        newest = gc.referenced(Machine(blob).load())
+        # NB: a part that vanished while we read is only a problem if it is still a live part
+        # of the newest state: a live writer's compaction may have retired it and its GC
+        # deleted it meanwhile, and a retired key stays in the state (in ``retired``) until
+        # the GC's Forget commits, which a failed delete or commit can put off for a while.
+        newest = {p.blob_key for c in Machine(blob).load().collections.values()
+                  for p in c.parts if p.blob_key}
         report.problems.extend(f"{key}: referenced by {blob_parts[key][0]!r} but missing"
                                for key in missing if key in newest)
     # NB: without a state nothing is known to be referenced; calling everything leaked would
