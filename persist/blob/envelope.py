@@ -34,7 +34,8 @@ def frame(key: str, payload: bytes | bytearray | memoryview) -> bytes:
     prefix = struct.pack("<4sHHQ", MAGIC, ENVELOPE_VERSION, 0, len(payload))
     head_crc = crc32c.crc32c(prefix)
     body_crc = crc32c.crc32c(payload, crc32c.crc32c(prefix, crc32c.crc32c(key.encode())))
-    return prefix + struct.pack("<II", body_crc, head_crc) + bytes(payload)
+    # NB: one copy of the payload (join accepts any buffer): a part is ~10 MB per million rows
+    return b"".join((prefix, struct.pack("<II", body_crc, head_crc), payload))
 
 
 def unframe(key: str, data: bytes | bytearray | memoryview) -> memoryview:

@@ -69,9 +69,9 @@ def new_part(
     lo, hi = columnar.time_range(table) if len(table) else (0, 0)
     if len(data) <= inline_threshold:
         return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                        consolidated=consolidated, inline=data)
+                        consolidated=consolidated, inline=data.to_pybytes())
     key = f"{DATA_PREFIX}{c.id}/{part_id}"
-    blob.set(key, data)
+    blob.set(key, memoryview(data))
     return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
                     consolidated=consolidated, blob_key=key)
 
