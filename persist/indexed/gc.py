@@ -15,6 +15,7 @@ Three kinds of garbage, each with its own rule:
 from __future__ import annotations
 
 from persist.blob.base import Blob, BlobRead
+from persist.errors import ExternalError
 from persist.indexed import meta
 from persist.indexed.meta import Forget, State
 
@@ -25,13 +26,26 @@ def collectable(state: State, *, now_ms: int, grace_ms: int) -> tuple[str, ...]:
 
 
 def delete_retired(blob: Blob, keys: tuple[str, ...]) -> Forget:
+    """Deletes retired blobs; returns the ``Forget`` of those deleted.
+
+    Stops at the first failed delete, keeping what it did: a round that fails one delete in a
+    hundred must still make progress (the rest are retried by the next round). Raises only if
+    the first delete fails.
+    """
     from persist import crashpoints
 
+    done: list[str] = []
     for key in keys:
         crashpoints.hit("gc.before_delete")
-        blob.delete(key)
+        try:
+            blob.delete(key)
+        except ExternalError:
+            if not done:
+                raise
+            break
         crashpoints.hit("gc.after_delete")
-    return Forget(keys=keys)
+        done.append(key)
+    return Forget(keys=tuple(done))
 
 
 def trim_metadata(blob: Blob, rollup_seq: int) -> int:

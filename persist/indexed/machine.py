@@ -15,12 +15,19 @@ CAS, never on the lock lease or a clock.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
 from persist.indexed import meta
 from persist.indexed.meta import Commit, State
 from persist.indexed.state import apply
+
+T = TypeVar("T")
+
+#: Attempts per read while loading the state (see ``Machine._read``).
+_LOAD_READ_ATTEMPTS = 3
 
 
 class CommitConflict(Determinate):
@@ -75,11 +82,11 @@ class Machine:
 
     def _load_once(self, scan: bool) -> State:
         listed = time.monotonic()
-        rollups = self.blob.list_keys(meta.ROLLUP_PREFIX)
+        rollups = self._read(self.blob.list_keys, meta.ROLLUP_PREFIX)
         state = State()
         if rollups:
             key = rollups[-1]
-            data = self.blob.get(key)
+            data = self._read(self.blob.get, key)
             if data is None:
                 raise _GapError(f"rollup {key} vanished")
             state = meta.decode_state(key, data)
@@ -90,24 +97,41 @@ class Machine:
             # faster than half the grace cannot see that; a slower one LISTs the rollups again.
             while True:
                 key = meta.log_key(state.seq + 1)
-                data = self.blob.get(key)
+                data = self._read(self.blob.get, key)
                 if data is None:
                     break
                 state = apply(state, meta.decode_commit(key, data))
             if time.monotonic() - listed > self.gc_grace_seconds / 2:
-                rollups = self.blob.list_keys(meta.ROLLUP_PREFIX)
+                rollups = self._read(self.blob.list_keys, meta.ROLLUP_PREFIX)
                 if rollups and meta.seq_of(rollups[-1]) > state.seq:
                     raise _GapError(f"rollup {rollups[-1]} appeared beyond seq {state.seq}")
             return state
-        logs = [k for k in self.blob.list_keys(meta.LOG_PREFIX) if meta.seq_of(k) > state.seq]
+        logs = [k for k in self._read(self.blob.list_keys, meta.LOG_PREFIX) if meta.seq_of(k) > state.seq]
         for key in logs:
             if meta.seq_of(key) != state.seq + 1:
                 raise _GapError(f"expected seq {state.seq + 1}, found {key}")
-            data = self.blob.get(key)
+            data = self._read(self.blob.get, key)
             if data is None:
                 raise _GapError(f"log entry {key} vanished")
             state = apply(state, meta.decode_commit(key, data))
         return state
+
+    def _read(self, read: Callable[[str], T], key: str) -> T:
+        """``read(key)``, retried briefly on a definite failure.
+
+        NB: a load is one LIST and up to ``rollup_every`` GETs, all of which must succeed; an
+        open that fails on any one of them is retried by its caller from scratch. Retrying the
+        one read instead keeps opening robust against a storage that fails a small fraction of
+        requests (reads have no effect, so retrying them is always safe).
+        """
+        for attempt in range(_LOAD_READ_ATTEMPTS):
+            try:
+                return read(key)
+            except Determinate:
+                if attempt + 1 == _LOAD_READ_ATTEMPTS:
+                    raise
+                time.sleep(0.005 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def refresh(self, state: State, *, verify: bool = False, expect_seq: int = 0) -> State:
         """Brings ``state`` up to date cheaply by probing the next log keys.

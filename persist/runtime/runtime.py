@@ -421,10 +421,29 @@ class Runtime:
             return self._maintain_round()
 
     def _maintain_round(self) -> bool:
+        # NB: the steps are independent, and each runs even if an earlier one failed (its
+        # error is raised after the others had their turn). Under a steady trickle of storage
+        # errors, a GC that failed one delete among many used to end every round before the
+        # rollup: the log after the newest rollup then grew without bound, and so did the
+        # GETs a reopen needs (the slow nemesis found a writer that could no longer reopen).
         did = False
+        first: BaseException | None = None
+        for step in (self._compact, self._collect_garbage, self._rollup_and_trim):
+            try:
+                did = step() or did
+            except (ExternalError, InvalidUsage) as e:  # the loop in _maintain logs it
+                first = first or e
+        if did:
+            self._maint_wake.set()  # more may be ready (cascading merges)
+        if first is not None:
+            raise first
+        return did
+
+    def _compact(self) -> bool:
         # NB: plan again after merging: a merge can fill the next level up (cascading), and a
         # round per interval must not leave those for later rounds, in which the lowest level
         # (refilled by new writes meanwhile) would always be chosen first.
+        did = False
         for _ in range(_MAX_CASCADE):
             state = self.published.state
             planned = self.ix.plan_compaction(state)
@@ -445,18 +464,21 @@ class Runtime:
                     self._discard(op)
                     raise
                 did = True
+        return did
+
+    def _collect_garbage(self) -> bool:
         state = self.published.state
         grace_ms = int(self.ix.options.gc_grace_seconds * 1000)
         keys = gc.collectable(state, now_ms=int(time.time() * 1000), grace_ms=grace_ms)
-        if keys:
-            forget = gc.delete_retired(self.ix._blob(), keys)
-            self.submit(cmd.Maintenance((forget,))).result()
-            did = True
-        if self.ix.maybe_rollup(self.published.state):
-            did = True
+        if not keys:
+            return False
+        forget = gc.delete_retired(self.ix._blob(), keys)
+        self.submit(cmd.Maintenance((forget,))).result()
+        return True
+
+    def _rollup_and_trim(self) -> bool:
+        did = self.ix.maybe_rollup(self.published.state)
         self.ix.trim_metadata()
-        if did:
-            self._maint_wake.set()  # more may be ready (cascading merges)
         return did
 
     def _discard(self, op: ReplaceParts) -> None:
