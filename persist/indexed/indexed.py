@@ -139,10 +139,10 @@ class Options:
     #: Write a rollup (whole state) after this many commits, bounding replay on open.
     rollup_every: int = 64
     gc_grace_seconds: float = 300.0
-    #: A data blob is referenced by a commit sent within this long of writing it, or never:
-    #: a later commit fails with ``CommitDeadline`` (a ``Determinate``) instead. ``persist verify --delete-leaked``
-    #: relies on it: a blob unreferenced for longer than its ``--grace`` (default 300 s) plus a
-    #: commit's latency is abandoned, not in flight (DESIGN.md section 9).
+    #: A data blob is referenced by a commit sent within this long of writing it, or never: a
+    #: later commit fails with ``CommitDeadline`` (a ``Determinate``) instead. ``persist verify
+    #: --delete-leaked`` relies on it: a blob unreferenced for longer than its ``--grace``
+    #: (default 300 s) plus a commit's latency is abandoned, not in flight (DESIGN.md §9).
     commit_deadline_seconds: float = 60.0
     compaction: compact.CompactionPolicy = field(default_factory=compact.CompactionPolicy)
     cache_bytes: int = 256 << 20

@@ -265,7 +265,7 @@ class Runtime:
             try:
                 self._stage(txn, c)
                 accepted.append(c)
-            except (InvalidUsage, Determinate) as e:
+            except (InvalidUsage, CommitDeadline) as e:
                 c.future.set_exception(e)
             except Exception as e:  # a bug in staging must not kill the loop silently
                 log.exception("staging a command failed")
