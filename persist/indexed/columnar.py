@@ -161,13 +161,14 @@ def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
     missing = [n for n in ("key", "value", "time", "diff") if n not in have]
     if missing:
         raise SchemaMismatch(f"updates table lacks columns {missing}; has {have}")
-    # NB: time first, so a negative time is reported as such whatever else is wrong; the safe
-    # cast to uint64 is what detects it (a separate min() would cost as much as the cast).
+    # NB: time first, so a negative time is reported as such whatever else is wrong.
     order, names = _field_order(schema)
     cols: dict[str, Any] = {}
     for field in order:
         col = table.column(field.name)
-        if col.type != field.type:
+        if field.name == "time" and col.type == pa.int64():
+            col = _int64_times(col)
+        elif col.type != field.type:
             try:
                 col = col.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
@@ -182,6 +183,19 @@ def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
             raise SchemaMismatch(f"column {field.name!r} has nulls")
         cols[field.name] = col
     return pa.Table.from_arrays([cols[n] for n in names], schema=schema)
+
+
+def _int64_times(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """An int64 ``time`` column as uint64: checked for negative values, then viewed, not cast.
+
+    NB: the usual input (numpy and pandas default to int64). A safe cast allocates and fills a
+    new 8 MB buffer per million rows; on the write path that memory is fresh pages more often
+    than not, and the cast cost 2-45 ms where the minimum and the view cost ~0.4 ms.
+    """
+    lo = pc.min(col).as_py()  # None when empty or all null (the null check comes after)
+    if lo is not None and lo < 0:
+        raise InvalidUsage(f"negative time {lo} in updates")
+    return pa.chunked_array([c.view(pa.uint64()) for c in col.chunks], type=pa.uint64())
 
 
 @functools.lru_cache(maxsize=256)

@@ -407,3 +407,29 @@ def test_part_cache_is_bounded_by_decoded_bytes() -> None:
         cached = sum(t.nbytes for t, _ in reader._cache.values())
         assert reader._cached == cached <= budget
     assert len(reader._cache) < len(c.parts)  # it evicted
+
+
+def test_int64_times_are_checked_and_kept_exactly() -> None:
+    """int64 times (the common input) are viewed as uint64, not cast: sliced and multi-chunk
+    columns keep their values, nulls and negative times are still refused."""
+    ix = fresh()
+    ix.register("c", pa.int64(), pa.int64())
+    whole = pa.table({"key": list(range(10)), "value": list(range(10)),
+                      "time": pa.array([3, 1, 4, 1, 5, 9, 2, 6, 5, 3], pa.int64()),
+                      "diff": [1] * 10})
+    parts = pa.concat_tables([whole.slice(2, 3), whole.slice(7, 3)])  # offsets, two chunks
+    assert parts.column("time").num_chunks == 2
+    ix.write({"c": parts})
+    (part,) = ix.state.collections["c"].parts
+    assert (part.min_time, part.max_time) == (1, 6)  # times [4, 1, 5] and [6, 5, 3]
+    ix.seal("c", 10)
+    got = sorted(ix.snapshot("c", 9).to_python(), key=lambda u: u[0])
+    assert got == [((k, k), 9, 1) for k in (2, 3, 4, 7, 8, 9)]
+    before = ix.state
+    with pytest.raises(SchemaMismatch, match="'time' has nulls"):
+        ix.write({"c": whole.set_column(2, "time", pa.array([10, None] * 5, pa.int64()))})
+    with pytest.raises(InvalidUsage, match="negative time -2"):
+        ix.write({"c": pa.concat_tables([whole.slice(0, 1),
+                                         whole.slice(1, 1).set_column(
+                                             2, "time", pa.array([-2], pa.int64()))])})
+    assert ix.state == before
