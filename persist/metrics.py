@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from persist.blob.base import Blob
+from persist.blob.envelope import Framed
 from persist.errors import PersistError
 
 if TYPE_CHECKING:
@@ -188,7 +189,7 @@ class MeteredBlob(Blob):
             raise
 
     @override
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, data: bytes | Framed) -> None:
         try:
             self.inner._set(key, data)
         except PersistError as e:
@@ -197,7 +198,7 @@ class MeteredBlob(Blob):
         self._count("bytes_written", len(data))
 
     @override
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
         try:
             created = self.inner._set_if_absent(key, data)
         except PersistError as e:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from persist.blob import envelope
+from persist.blob.envelope import Framed
 
 
 class BlobRead(ABC):
@@ -110,11 +111,13 @@ class Blob(BlobRead):
         """Returns a view of this store with only the read half."""
         return ReadOnlyView(self)
 
+    # NB: the raw writes store ``data`` as it is: a value framed by ``set``, or (tests that
+    # corrupt storage on purpose) any bytes.
     @abstractmethod
-    def _set(self, key: str, data: bytes) -> None: ...
+    def _set(self, key: str, data: bytes | Framed) -> None: ...
 
     @abstractmethod
-    def _set_if_absent(self, key: str, data: bytes) -> bool: ...
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool: ...
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...

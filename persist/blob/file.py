@@ -18,6 +18,7 @@ from typing_extensions import override
 
 from persist import crashpoints
 from persist.blob.base import Blob
+from persist.blob.envelope import Framed
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 
 _TMP = ".tmp-"
@@ -94,7 +95,7 @@ class FileBlob(Blob):
             raise Determinate(f"listing {prefix!r}: {e}") from e
         return out
 
-    def _write_durably(self, key: str, data: bytes, *, exclusive: bool) -> bool:
+    def _write_durably(self, key: str, data: bytes | Framed, *, exclusive: bool) -> bool:
         """The one place durability happens. Returns False if ``exclusive`` and the key exists."""
         path = self._path(key)
         directory = os.path.dirname(path)
@@ -107,10 +108,11 @@ class FileBlob(Blob):
         linked = False
         try:
             try:
-                view = memoryview(data)
-                while view:
-                    n = os.write(fd, view)
-                    view = view[n:]
+                for buf in data.buffers if isinstance(data, Framed) else (data,):
+                    view = memoryview(buf)
+                    while view:
+                        n = os.write(fd, view)
+                        view = view[n:]
                 crashpoints.hit("file.tmp_written")
                 if self._fsync:
                     os.fsync(fd)
@@ -139,11 +141,11 @@ class FileBlob(Blob):
                     os.unlink(tmp)
 
     @override
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, data: bytes | Framed) -> None:
         self._write_durably(key, data, exclusive=False)
 
     @override
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
         return self._write_durably(key, data, exclusive=True)
 
     @override

@@ -8,6 +8,7 @@ from typing import ClassVar
 from typing_extensions import override
 
 from persist.blob.base import Blob
+from persist.blob.envelope import Framed
 
 
 class MemoryBlob(Blob):
@@ -44,16 +45,18 @@ class MemoryBlob(Blob):
             return [k for k in self._data if k.startswith(prefix)]
 
     @override
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, data: bytes | Framed) -> None:
+        value = bytes(data)
         with self._lock:
-            self._data[key] = data
+            self._data[key] = value
 
     @override
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
+        value = bytes(data)
         with self._lock:
             if key in self._data:
                 return False
-            self._data[key] = data
+            self._data[key] = value
             return True
 
     @override

@@ -53,6 +53,7 @@ from typing_extensions import override
 from persist import aws
 from persist.blob.base import Blob
 from persist.blob.dynamo_commit import Decision, DynamoCommit
+from persist.blob.envelope import Framed
 from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
 
 if TYPE_CHECKING:
@@ -371,7 +372,8 @@ class S3Blob(Blob):
     # -- writes ------------------------------------------------------------------------------
 
     @override
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, framed: bytes | Framed) -> None:
+        data = bytes(framed)  # one body for the request, the read-back and the cache
         full = self.full_key(key)
         self.cache.discard(key)
         try:
@@ -385,7 +387,8 @@ class S3Blob(Blob):
             self.cache.put(key, data)
 
     @override
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, framed: bytes | Framed) -> bool:
+        data = bytes(framed)
         full = self.full_key(key)
         if self.commit is not None:
             created = self._create_decided(key, full, data)

@@ -39,6 +39,7 @@ from typing import Literal, TypeVar
 from typing_extensions import override
 
 from persist.blob.base import Blob
+from persist.blob.envelope import Framed
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 
 log = logging.getLogger("persist.unreliable")
@@ -237,11 +238,11 @@ class UnreliableBlob(Blob):
         return self.plan.run("list", lambda: self.inner._list(prefix), mutates=False)
 
     @override
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, data: bytes | Framed) -> None:
         self.plan.run("set", lambda: self.inner._set(key, data), mutates=True)
 
     @override
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
         return self.plan.run("set_if_absent", lambda: self.inner._set_if_absent(key, data),
                              mutates=True)
 

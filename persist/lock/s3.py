@@ -114,7 +114,7 @@ class S3Lock(WriterLock):
                     return False
                 etag = current[1]
             precondition = {"IfMatch": etag}
-        body = envelope.frame(self.blob_key, encode_record(new))
+        body = bytes(envelope.frame(self.blob_key, encode_record(new)))
 
         def put() -> bool:
             try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 
+import pyarrow as pa
 import pytest
 
 from persist.blob.base import Blob
@@ -35,6 +36,18 @@ class BlobConformance:
         value = bytes(range(256)) * 40_000  # ~10 MiB
         blob.set("big", value)
         assert blob.get("big") == value
+
+    def test_any_buffer_is_stored_as_it_was_when_set(self, blob: Blob) -> None:
+        """``set`` and ``set_if_absent`` take any buffer (the engine hands an Arrow buffer's
+        view, unjoined to its envelope header); what is stored is its content at the call."""
+        arrow = pa.py_buffer(bytes(range(256)) * 1_000)
+        blob.set("arrow", memoryview(arrow))
+        assert blob.get("arrow") == arrow.to_pybytes()
+        scratch = bytearray(b"before")
+        blob.set("b", memoryview(scratch))
+        assert blob.set_if_absent("c", scratch)
+        scratch[:] = b"after!"
+        assert blob.get("b") == blob.get("c") == b"before"
 
     def test_get_view_is_the_verified_payload(self, blob: Blob) -> None:
         assert blob.get_view("nope") is None

@@ -57,7 +57,7 @@ def test_newer_metadata_version_is_refused() -> None:
 
 
 def test_newer_envelope_version_is_refused() -> None:
-    framed = bytearray(envelope.frame("k", b"payload"))
+    framed = bytearray(bytes(envelope.frame("k", b"payload")))
     framed[4] = envelope.ENVELOPE_VERSION + 1
     # keep the header checksum valid so only the version is "wrong"
     import struct

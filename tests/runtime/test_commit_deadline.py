@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 
 from persist import cli
+from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import CommitDeadline
@@ -32,7 +33,7 @@ class StallingBlob(FileBlob):
         self.armed = threading.Event()
         self.stored = threading.Event()
 
-    def _set(self, key: str, data: bytes) -> None:
+    def _set(self, key: str, data: bytes | Framed) -> None:
         super()._set(key, data)
         if key.startswith(meta.DATA_PREFIX) and self.armed.is_set():
             self.stored.set()
@@ -46,7 +47,7 @@ class SlowCommitBlob(FileBlob):
         super().__init__(root)
         self.stall = stall
 
-    def _set_if_absent(self, key: str, data: bytes) -> bool:
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
         if key.startswith(meta.LOG_PREFIX):
             time.sleep(self.stall)
         return super()._set_if_absent(key, data)
