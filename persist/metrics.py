@@ -170,7 +170,7 @@ class MeteredBlob(Blob):
             getattr(m, counter).inc(n)
 
     @override
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         try:
             data = self.inner._get(key)
         except PersistError as e:

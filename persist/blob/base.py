@@ -65,7 +65,7 @@ class BlobRead(ABC):
         """Releases resources (connections). Idempotent."""
 
     @abstractmethod
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         """Returns the raw framed bytes under ``key`` or None."""
 
     @abstractmethod
@@ -131,7 +131,7 @@ class ReadOnlyView(BlobRead):
         self.supports_conditional_create = inner.supports_conditional_create
         self.is_local = inner.is_local
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         return self._inner._get(key)
 
     def _list(self, prefix: str) -> list[str]:

@@ -5,6 +5,13 @@ function, :meth:`FileBlob._write_durably`: temp file in the target directory, wr
 file, then rename (``set``) or hard-link (``set_if_absent``) into place, then fsync the directory.
 ``link(2)`` fails with EEXIST when the target exists, which makes conditional create atomic
 against every other process on the machine (the kernel arbitrates, no lock file needed).
+
+Values of ``map_min_bytes`` or more (data parts) are read by mapping the file, not copying it:
+reading a 10 MB part into fresh memory cost ~20% of decoding it. Files are never changed in
+place (a new value is a new inode; GC unlinks, which leaves a live mapping intact), so a mapping
+sees the whole value as it was when opened. The price: an I/O error on a mapped page (a failing
+disk), or a file truncated by another program while it is read, kills the process with SIGBUS
+instead of raising. ``FileBlob(root, map_min_bytes=None)`` reads everything with ``read(2)``.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import errno
 import os
 import uuid
 
+import pyarrow as pa
 from typing_extensions import override
 
 from persist import crashpoints
@@ -22,13 +30,17 @@ from persist.blob.envelope import Framed
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 
 _TMP = ".tmp-"
+#: Values at least this large are memory-mapped when read (see the module docstring).
+MAP_MIN_BYTES = 1 << 20
 
 
 class FileBlob(Blob):
     """A directory of files. Safe to share between processes on one machine."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True,
+                 map_min_bytes: int | None = MAP_MIN_BYTES) -> None:
         self.root = os.path.abspath(os.fspath(root))
+        self.map_min_bytes = map_min_bytes
         # NB: fsync=False exists only for throwaway benchmarks of the engine's CPU cost; it
         # voids the durability guarantee and is never the default.
         self._fsync = fsync
@@ -68,9 +80,15 @@ class FileBlob(Blob):
             os.close(fd)
 
     @override
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as f:
+            if self.map_min_bytes is not None and os.stat(path).st_size >= self.map_min_bytes:
+                # NB: Arrow closes the descriptor here; the mapping lives as long as the buffer
+                # (and whatever zero-copy slices of it a decoded part keeps).
+                with pa.memory_map(path) as mapped:
+                    return memoryview(mapped.read_buffer()).cast("B")  # bytes, not signed chars
+            with open(path, "rb") as f:
                 return f.read()
         except (FileNotFoundError, NotADirectoryError):
             return None

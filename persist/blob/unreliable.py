@@ -230,7 +230,7 @@ class UnreliableBlob(Blob):
         return self.plan.injected
 
     @override
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         return self.plan.run("get", lambda: self.inner._get(key), mutates=False)
 
     @override

@@ -65,7 +65,7 @@ class CountingRead(BlobRead):
             return dict(self._counts)
 
     @override
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         with self._lock:
             self._counts["get_data" if key.startswith(DATA_PREFIX) else "get_meta"] += 1
         return self._inner._get(key)

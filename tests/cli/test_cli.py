@@ -335,7 +335,7 @@ def test_verify_ignores_a_part_compacted_and_collected_while_it_reads(loc: Path)
     class CompactingMidRead(FileBlob):
         fired = False
 
-        def _get(self, key: str) -> bytes | None:
+        def _get(self, key: str) -> bytes | memoryview | None:
             if key.startswith(meta.DATA_PREFIX) and not self.fired:
                 self.fired = True
                 writer = Indexed(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",

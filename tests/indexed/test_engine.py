@@ -328,7 +328,7 @@ class _Watched(ReadOnlyView):
         self.listed.append(prefix)
         return super()._list(prefix)
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         hook = self.before_get.pop(key, None)
         if hook is not None:
             hook()

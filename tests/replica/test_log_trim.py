@@ -88,7 +88,7 @@ class _TrimsDuringLoad(BlobRead):
         self._ix = ix
         self._times = times
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         return self._inner._get(key)
 
     def _list(self, prefix: str) -> list[str]:

@@ -29,7 +29,7 @@ class FlakyBlob(MemoryBlob):
             raise Determinate(f"injected: delete {key}")
         super()._delete(key)
 
-    def _get(self, key: str) -> bytes | None:
+    def _get(self, key: str) -> bytes | memoryview | None:
         if self.fail_gets:
             self.fail_gets -= 1
             raise Determinate(f"injected: get {key}")
