@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from persist.blob.base import Blob, BlobRead
-from persist.blob.file import FileBlob
+from persist.blob.file import MAP_MIN_BYTES, FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import InvalidUsage
 from persist.lock.base import WriterLock
@@ -63,9 +63,10 @@ def resolve(
             raise InvalidUsage("empty location path")
         root = os.path.abspath(path)
         fsync = opts.pop("fsync", True)
+        map_min_bytes = _map_min_bytes(opts.pop("map_min_bytes", MAP_MIN_BYTES))
         if opts:
             raise InvalidUsage(f"unknown storage_options for a file location: {sorted(opts)}")
-        return Location(text, FileBlob(root, fsync=bool(fsync)),
+        return Location(text, FileBlob(root, fsync=bool(fsync), map_min_bytes=map_min_bytes),
                         lambda: FileLock(root, lease_seconds=lease_seconds))
     if parsed.scheme == "s3":
         try:
@@ -75,3 +76,18 @@ def resolve(
         loc: Location = s3.location(text, opts, lease_seconds=lease_seconds)
         return loc
     raise InvalidUsage(f"unsupported location {text!r}: use mem://, file://, a path, or s3://")
+
+
+def _map_min_bytes(value: Any) -> int | None:
+    """The ``map_min_bytes`` storage option: a size in bytes, or None / False / 0 for never
+    (reads then use ``read(2)`` only; see :mod:`persist.blob.file`)."""
+    if value is None or value is False or value == 0 or value == "0":
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = -1
+    if isinstance(value, bool) or n < 1:
+        raise InvalidUsage(f"storage option map_min_bytes must be a size in bytes or None, "
+                           f"not {value!r}")
+    return n

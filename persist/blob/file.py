@@ -11,7 +11,8 @@ reading a 10 MB part into fresh memory cost ~20% of decoding it. Files are never
 place (a new value is a new inode; GC unlinks, which leaves a live mapping intact), so a mapping
 sees the whole value as it was when opened. The price: an I/O error on a mapped page (a failing
 disk), or a file truncated by another program while it is read, kills the process with SIGBUS
-instead of raising. ``FileBlob(root, map_min_bytes=None)`` reads everything with ``read(2)``.
+instead of raising. ``FileBlob(root, map_min_bytes=None)`` (for a location, the storage option
+``map_min_bytes=None``) reads everything with ``read(2)``.
 """
 
 from __future__ import annotations

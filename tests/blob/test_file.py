@@ -8,8 +8,9 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist.blob.file import FileBlob
+from persist.blob.file import MAP_MIN_BYTES, FileBlob
 from persist.errors import InvalidUsage, UnknownCollection
+from persist.location import resolve
 from tests.blob.conformance import BlobConformance
 
 
@@ -97,3 +98,22 @@ def test_reading_a_missing_root_creates_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "not").exists()
     blob.set("a/b", b"v")  # the first write makes the directories
     assert FileBlob(root).get("a/b") == b"v"
+
+
+def test_mapping_is_a_storage_option(tmp_path: Path) -> None:
+    """``storage_options={"map_min_bytes": ...}`` sets the threshold or turns mapping off;
+    anything else is refused by name."""
+    assert isinstance(resolve(tmp_path).blob, FileBlob)
+    assert resolve(tmp_path).blob.map_min_bytes == MAP_MIN_BYTES  # type: ignore[attr-defined]
+    for off in (None, False, 0, "0"):
+        loc = resolve(tmp_path, storage_options={"map_min_bytes": off})
+        assert loc.blob.map_min_bytes is None  # type: ignore[attr-defined]
+    loc = resolve(tmp_path, storage_options={"map_min_bytes": "4096"})
+    assert loc.blob.map_min_bytes == 4096  # type: ignore[attr-defined]
+    for bad in (-1, "big", True):
+        with pytest.raises(InvalidUsage, match="map_min_bytes"):
+            resolve(tmp_path, storage_options={"map_min_bytes": bad})
+    with persist.open(tmp_path, storage_options={"map_min_bytes": None}) as client:
+        write, read = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        write.append([((k, k), 0, 1) for k in range(50_000)], upper=1).result()
+        assert len(read.snapshot(0).to_arrow()) == 50_000
