@@ -81,13 +81,13 @@ def resolve(
 def _map_min_bytes(value: Any) -> int | None:
     """The ``map_min_bytes`` storage option: a size in bytes, or None / False / 0 for never
     (reads then use ``read(2)`` only; see :mod:`persist.blob.file`)."""
-    if value is None or value is False or value == 0 or value == "0":
+    if value is None or value is False or value in (0, "0"):
         return None
     try:
-        n = int(value)
+        n = -1 if isinstance(value, bool) else int(value)
     except (TypeError, ValueError):
         n = -1
-    if isinstance(value, bool) or n < 1:
+    if n < 1:
         raise InvalidUsage(f"storage option map_min_bytes must be a size in bytes or None, "
                            f"not {value!r}")
     return n

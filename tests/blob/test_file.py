@@ -113,7 +113,3 @@ def test_mapping_is_a_storage_option(tmp_path: Path) -> None:
     for bad in (-1, "big", True):
         with pytest.raises(InvalidUsage, match="map_min_bytes"):
             resolve(tmp_path, storage_options={"map_min_bytes": bad})
-    with persist.open(tmp_path, storage_options={"map_min_bytes": None}) as client:
-        write, read = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        write.append([((k, k), 0, 1) for k in range(50_000)], upper=1).result()
-        assert len(read.snapshot(0).to_arrow()) == 50_000
