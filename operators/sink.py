@@ -38,6 +38,7 @@ import persist
 from operators.options import Target, WriteOptions
 from operators.partitions import blob_of
 from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema
+from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
 from persist.indexed import compact, gc, meta
@@ -218,10 +219,10 @@ def _added_since(target: Target, client: persist.Client, seq: int, ids: set[str]
     """
     blob = blob_of(target)
     for s in range(seq + 1, client.state.seq + 1):
-        data = blob.get(meta.log_key(s))
+        data = blob.get(layout.log_key(s))
         if data is None:
             continue
-        entry = meta.decode_commit(meta.log_key(s), data)
+        entry = meta.decode_commit(layout.log_key(s), data)
         if any(isinstance(op, AddPart) and op.part.id in ids for op in entry.ops):
             return True
     return False

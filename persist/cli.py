@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
+from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.blob.envelope import ENVELOPE_VERSION
 from persist.errors import (
@@ -112,7 +113,7 @@ def open_location(url: str, storage_options: dict[str, Any]) -> Location:
 
 
 def _require_metadata(blob: BlobRead, url: str) -> None:
-    if not blob.list_keys("meta/"):
+    if not blob.list_keys(layout.META_PREFIX):
         raise CliError(EXIT_USAGE, f"no persist location at {url!r}: it holds no metadata")
 
 
@@ -151,8 +152,8 @@ def describe(loc: Location) -> dict[str, Any]:
     """Everything ``inspect`` shows, as plain data."""
     blob = loc.read_half()
     _require_metadata(blob, loc.url)
-    logs = blob.list_keys(meta.LOG_PREFIX)
-    rollups = blob.list_keys(meta.ROLLUP_PREFIX)
+    logs = blob.list_keys(layout.LOG_PREFIX)
+    rollups = blob.list_keys(layout.ROLLUP_PREFIX)
     state = Machine(blob).load()
     collections = []
     for name in sorted(state.collections):
@@ -186,9 +187,9 @@ def describe(loc: Location) -> dict[str, Any]:
         "writer": state.writer,
         "committed_wall_ms": state.wall_ms,
         "log_entries": len(logs),
-        "log_range": [meta.seq_of(logs[0]), meta.seq_of(logs[-1])] if logs else None,
+        "log_range": [layout.seq_of(logs[0]), layout.seq_of(logs[-1])] if logs else None,
         "rollups": len(rollups),
-        "newest_rollup": meta.seq_of(rollups[-1]) if rollups else None,
+        "newest_rollup": layout.seq_of(rollups[-1]) if rollups else None,
         "next_collection_id": state.next_cid,
         "retired_blobs": len(state.retired),
         "collections": collections,
@@ -354,7 +355,7 @@ def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[st
     if p.inline is not None and len(p.inline) != p.nbytes:
         yield f"{here}: inline part {p.id} says {p.nbytes} bytes but holds {len(p.inline)}"
     if p.blob_key is not None:
-        if not p.blob_key.startswith(f"{meta.DATA_PREFIX}{c.id}/"):
+        if not p.blob_key.startswith(layout.data_prefix(c.id)):
             yield f"{here}: part {p.id} is stored outside its collection: {p.blob_key!r}"
         if p.blob_key in blob_keys:
             yield f"{here}: blob {p.blob_key!r} is referenced twice"
@@ -459,9 +460,9 @@ def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyRepo
     _require_metadata(blob, loc.url)
     # NB: list the data blobs before loading the state: a blob a live writer commits in between
     # is then referenced, not "leaked"; one written after the listing is simply not seen.
-    data_keys = blob.list_keys(meta.DATA_PREFIX)
-    log_keys = blob.list_keys(meta.LOG_PREFIX)
-    rollup_keys = blob.list_keys(meta.ROLLUP_PREFIX)
+    data_keys = blob.list_keys(layout.DATA_PREFIX)
+    log_keys = blob.list_keys(layout.LOG_PREFIX)
+    rollup_keys = blob.list_keys(layout.ROLLUP_PREFIX)
     try:
         state = Machine(blob).load()
     except Corruption as e:
@@ -523,7 +524,7 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
     commits: dict[int, Commit] = {}
     rollups: dict[int, State] = {}
     vanished: list[str] = []
-    newest_rollup = meta.seq_of(rollup_keys[-1]) if rollup_keys else 0
+    newest_rollup = layout.seq_of(rollup_keys[-1]) if rollup_keys else 0
     for key, got in _fetch_all(blob, [*log_keys, *rollup_keys], jobs, bar):
         if isinstance(got, PersistError):
             report.problems.append(f"{key}: {got}")
@@ -534,8 +535,8 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
         report.metadata_blobs += 1
         report.bytes_read += len(got)
         try:
-            if key.startswith(meta.LOG_PREFIX):
-                commits[meta.seq_of(key)] = meta.decode_commit(key, got)
+            if key.startswith(layout.LOG_PREFIX):
+                commits[layout.seq_of(key)] = meta.decode_commit(key, got)
             else:
                 rollup = meta.decode_state(key, got)
                 rollups[rollup.seq] = rollup
@@ -545,10 +546,10 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
     if vanished:
         # NB: a live writer trims log entries and rollups once a newer rollup is old enough;
         # one that vanished is only a problem if no rollup covers it now.
-        now_rollups = blob.list_keys(meta.ROLLUP_PREFIX)
-        covered = meta.seq_of(now_rollups[-1]) if now_rollups else 0
+        now_rollups = blob.list_keys(layout.ROLLUP_PREFIX)
+        covered = layout.seq_of(now_rollups[-1]) if now_rollups else 0
         report.problems.extend(f"{key}: listed but missing" for key in vanished
-                               if meta.seq_of(key) > covered)
+                               if layout.seq_of(key) > covered)
         newest_rollup = max(newest_rollup, covered)
     if commits:
         top = max(commits)
@@ -578,7 +579,7 @@ def delete_leaked(loc: Location, first: list[str], grace: float,
     time.sleep(grace)
     blob = loc.blob
     # NB: list again before reloading the state, as in verify (see there).
-    still_listed = set(blob.list_keys(meta.DATA_PREFIX))
+    still_listed = set(blob.list_keys(layout.DATA_PREFIX))
     referenced = gc.referenced(Machine(blob).load())
     doomed = [k for k in first if k in still_listed and k not in referenced]
     for key in doomed:

@@ -207,7 +207,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
         return [res]
     wanted = [s for s in ("persist", "floor", "delta") if s in ctx.systems]
     ctx.log(f"W8: starting the moto server ({', '.join(wanted)})")
-    from persist import aws
+    from persist.blob import aws
     from persist.lock.dynamodb import create_table
 
     with moto_server() as endpoint:

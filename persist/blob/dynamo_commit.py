@@ -47,7 +47,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from persist import aws
+from persist.blob import aws
 from persist.errors import Determinate, ExternalError, Indeterminate
 
 log = logging.getLogger(__name__)

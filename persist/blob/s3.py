@@ -1,4 +1,4 @@
-"""S3 (and S3-compatible stores) as a Blob, and the ``s3://bucket/prefix`` location.
+"""S3 (and S3-compatible stores) as a Blob.
 
 Layout: blob key ``k`` is the object ``<prefix>/k`` of the bucket; the writer lock, when kept in
 S3, is ``<prefix>/LOCK``. Every object holds one enveloped value (see :mod:`.envelope`).
@@ -45,29 +45,21 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from typing_extensions import override
 
-from persist import aws
+from persist import layout
+from persist.blob import aws
 from persist.blob.base import Blob
 from persist.blob.dynamo_commit import Decision, DynamoCommit
 from persist.blob.envelope import Framed
+from persist.blob.options import option_float, option_int
 from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
 
-if TYPE_CHECKING:
-    from persist.location import Location
-
-#: Keys under this prefix are immutable and uniquely named (columnar parts): safe to cache.
-CACHEABLE_PREFIX = "data/"
 #: S3's smallest part (except the last) of a multipart upload; moto enforces it too.
 MIN_PART_SIZE = 5 << 20
-LOCK_KEY = "LOCK"
-#: DynamoDB mode: temporary copies of values being created conditionally live under this
-#: (reserved) prefix, as ``_pending/<key>/<uuid>``. Leftovers (a creator that crashed between
-#: writing one and deciding) are listed by ``list_keys("_pending/")``.
-PENDING_PREFIX = "_pending/"
 #: S3's largest CopyObject source: the DynamoDB mode copies a created value into place.
 MAX_COPY_SIZE = 5 << 30
 
@@ -79,20 +71,6 @@ LockKind = Literal["auto", "dynamodb", "s3"]
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
 _CONDITIONAL_PUT = {"native": "native", "etag": "native", "s3": "native",
                     "dynamodb": "dynamodb", "dynamo": "dynamodb"}
-
-
-def _int(name: str, value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError) as e:
-        raise InvalidUsage(f"storage option {name!r} must be an integer, not {value!r}") from e
-
-
-def _float(name: str, value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError) as e:
-        raise InvalidUsage(f"storage option {name!r} must be a number, not {value!r}") from e
 
 
 @dataclass(frozen=True)
@@ -146,19 +124,19 @@ class S3Config:
             "s3" if lock_raw == "s3" else "auto")
         skew = options.get("max_clock_skew_rate")
         cfg = cls(
-            multipart_threshold=_int("multipart_threshold",
+            multipart_threshold=option_int("multipart_threshold",
                                      options.get("multipart_threshold", cls.multipart_threshold)),
-            multipart_part_size=_int("multipart_part_size",
+            multipart_part_size=option_int("multipart_part_size",
                                      options.get("multipart_part_size", cls.multipart_part_size)),
-            cache_bytes=_int("cache_bytes", options.get("cache_bytes", cls.cache_bytes)),
+            cache_bytes=option_int("cache_bytes", options.get("cache_bytes", cls.cache_bytes)),
             conditional_put=conditional,
             dynamodb_table=options.get("dynamodb_table") or None,
             lock=lock,
             lock_table=options.get("lock_table") or None,
-            commit_timeout=_float("commit_timeout",
+            commit_timeout=option_float("commit_timeout",
                                   options.get("commit_timeout", cls.commit_timeout)),
-            commit_ttl=_float("commit_ttl", options.get("commit_ttl", cls.commit_ttl)),
-            max_clock_skew_rate=None if skew is None else _float("max_clock_skew_rate", skew),
+            commit_ttl=option_float("commit_ttl", options.get("commit_ttl", cls.commit_ttl)),
+            max_clock_skew_rate=None if skew is None else option_float("max_clock_skew_rate", skew),
         )
         if cfg.multipart_part_size < MIN_PART_SIZE:
             raise InvalidUsage(
@@ -321,7 +299,7 @@ class S3Blob(Blob):
 
     @override
     def _get(self, key: str) -> bytes | None:
-        cacheable = key.startswith(CACHEABLE_PREFIX)
+        cacheable = layout.is_immutable(key)
         if cacheable:
             hit = self.cache.get(key)
             if hit is not None:
@@ -383,7 +361,7 @@ class S3Blob(Blob):
             # last look tells "landed, reply lost" from "unknown".
             if self._readback(full, data) != "ours":
                 raise
-        if key.startswith(CACHEABLE_PREFIX):
+        if layout.is_immutable(key):
             self.cache.put(key, data)
 
     @override
@@ -394,7 +372,7 @@ class S3Blob(Blob):
             created = self._create_decided(key, full, data)
         else:
             created = self._create_native(full, data)
-        if created and key.startswith(CACHEABLE_PREFIX):
+        if created and layout.is_immutable(key):
             self.cache.put(key, data)
         return created
 
@@ -453,7 +431,7 @@ class S3Blob(Blob):
         """Whether ``key`` may have been created through a DynamoDB decision, so that a miss must
         consult it. NB: ``data/`` keys (immutable, uniquely named, written with ``set``) and the
         temp objects themselves never are, which keeps their misses at one request."""
-        return self.commit is not None and not key.startswith((CACHEABLE_PREFIX, PENDING_PREFIX))
+        return self.commit is not None and not (layout.is_immutable(key) or key.startswith(layout.PENDING_PREFIX))
 
     def _path(self, full: str) -> str:
         return f"s3://{self.bucket}/{full}"
@@ -462,8 +440,8 @@ class S3Blob(Blob):
         assert self.commit is not None
         if not self._decided_by_dynamodb(key):
             raise InvalidUsage(
-                f"conditional_put='dynamodb' creates no keys under {CACHEABLE_PREFIX!r} or "
-                f"{PENDING_PREFIX!r} conditionally (their misses never consult the decisions): "
+                f"conditional_put='dynamodb' creates no keys under {layout.DATA_PREFIX!r} or "
+                f"{layout.PENDING_PREFIX!r} conditionally (their misses never consult the decisions): "
                 f"{key!r}"
             )
         if len(data) > MAX_COPY_SIZE:
@@ -471,7 +449,7 @@ class S3Blob(Blob):
                                f"bytes (S3's CopyObject limit), not {len(data)}")
         if self._exists(full):
             return False
-        temp = self.full_key(f"{PENDING_PREFIX}{key}/{uuid.uuid4().hex}")
+        temp = self.full_key(layout.pending_key(key, uuid.uuid4().hex))
         try:
             self._write(self.client, temp, data, conditional=False)
         except Indeterminate as e:
@@ -673,59 +651,4 @@ class S3Blob(Blob):
                      idempotent=True, retry=self.retry)
 
 
-def location(
-    url: str,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    lease_seconds: float = 30.0,
-) -> Location:
-    """Builds the Location of ``s3://bucket/prefix``: an :class:`S3Blob` and its writer lock.
-
-    The lock is a :class:`~persist.lock.dynamodb.DynamoLock` when ``lock_table`` or
-    ``dynamodb_table`` is configured (or ``lock="dynamodb"``), else an
-    :class:`~persist.lock.s3.S3Lock` on ``<prefix>/LOCK`` (or with ``lock="s3"``).
-
-    Args:
-        url: ``s3://bucket/prefix``.
-        storage_options: see :class:`S3Blob`.
-        lease_seconds: the writer lock's lease.
-
-    Returns:
-        The location. Nothing is contacted yet: a missing bucket surfaces on first use as
-        :class:`persist.MissingResource`.
-
-    Raises:
-        InvalidUsage: a malformed URL or a bad storage option.
-    """
-    # NB: imported here, not at the top: persist.location imports this module lazily, and a
-    # module-level cycle confuses both import order and mypy.
-    from persist.location import Location
-    from persist.lock.dynamodb import DynamoLock
-    from persist.lock.s3 import S3Lock
-
-    bucket, prefix = parse_url(url)
-    blob = S3Blob(bucket, prefix, storage_options=storage_options)
-    cfg = blob.config
-    table = cfg.lock_table or cfg.dynamodb_table
-    kind = cfg.lock if cfg.lock != "auto" else ("dynamodb" if table else "s3")
-    skew = cfg.max_clock_skew_rate or 2.0
-    if kind == "dynamodb":
-        if table is None:
-            raise InvalidUsage("lock='dynamodb' needs storage option lock_table or dynamodb_table")
-        ddb = blob.dynamodb_client()
-        lock_id = blob.url(LOCK_KEY)
-
-        def dynamo_lock() -> DynamoLock:
-            return DynamoLock(ddb, table, lock_id, lease_seconds=lease_seconds,
-                              max_skew_rate=skew, retry=blob.retry)
-
-        return Location(url, blob, dynamo_lock)
-
-    def s3_lock() -> S3Lock:
-        return S3Lock(blob.client, bucket, blob.full_key(LOCK_KEY), lease_seconds=lease_seconds,
-                      max_skew_rate=skew, retry=blob.retry)
-
-    return Location(url, blob, s3_lock)
-
-
-__all__ = ["ImmutableCache", "S3Blob", "S3Config", "location", "parse_url"]
+__all__ = ["ImmutableCache", "S3Blob", "S3Config", "parse_url"]

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from persist import crashpoints
+from persist import crashpoints, layout
 from persist.blob.base import Blob
 from persist.indexed import columnar
-from persist.indexed.meta import DATA_PREFIX, CollectionMeta, PartMeta, ReplaceParts
+from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
 from persist.indexed.read import PartReader, Types
 from persist.indexed.state import effective_since
 
@@ -70,7 +70,7 @@ def new_part(
     if len(data) <= inline_threshold:
         return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
                         consolidated=consolidated, inline=data.to_pybytes())
-    key = f"{DATA_PREFIX}{c.id}/{part_id}"
+    key = layout.data_key(c.id, part_id)
     blob.set(key, memoryview(data))
     return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
                     consolidated=consolidated, blob_key=key)

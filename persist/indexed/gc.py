@@ -14,9 +14,9 @@ Three kinds of garbage, each with its own rule:
 
 from __future__ import annotations
 
+from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError
-from persist.indexed import meta
 from persist.indexed.meta import Forget, State
 
 
@@ -54,12 +54,12 @@ def trim_metadata(blob: Blob, rollup_seq: int) -> int:
     Only call once rollup ``rollup_seq`` has existed for the grace period.
     """
     n = 0
-    for key in blob.list_keys(meta.LOG_PREFIX):
-        if meta.seq_of(key) <= rollup_seq:
+    for key in blob.list_keys(layout.LOG_PREFIX):
+        if layout.seq_of(key) <= rollup_seq:
             blob.delete(key)
             n += 1
-    for key in blob.list_keys(meta.ROLLUP_PREFIX):
-        if meta.seq_of(key) < rollup_seq:
+    for key in blob.list_keys(layout.ROLLUP_PREFIX):
+        if layout.seq_of(key) < rollup_seq:
             blob.delete(key)
             n += 1
     return n
@@ -78,4 +78,4 @@ def leaked(blob: BlobRead, state: State) -> list[str]:
     too; only delete what is older than the grace period.
     """
     refs = referenced(state)
-    return [k for k in blob.list_keys(meta.DATA_PREFIX) if k not in refs]
+    return [k for k in blob.list_keys(layout.DATA_PREFIX) if k not in refs]

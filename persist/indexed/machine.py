@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
 from persist.indexed import meta
@@ -78,11 +79,11 @@ class Machine:
                 # the deleting writer a moment before listing again.
                 time.sleep(0.005 * attempt)
         assert last is not None
-        raise Corruption(meta.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
+        raise Corruption(layout.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
 
     def _load_once(self, scan: bool) -> State:
         listed = time.monotonic()
-        rollups = self._read(self.blob.list_keys, meta.ROLLUP_PREFIX)
+        rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
         state = State()
         if rollups:
             key = rollups[-1]
@@ -96,19 +97,19 @@ class Machine:
             # after our LIST and have aged a whole grace period (see ``refresh``). A load
             # faster than half the grace cannot see that; a slower one LISTs the rollups again.
             while True:
-                key = meta.log_key(state.seq + 1)
+                key = layout.log_key(state.seq + 1)
                 data = self._read(self.blob.get, key)
                 if data is None:
                     break
                 state = apply(state, meta.decode_commit(key, data))
             if time.monotonic() - listed > self.gc_grace_seconds / 2:
-                rollups = self._read(self.blob.list_keys, meta.ROLLUP_PREFIX)
-                if rollups and meta.seq_of(rollups[-1]) > state.seq:
+                rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
+                if rollups and layout.seq_of(rollups[-1]) > state.seq:
                     raise _GapError(f"rollup {rollups[-1]} appeared beyond seq {state.seq}")
             return state
-        logs = [k for k in self._read(self.blob.list_keys, meta.LOG_PREFIX) if meta.seq_of(k) > state.seq]
+        logs = [k for k in self._read(self.blob.list_keys, layout.LOG_PREFIX) if layout.seq_of(k) > state.seq]
         for key in logs:
-            if meta.seq_of(key) != state.seq + 1:
+            if layout.seq_of(key) != state.seq + 1:
                 raise _GapError(f"expected seq {state.seq + 1}, found {key}")
             data = self._read(self.blob.get, key)
             if data is None:
@@ -167,14 +168,14 @@ class Machine:
                 # exists (the next commit is pushed too), halving a pushed replica's requests.
                 return state
             probed_at = time.monotonic()
-            key = meta.log_key(state.seq + 1)
+            key = layout.log_key(state.seq + 1)
             data = self.blob.get(key)
             if data is None:
                 break
             state = apply(state, meta.decode_commit(key, data))
         if verify or state.seq < expect_seq:
-            rollups = self.blob.list_keys(meta.ROLLUP_PREFIX)
-            if rollups and meta.seq_of(rollups[-1]) > state.seq:
+            rollups = self.blob.list_keys(layout.ROLLUP_PREFIX)
+            if rollups and layout.seq_of(rollups[-1]) > state.seq:
                 return self.load()
         # NB: the time *before* the GET that missed: the entry was absent at least then.
         self._last_sync = probed_at
@@ -192,7 +193,7 @@ class Machine:
             Indeterminate: may have been committed; the caller must go fail-stop.
         """
         blob = self._writable()
-        key = meta.log_key(commit.seq)
+        key = layout.log_key(commit.seq)
         data = meta.encode(commit)
         if blob.set_if_absent(key, data):
             return
@@ -214,7 +215,7 @@ class Machine:
 
     def write_rollup(self, state: State) -> str:
         """Stores the whole ``state`` (idempotent: state at a seq is unique)."""
-        key = meta.rollup_key(state.seq)
+        key = layout.rollup_key(state.seq)
         self._writable().set(key, meta.encode(state))
         return key
 
@@ -228,4 +229,4 @@ class Machine:
 
 class _GapError(Corruption):
     def __init__(self, detail: str) -> None:
-        super().__init__(meta.LOG_PREFIX, detail)
+        super().__init__(layout.LOG_PREFIX, detail)

@@ -1,10 +1,8 @@
 """What goes to storage as metadata: frozen, typed, versioned msgspec records.
 
-Storage layout under a location (every value framed by :mod:`persist.blob.envelope`)::
-
-    meta/log/<seq:020d>      Commit      one per metadata commit; created with set_if_absent
-    meta/rollup/<seq:020d>   State       the whole state as of <seq>, written every few commits
-    data/<cid>/<part id>     Arrow IPC   one columnar part (zstd), immutable, unique name
+Where each record is stored is :mod:`persist.layout`'s business (every value framed by
+:mod:`persist.blob.envelope`): a :class:`Commit` per ``meta/log/<seq>``, a :class:`State` per
+``meta/rollup/<seq>``, columnar parts under ``data/``.
 
 The state of a location at sequence number ``n`` is the latest rollup at ``r <= n`` with the
 commits ``r+1..n`` applied in order. A commit is tiny (only what changed), so commit cost does
@@ -21,25 +19,10 @@ from typing import Any, TypeAlias
 
 import msgspec
 
+from persist import layout
 from persist.errors import Corruption, IncompatibleFormat
 
 FORMAT_VERSION = 1
-
-LOG_PREFIX = "meta/log/"
-ROLLUP_PREFIX = "meta/rollup/"
-DATA_PREFIX = "data/"
-
-
-def log_key(seq: int) -> str:
-    return f"{LOG_PREFIX}{seq:020d}"
-
-
-def rollup_key(seq: int) -> str:
-    return f"{ROLLUP_PREFIX}{seq:020d}"
-
-
-def seq_of(key: str) -> int:
-    return int(key.rsplit("/", 1)[1])
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -205,13 +188,13 @@ def _decode(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any]) -> Any
 
 def decode_commit(key: str, data: bytes) -> Commit:
     commit: Commit = _decode(key, data, _COMMIT_DEC)
-    if commit.seq != seq_of(key):
-        raise Corruption(key, f"commit says seq {commit.seq} but is stored as {seq_of(key)}")
+    if commit.seq != layout.seq_of(key):
+        raise Corruption(key, f"commit says seq {commit.seq} but is stored as {layout.seq_of(key)}")
     return commit
 
 
 def decode_state(key: str, data: bytes) -> State:
     state: State = _decode(key, data, _STATE_DEC)
-    if state.seq != seq_of(key):
-        raise Corruption(key, f"rollup says seq {state.seq} but is stored as {seq_of(key)}")
+    if state.seq != layout.seq_of(key):
+        raise Corruption(key, f"rollup says seq {state.seq} but is stored as {layout.seq_of(key)}")
     return state

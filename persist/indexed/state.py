@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 
 import msgspec
 
+from persist import layout
 from persist.errors import Corruption, Fenced, InvalidUsage, UnknownCollection
 from persist.indexed.columnar import MAX_TIME
 from persist.indexed.meta import (
@@ -154,10 +155,10 @@ def apply(state: State, commit: Commit) -> State:
             fails its check): storage holds something persist never commits.
     """
     if commit.seq != state.seq + 1:
-        raise Corruption(f"meta/log/{commit.seq:020d}", f"does not follow seq {state.seq}")
+        raise Corruption(layout.log_key(commit.seq), f"does not follow seq {state.seq}")
     if commit.epoch < state.epoch:
         raise Corruption(
-            f"meta/log/{commit.seq:020d}",
+            layout.log_key(commit.seq),
             f"epoch {commit.epoch} follows a commit of epoch {state.epoch}",
         )
     collections = dict(state.collections)
@@ -166,7 +167,7 @@ def apply(state: State, commit: Commit) -> State:
         try:
             check(collections, op)
         except InvalidUsage as e:
-            raise Corruption(f"meta/log/{commit.seq:020d}", f"invalid op {op!r}: {e}") from e
+            raise Corruption(layout.log_key(commit.seq), f"invalid op {op!r}: {e}") from e
         apply_op(collections, retired, op, seq=commit.seq, wall_ms=commit.wall_ms)
     return State(
         seq=commit.seq,

@@ -36,7 +36,7 @@ from typing import Any
 
 from typing_extensions import override
 
-from persist import aws
+from persist.blob import aws
 from persist.errors import Corruption, Determinate, IncompatibleFormat, Indeterminate, InvalidUsage
 from persist.lock.base import LOCK_FORMAT_VERSION, LockRecord, WriterLock
 

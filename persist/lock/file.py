@@ -14,11 +14,12 @@ from collections.abc import Iterator
 
 from typing_extensions import override
 
+from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, Determinate
 from persist.lock.base import LockRecord, WriterLock, decode_record, encode_record
 
-_KEY = "LOCK"
+_KEY = layout.LOCK_KEY
 
 
 class FileLock(WriterLock):
@@ -27,7 +28,7 @@ class FileLock(WriterLock):
     def __init__(self, directory: str | os.PathLike[str], **kw: float) -> None:
         super().__init__(**kw)
         self._blob = FileBlob(directory)
-        self._mutex_path = os.path.join(self._blob.root, "LOCK.mutex")
+        self._mutex_path = os.path.join(self._blob.root, layout.LOCK_MUTEX_NAME)
 
     @contextlib.contextmanager
     def _mutex(self) -> Iterator[None]:

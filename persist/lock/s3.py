@@ -23,8 +23,8 @@ from collections import OrderedDict
 
 from typing_extensions import override
 
-from persist import aws
-from persist.blob import envelope
+from persist import layout
+from persist.blob import aws, envelope
 from persist.errors import Corruption, Determinate, Indeterminate, InvalidUsage
 from persist.lock.base import LockRecord, WriterLock, decode_record, encode_record
 
@@ -43,7 +43,7 @@ class S3Lock(WriterLock):
         bucket: str,
         key: str,
         *,
-        blob_key: str = "LOCK",
+        blob_key: str = layout.LOCK_KEY,
         lease_seconds: float = 30.0,
         max_skew_rate: float = 2.0,
         retry: aws.RetryPolicy | None = None,

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from persist import layout
 from persist.errors import (
     Fenced,
     InvalidUsage,
@@ -27,7 +28,7 @@ from persist.errors import (
 )
 from persist.indexed.columnar import Codec
 from persist.indexed.indexed import Indexed, Options, check_types
-from persist.indexed.meta import DATA_PREFIX, CollectionMeta, PartMeta, State
+from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, Snapshot, Types, read_part_at, updates_between
 from persist.indexed.state import collection, effective_since
 from persist.location import resolve
@@ -309,8 +310,8 @@ def _check_staged_part(name: str, p: PartMeta) -> None:
         raise InvalidUsage(f"parts for {name!r} must be PartMeta records, not {type(p).__name__}")
     if (p.inline is None) == (p.blob_key is None):
         raise InvalidUsage(f"part {p.id} for {name!r} must be either inline or in a blob")
-    if p.blob_key is not None and not p.blob_key.startswith(DATA_PREFIX):
-        raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {DATA_PREFIX!r}")
+    if p.blob_key is not None and not p.blob_key.startswith(layout.DATA_PREFIX):
+        raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {layout.DATA_PREFIX!r}")
 
 
 def _normalize(state: State, name: str, updates: Any) -> pa.Table:

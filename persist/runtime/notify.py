@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError, InvalidUsage, PersistError, RuntimeShutdown
 from persist.indexed.meta import State
@@ -48,7 +49,7 @@ log = logging.getLogger("persist.notify")
 
 #: Where a writer advertises its notifier. Outside ``meta/log/`` and ``meta/rollup/``, so the
 #: metadata machinery and GC never list it.
-ADVERT_KEY = "meta/notify"
+ADVERT_KEY = layout.NOTIFY_KEY
 ADVERT_VERSION = 1
 
 Transport = Literal["unix", "tcp"]

@@ -35,10 +35,11 @@ from typing import Any
 
 from typing_extensions import override
 
+from persist import layout
 from persist.blob.base import BlobRead
 from persist.errors import PersistError, RuntimeShutdown
 from persist.indexed.indexed import Indexed, Options
-from persist.indexed.meta import DATA_PREFIX, State
+from persist.indexed.meta import State
 from persist.runtime.notify import Subscriber
 from persist.runtime.runtime import Published
 
@@ -67,7 +68,7 @@ class CountingRead(BlobRead):
     @override
     def _get(self, key: str) -> bytes | memoryview | None:
         with self._lock:
-            self._counts["get_data" if key.startswith(DATA_PREFIX) else "get_meta"] += 1
+            self._counts["get_data" if key.startswith(layout.DATA_PREFIX) else "get_meta"] += 1
         return self._inner._get(key)
 
     @override

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import persist
-from persist import cli
+from persist import cli, layout
 from persist.blob.file import FileBlob
 from persist.indexed import meta
 from persist.indexed.compact import CompactionPolicy, new_part
@@ -83,7 +83,7 @@ def loc(base: Path, tmp_path: Path) -> Path:
 
 
 def _data_keys(root: Path) -> list[str]:
-    return FileBlob(root).list_keys(meta.DATA_PREFIX)
+    return FileBlob(root).list_keys(layout.DATA_PREFIX)
 
 
 def _referenced(root: Path) -> list[str]:
@@ -187,8 +187,8 @@ def _corrupt_first(loc: Path, prefix: str, how: str) -> str:
     ("data", "flip", "checksum mismatch"),
     ("data", "truncate", "length mismatch"),
     ("data", "delete", "but missing"),
-    (meta.ROLLUP_PREFIX, "flip", "checksum mismatch"),
-    (meta.LOG_PREFIX, "flip", "checksum mismatch"),
+    (layout.ROLLUP_PREFIX, "flip", "checksum mismatch"),
+    (layout.LOG_PREFIX, "flip", "checksum mismatch"),
 ])
 def test_verify_finds_corruption(loc: Path, prefix: str, how: str, says: str) -> None:
     key = _corrupt_first(loc, prefix, how)
@@ -223,8 +223,8 @@ def test_verify_finds_well_framed_wrong_contents(loc: Path) -> None:
 
 def test_verify_finds_a_rollup_disagreeing_with_the_log(loc: Path) -> None:
     blob = FileBlob(loc)
-    rollups = blob.list_keys(meta.ROLLUP_PREFIX)
-    logs = blob.list_keys(meta.LOG_PREFIX)
+    rollups = blob.list_keys(layout.ROLLUP_PREFIX)
+    logs = blob.list_keys(layout.LOG_PREFIX)
     assert logs
     assert rollups
     key = rollups[-1]
@@ -248,8 +248,8 @@ def test_verify_finds_a_log_gap(loc: Path) -> None:
         ew, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         for t in range(6, 9):
             ew.append([((f"g{t}", t), t, 1)], t + 1).result()
-    newest_rollup = meta.seq_of(blob.list_keys(meta.ROLLUP_PREFIX)[-1])
-    later = [k for k in blob.list_keys(meta.LOG_PREFIX) if meta.seq_of(k) > newest_rollup + 1]
+    newest_rollup = layout.seq_of(blob.list_keys(layout.ROLLUP_PREFIX)[-1])
+    later = [k for k in blob.list_keys(layout.LOG_PREFIX) if layout.seq_of(k) > newest_rollup + 1]
     blob.delete(later[0])
     out = run("verify", str(loc), "--no-progress", expect=cli.EXIT_PROBLEMS).stdout
     assert "gap" in out, out
@@ -257,7 +257,7 @@ def test_verify_finds_a_log_gap(loc: Path) -> None:
 
 def test_newer_format_is_a_persist_error(loc: Path) -> None:
     blob = FileBlob(loc)
-    key = blob.list_keys(meta.ROLLUP_PREFIX)[-1]  # always read on open
+    key = blob.list_keys(layout.ROLLUP_PREFIX)[-1]  # always read on open
     raw = bytearray(blob._get(key) or b"")
     raw[4] = 99  # envelope version (the header checksum then fails first, so fix it up)
     import struct
@@ -276,7 +276,7 @@ def test_newer_format_is_a_persist_error(loc: Path) -> None:
 
 def test_leaked_blobs_are_listed_and_deleted(loc: Path) -> None:
     blob = FileBlob(loc)
-    leaked = f"{meta.DATA_PREFIX}1/leaked-by-a-crash"
+    leaked = f"{layout.DATA_PREFIX}1/leaked-by-a-crash"
     blob.set(leaked, b"an orphan part")
     referenced = _referenced(loc)
     report = json.loads(run("verify", str(loc), "--json", "--no-progress").stdout)
@@ -294,7 +294,7 @@ def test_delete_leaked_spares_a_blob_committed_during_the_grace(loc: Path) -> No
     """A live writer writes a part, verify sees it unreferenced, the writer commits it while
     verify waits out the grace period: it must survive; a truly abandoned one must not."""
     blob = FileBlob(loc)
-    abandoned = f"{meta.DATA_PREFIX}1/abandoned"
+    abandoned = f"{layout.DATA_PREFIX}1/abandoned"
     blob.set(abandoned, b"orphan")
     with persist.open(loc, reentrance_id="builder", options=OPTIONS) as client:
         _, er = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
@@ -336,7 +336,7 @@ def test_verify_ignores_a_part_compacted_and_collected_while_it_reads(loc: Path)
         fired = False
 
         def _get(self, key: str) -> bytes | memoryview | None:
-            if key.startswith(meta.DATA_PREFIX) and not self.fired:
+            if key.startswith(layout.DATA_PREFIX) and not self.fired:
                 self.fired = True
                 writer = Indexed(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",
                                  options=OPTIONS)
@@ -439,7 +439,7 @@ def test_dynamodb_create_table_unreachable_is_one_line() -> None:
 
 def test_delete_leaked_refuses_when_verify_found_problems(loc: Path) -> None:
     blob = FileBlob(loc)
-    leaked = f"{meta.DATA_PREFIX}1/leaked"
+    leaked = f"{layout.DATA_PREFIX}1/leaked"
     blob.set(leaked, b"orphan")
     _corrupt_first(loc, "data", "flip")
     proc = run("verify", str(loc), "--no-progress", "--delete-leaked", "--grace", "0",

@@ -10,6 +10,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from persist import layout
 from persist.blob import envelope
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, IncompatibleFormat
@@ -23,13 +24,13 @@ HERE = Path(__file__).parent
 def test_commit_bytes_are_pinned() -> None:
     golden = (HERE / "v1-commit.bin").read_bytes()
     assert meta.encode(fixed_commit()) == golden
-    assert meta.decode_commit(meta.log_key(7), golden) == fixed_commit()
+    assert meta.decode_commit(layout.log_key(7), golden) == fixed_commit()
 
 
 def test_state_bytes_are_pinned() -> None:
     golden = (HERE / "v1-state.bin").read_bytes()
     assert meta.encode(fixed_state()) == golden
-    assert meta.decode_state(meta.rollup_key(7), golden) == fixed_state()
+    assert meta.decode_state(layout.rollup_key(7), golden) == fixed_state()
 
 
 def test_v1_location_reads_identically(tmp_path: Path) -> None:
@@ -50,10 +51,10 @@ def test_v1_location_reads_identically(tmp_path: Path) -> None:
 def test_newer_metadata_version_is_refused() -> None:
     newer = msgspec.structs.replace(fixed_commit(), version=meta.FORMAT_VERSION + 1)
     with pytest.raises(IncompatibleFormat, match="upgrade persist"):
-        meta.decode_commit(meta.log_key(7), meta.encode(newer))
+        meta.decode_commit(layout.log_key(7), meta.encode(newer))
     state = msgspec.structs.replace(fixed_state(), version=meta.FORMAT_VERSION + 1)
     with pytest.raises(IncompatibleFormat):
-        meta.decode_state(meta.rollup_key(7), meta.encode(state))
+        meta.decode_state(layout.rollup_key(7), meta.encode(state))
 
 
 def test_newer_envelope_version_is_refused() -> None:

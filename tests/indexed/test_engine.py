@@ -11,6 +11,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 
+from persist import layout
 from persist.blob.base import Blob, ReadOnlyView
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
@@ -23,7 +24,7 @@ from persist.errors import (
     SchemaMismatch,
     UnknownCollection,
 )
-from persist.indexed import columnar, gc, meta
+from persist.indexed import columnar, gc
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
 from persist.indexed.read import PartReader, Types
@@ -188,11 +189,11 @@ def _location_with_everything(root: Path) -> FileBlob:
 @pytest.mark.parametrize("damage", ["flip", "truncate", "swap"])
 def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage: str) -> None:
     blob = _location_with_everything(tmp_path)
-    prefix = {"log": meta.LOG_PREFIX, "rollup": meta.ROLLUP_PREFIX, "data": meta.DATA_PREFIX}
+    prefix = {"log": layout.LOG_PREFIX, "rollup": layout.ROLLUP_PREFIX, "data": layout.DATA_PREFIX}
     keys = blob.list_keys(prefix[kind])
     if kind == "log":
-        rollup = meta.seq_of(blob.list_keys(meta.ROLLUP_PREFIX)[-1])
-        keys = [k for k in keys if meta.seq_of(k) > rollup]
+        rollup = layout.seq_of(blob.list_keys(layout.ROLLUP_PREFIX)[-1])
+        keys = [k for k in keys if layout.seq_of(k) > rollup]
     elif kind == "data":
         state = Indexed(blob.read_only()).state
         live = {p.blob_key for p in state.collections["c"].parts}
@@ -250,7 +251,7 @@ def test_commit_size_does_not_grow_with_history_or_collections() -> None:
     ix.register("c", pa.int64(), pa.int64())
 
     def last_commit_size() -> int:
-        return len(blob.get(meta.log_key(ix.state.seq)) or b"")
+        return len(blob.get(layout.log_key(ix.state.seq)) or b"")
 
     ix.write({"c": [((1, 1), 0, 1)]})
     ix.seal("c", 1)
@@ -275,16 +276,16 @@ def test_gc_deletes_retired_blobs_only_after_grace(tmp_path: Path) -> None:
     for t in range(8):
         ix.write({"c": [((t, t), t, 1)]})
         ix.seal("c", t + 1)
-    before = set(blob.list_keys(meta.DATA_PREFIX))
+    before = set(blob.list_keys(layout.DATA_PREFIX))
     ix.maintain()
     retired = {r.key for r in ix.state.retired}
     assert retired
     assert retired <= before
-    assert set(blob.list_keys(meta.DATA_PREFIX)) >= before  # still there: within grace
+    assert set(blob.list_keys(layout.DATA_PREFIX)) >= before  # still there: within grace
     assert gc.leaked(blob, ix.state) == []
     ix.collect_garbage(now_ms=ix.state.wall_ms + 3_600_001)
     assert not ix.state.retired
-    remaining = set(blob.list_keys(meta.DATA_PREFIX))
+    remaining = set(blob.list_keys(layout.DATA_PREFIX))
     assert not (remaining & retired)
     assert remaining == gc.referenced(ix.state)
     assert Indexed(blob.read_only()).snapshot("c", 7).to_python() == [
@@ -296,8 +297,8 @@ def test_leaked_blobs_are_listed(tmp_path: Path) -> None:
     blob = FileBlob(tmp_path)
     ix = fresh(blob)
     ix.register("c", pa.int64(), pa.int64())
-    blob.set(f"{meta.DATA_PREFIX}1/orphan", b"x")
-    assert gc.leaked(blob, ix.state) == [f"{meta.DATA_PREFIX}1/orphan"]
+    blob.set(f"{layout.DATA_PREFIX}1/orphan", b"x")
+    assert gc.leaked(blob, ix.state) == [f"{layout.DATA_PREFIX}1/orphan"]
 
 
 def test_updates_between_refuses_ranges_compacted_away() -> None:
@@ -352,14 +353,14 @@ def test_reader_load_probes_instead_of_listing_the_log() -> None:
     view = _Watched(blob)
     reader = Indexed(view)
     assert reader.state == writer.state
-    assert meta.LOG_PREFIX not in view.listed  # cost: entries since the rollup, not the log
+    assert layout.LOG_PREFIX not in view.listed  # cost: entries since the rollup, not the log
 
 
 def test_writer_load_finds_a_gap_a_probe_would_read_as_the_end() -> None:
     blob = MemoryBlob(uuid.uuid4().hex)
     writer = _history(blob, 10, rollup_every=10_000)
     seq = writer.state.seq
-    blob.delete(meta.log_key(seq - 2))  # storage lost an entry in the middle
+    blob.delete(layout.log_key(seq - 2))  # storage lost an entry in the middle
     with pytest.raises(Corruption, match="gap"):
         Indexed(blob, epoch=2, writer="w2")
     # a reader cannot tell that hole from the end of the log (as when following it), and reads
@@ -382,9 +383,9 @@ def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None
         # trimmed up to it (what GC does once that rollup is a grace period old)
         writer.machine.write_rollup(writer.state)
         for seq in range(first + 1, writer.state.seq + 1):
-            blob.delete(meta.log_key(seq))
+            blob.delete(layout.log_key(seq))
 
-    view.before_get[meta.log_key(first + 1)] = rollup_and_trim
+    view.before_get[layout.log_key(first + 1)] = rollup_and_trim
     reader = Indexed(view, options=Options(gc_grace_seconds=0.0))
     assert reader.state == writer.state
 

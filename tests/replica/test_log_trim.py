@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from persist import layout
 from persist.blob.base import BlobRead
 from persist.blob.memory import MemoryBlob
-from persist.indexed import meta
 from persist.indexed.indexed import Indexed, Options
 from persist.indexed.machine import Machine
 from persist.runtime.replica import CountingRead, Follower
@@ -41,7 +41,7 @@ def test_a_missing_next_entry_is_trusted_only_until_verified(blob: MemoryBlob) -
     m = Machine(counted, gc_grace_seconds=300)  # assumes more grace than the writer gives
     stale = m.load()
     _commit_and_trim(ix, 6)
-    assert blob.get(meta.log_key(stale.seq + 1)) is None  # trimmed past the replica
+    assert blob.get(layout.log_key(stale.seq + 1)) is None  # trimmed past the replica
     before = counted.counts
     assert m.refresh(stale).seq == stale.seq  # within the trust window: one GET, no LIST
     after = counted.counts
@@ -93,7 +93,7 @@ class _TrimsDuringLoad(BlobRead):
 
     def _list(self, prefix: str) -> list[str]:
         keys = self._inner._list(prefix)
-        if prefix == meta.ROLLUP_PREFIX and self._times > 0:
+        if prefix == layout.ROLLUP_PREFIX and self._times > 0:
             self._times -= 1
             _commit_and_trim(self._ix, 3)
         return keys

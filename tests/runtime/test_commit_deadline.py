@@ -11,12 +11,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from persist import cli
+from persist import cli, layout
 from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import CommitDeadline
-from persist.indexed import gc, meta
+from persist.indexed import gc
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
 from persist.runtime.client import Client
@@ -35,7 +35,7 @@ class StallingBlob(FileBlob):
 
     def _set(self, key: str, data: bytes | Framed) -> None:
         super()._set(key, data)
-        if key.startswith(meta.DATA_PREFIX) and self.armed.is_set():
+        if key.startswith(layout.DATA_PREFIX) and self.armed.is_set():
             self.stored.set()
             time.sleep(self.stall)
 
@@ -48,7 +48,7 @@ class SlowCommitBlob(FileBlob):
         self.stall = stall
 
     def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        if key.startswith(meta.LOG_PREFIX):
+        if key.startswith(layout.LOG_PREFIX):
             time.sleep(self.stall)
         return super()._set_if_absent(key, data)
 
@@ -64,11 +64,11 @@ def test_a_commit_past_its_deadline_sends_nothing_and_removes_its_blobs() -> Non
                  options=Options(inline_threshold=0, commit_deadline_seconds=0.0))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
-    before = (ix.state, blob.list_keys(meta.LOG_PREFIX))
+    before = (ix.state, blob.list_keys(layout.LOG_PREFIX))
     with pytest.raises(CommitDeadline, match="commit deadline"):
         ix.write({"c": rows(10, 0)})
-    assert (ix.state, blob.list_keys(meta.LOG_PREFIX)) == before
-    assert blob.list_keys(meta.DATA_PREFIX) == []
+    assert (ix.state, blob.list_keys(layout.LOG_PREFIX)) == before
+    assert blob.list_keys(layout.DATA_PREFIX) == []
     ix.seal("c", 1)  # no data blob, no deadline
     assert Indexed(blob.read_only()).state.collections["c"].upper == 1
 

@@ -7,9 +7,10 @@ import uuid
 import pyarrow as pa
 import pytest
 
+from persist import layout
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
-from persist.indexed import gc, meta
+from persist.indexed import gc
 from persist.indexed.indexed import Indexed, Options
 from persist.indexed.machine import Machine
 from persist.runtime.client import Client
@@ -38,7 +39,7 @@ class FlakyBlob(MemoryBlob):
 
 def test_gc_keeps_the_deletes_it_made_before_one_failed() -> None:
     blob = FlakyBlob(uuid.uuid4().hex)
-    keys = tuple(f"{meta.DATA_PREFIX}1/k{i}" for i in range(5))
+    keys = tuple(f"{layout.DATA_PREFIX}1/k{i}" for i in range(5))
     for k in keys:
         blob.set(k, b"x")
     blob.fail_delete = {keys[3]}
@@ -46,7 +47,7 @@ def test_gc_keeps_the_deletes_it_made_before_one_failed() -> None:
     blob.fail_delete = {keys[3]}
     with pytest.raises(Determinate):
         gc.delete_retired(blob, keys[3:])
-    assert blob.list_keys(meta.DATA_PREFIX) == list(keys[3:])
+    assert blob.list_keys(layout.DATA_PREFIX) == list(keys[3:])
 
 
 def test_a_failing_gc_does_not_starve_rollups() -> None:
@@ -67,9 +68,9 @@ def test_a_failing_gc_does_not_starve_rollups() -> None:
                 with pytest.raises(Determinate, match="injected: delete"):
                     client.maintain()
         assert client.state.retired  # nothing could be collected...
-        rollups = blob.list_keys(meta.ROLLUP_PREFIX)
+        rollups = blob.list_keys(layout.ROLLUP_PREFIX)
         assert rollups  # ...but rolled up
-        assert meta.seq_of(rollups[-1]) >= client.state.seq - 4
+        assert layout.seq_of(rollups[-1]) >= client.state.seq - 4
     finally:
         client.stop()
 

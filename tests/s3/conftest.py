@@ -79,7 +79,7 @@ def aws_options(moto_endpoint: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def s3_client(aws_options: dict[str, Any]) -> Any:
-    from persist import aws
+    from persist.blob import aws
 
     opts, _ = aws.AwsOptions.split(aws_options)
     return aws.client("s3", opts)

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from persist import aws
+from persist.blob import aws
 from persist.blob.s3 import S3Blob
 from persist.indexed.indexed import Indexed
 from persist.location import resolve

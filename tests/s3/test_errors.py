@@ -24,7 +24,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from persist import aws
+from persist.blob import aws
 from persist.blob.s3 import S3Blob
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 from persist.lock.dynamodb import DynamoLock

@@ -48,6 +48,7 @@ import pyarrow as pa
 import pytest
 
 import persist
+from persist import layout
 from persist.blob.s3 import S3Blob
 from persist.indexed import meta
 from persist.indexed.meta import Commit
@@ -151,7 +152,7 @@ class Child:
 def read_log(blob: S3Blob) -> list[Commit]:
     """Every commit of the metadata log, in order (these tests never trim it)."""
     commits = []
-    for key in blob.list_keys(meta.LOG_PREFIX):
+    for key in blob.list_keys(layout.LOG_PREFIX):
         data = blob.get(key)
         assert data is not None, key
         commits.append(meta.decode_commit(key, data))

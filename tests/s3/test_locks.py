@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from persist import aws
+from persist.blob import aws
 from persist.errors import InvalidUsage
 from persist.location import resolve
 from persist.lock.dynamodb import LOCK_SORT_KEY, DynamoLock, create_table

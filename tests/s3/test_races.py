@@ -14,7 +14,8 @@ import pytest
 
 from persist.blob import envelope
 from persist.blob.dynamo_commit import DECISION_ETAG
-from persist.blob.s3 import PENDING_PREFIX, S3Blob
+from persist.blob.s3 import S3Blob
+from persist.layout import PENDING_PREFIX
 from tests.s3 import workers
 
 pytestmark = pytest.mark.s3

@@ -21,8 +21,8 @@ import pyarrow as pa
 import pytest
 
 import persist
+from persist import layout
 from persist.errors import Fenced, InvalidUsage, LockHeld, RuntimeShutdown
-from persist.indexed import meta
 from persist.indexed.compact import CompactionPolicy
 from persist.location import resolve
 from persist.lock.dynamodb import DynamoLock
@@ -208,13 +208,13 @@ def test_open_s3_end_to_end(aws_options: dict[str, Any], bucket: str, dynamodb_t
         referenced = blob_keys(writer)
         assert referenced, "the bulk rows should live in data blobs"
         on_server = stored_keys(s3_client, bucket, "e2e")
-        data_on_server = {k for k in on_server if k.startswith(meta.DATA_PREFIX)}
+        data_on_server = {k for k in on_server if k.startswith(layout.DATA_PREFIX)}
         assert referenced <= data_on_server
         retired = ever_referenced - referenced
         assert retired, "compaction retired no data blob"
         assert not retired & data_on_server, "GC left retired data blobs behind"
-        logs = [meta.seq_of(k) for k in on_server if k.startswith(meta.LOG_PREFIX)]
-        rollups = [meta.seq_of(k) for k in on_server if k.startswith(meta.ROLLUP_PREFIX)]
+        logs = [layout.seq_of(k) for k in on_server if k.startswith(layout.LOG_PREFIX)]
+        rollups = [layout.seq_of(k) for k in on_server if k.startswith(layout.ROLLUP_PREFIX)]
         assert rollups, "no rollup was written"
         assert 1 not in logs, "the metadata log should have been trimmed behind a rollup"
         assert max(logs + rollups) == writer.state.seq

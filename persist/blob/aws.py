@@ -40,6 +40,7 @@ import boto3
 import botocore.exceptions as bx
 from botocore.config import Config
 
+from persist.blob.options import option_bool, option_float, option_int
 from persist.errors import (
     Determinate,
     ExternalError,
@@ -95,19 +96,6 @@ _ALIASES: dict[str, str] = {
     "retry_base_delay": "retry_base_delay",
     "retry_max_delay": "retry_max_delay",
 }
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
-
-
-def _number(name: str, value: Any, kind: Callable[[Any], T]) -> T:
-    try:
-        return kind(value)
-    except (TypeError, ValueError) as e:
-        raise InvalidUsage(f"storage option {name!r} must be a number, not {value!r}") from e
 
 
 @dataclass(frozen=True)
@@ -175,16 +163,17 @@ class AwsOptions:
             known[canon] = value
         style = known.pop("addressing_style", None)
         if "virtual_hosted_style_request" in known:
-            vh = _truthy(known.pop("virtual_hosted_style_request"))
+            vh = option_bool("aws_virtual_hosted_style_request",
+                             known.pop("virtual_hosted_style_request"))
             style = style or ("virtual" if vh else "path")
         if style is not None and style not in ("auto", "path", "virtual"):
             raise InvalidUsage(f"addressing_style must be auto, path or virtual, not {style!r}")
         # NB: accepted for deltalake compatibility; boto3 takes http vs https from the URL.
         known.pop("allow_http", None)
         retry = RetryPolicy(
-            max_attempts=_number("max_attempts", known.pop("max_attempts", 6), int),
-            base_delay=_number("retry_base_delay", known.pop("retry_base_delay", 0.05), float),
-            max_delay=_number("retry_max_delay", known.pop("retry_max_delay", 2.0), float),
+            max_attempts=option_int("max_attempts", known.pop("max_attempts", 6)),
+            base_delay=option_float("retry_base_delay", known.pop("retry_base_delay", 0.05)),
+            max_delay=option_float("retry_max_delay", known.pop("retry_max_delay", 2.0)),
         )
         if retry.max_attempts < 1:
             raise InvalidUsage("max_attempts must be at least 1")
@@ -197,11 +186,10 @@ class AwsOptions:
             aws_session_token=known.get("aws_session_token"),
             profile_name=known.get("profile_name"),
             addressing_style=style,
-            connect_timeout=_number("connect_timeout", known.get("connect_timeout", 5.0), float),
-            read_timeout=_number("read_timeout", known.get("read_timeout", 30.0), float),
-            max_pool_connections=_number(
-                "max_pool_connections", known.get("max_pool_connections", 32), int
-            ),
+            connect_timeout=option_float("connect_timeout", known.get("connect_timeout", 5.0)),
+            read_timeout=option_float("read_timeout", known.get("read_timeout", 30.0)),
+            max_pool_connections=option_int("max_pool_connections",
+                                            known.get("max_pool_connections", 32)),
             retry=retry,
         )
         return opts, rest

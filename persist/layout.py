@@ -1,0 +1,96 @@
+"""The storage key layout of a location: every key persist stores, named in one place.
+
+Every other module asks this one for keys and prefixes; none spells a path itself::
+
+    meta/log/<seq:020d>        Commit      one per metadata commit; created with set_if_absent
+    meta/rollup/<seq:020d>     State       the whole state as of <seq>, written every few commits
+    meta/notify                Advert      where a writer with notify=True pushes new seqs
+    data/<cid>/<part id>       Arrow IPC   one columnar part (zstd), immutable, unique name
+    LOCK                       LockRecord  the writer lock, when it lives beside the data
+    LOCK.mutex                 (empty)     file locations: the flock arbitrating LOCK's CaS
+    _pending/<key>/<uuid>      any         S3 with conditional_put="dynamodb": values being created
+
+Invariant: keys under ``data/`` are uniquely named and never rewritten, so any layer may cache
+them; nothing else is immutable.
+
+This module sits on the ground floor (it imports nothing of persist), so every layer, the blob
+layer included, may use it.
+"""
+
+from __future__ import annotations
+
+#: Every metadata key lies under this prefix.
+META_PREFIX = "meta/"
+#: The metadata log: one entry per commit, created with set_if_absent.
+LOG_PREFIX = "meta/log/"
+#: Rollups: the whole state as of a seq.
+ROLLUP_PREFIX = "meta/rollup/"
+#: A writer's notifier advert. NB: outside ``meta/log/`` and ``meta/rollup/``, so neither a
+#: replay nor a GC of metadata ever sees it.
+NOTIFY_KEY = "meta/notify"
+#: Columnar parts; immutable and uniquely named, hence cacheable.
+DATA_PREFIX = "data/"
+#: The writer lock's record, when the lock is kept in the location itself (file, S3).
+LOCK_KEY = "LOCK"
+#: File locations: the file whose ``flock`` arbitrates the lock record's compare-and-set.
+LOCK_MUTEX_NAME = "LOCK.mutex"
+#: S3 with the DynamoDB-synchronized create: temporary copies of values being created.
+PENDING_PREFIX = "_pending/"
+
+
+def log_key(seq: int) -> str:
+    """Returns the key of metadata log entry ``seq``."""
+    return f"{LOG_PREFIX}{seq:020d}"
+
+
+def rollup_key(seq: int) -> str:
+    """Returns the key of the rollup as of ``seq``."""
+    return f"{ROLLUP_PREFIX}{seq:020d}"
+
+
+def seq_of(key: str) -> int:
+    """Returns the seq of a log or rollup key (the inverse of :func:`log_key`/:func:`rollup_key`).
+
+    Raises:
+        ValueError: ``key`` does not end in a seq.
+    """
+    return int(key.rsplit("/", 1)[1])
+
+
+def data_prefix(collection_id: int | str) -> str:
+    """Returns the prefix under which the parts of collection ``collection_id`` are stored."""
+    return f"{DATA_PREFIX}{collection_id}/"
+
+
+def data_key(collection_id: int | str, part_id: str) -> str:
+    """Returns the blob key of part ``part_id`` of collection ``collection_id``."""
+    return f"{DATA_PREFIX}{collection_id}/{part_id}"
+
+
+def is_immutable(key: str) -> bool:
+    """True if the value at ``key`` is never rewritten once created (safe to cache)."""
+    return key.startswith(DATA_PREFIX)
+
+
+def pending_key(key: str, token: str) -> str:
+    """Returns the temporary key that a DynamoDB-synchronized create of ``key`` writes first."""
+    return f"{PENDING_PREFIX}{key}/{token}"
+
+
+__all__ = [
+    "DATA_PREFIX",
+    "LOCK_KEY",
+    "LOCK_MUTEX_NAME",
+    "LOG_PREFIX",
+    "META_PREFIX",
+    "NOTIFY_KEY",
+    "PENDING_PREFIX",
+    "ROLLUP_PREFIX",
+    "data_key",
+    "data_prefix",
+    "is_immutable",
+    "log_key",
+    "pending_key",
+    "rollup_key",
+    "seq_of",
+]
