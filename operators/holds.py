@@ -45,7 +45,7 @@ def set_hold(target: Target, hold_id: str, frontier: int | None, *,
         lock.close()
         return False
     try:
-        ix = Indexed(loc.blob, epoch=lease.generation, writer=rid)
+        ix = Indexed.open(loc.blob, epoch=lease.generation, writer=rid)
         ix.fence()
         try:
             ix.set_hold(target.collection, hold_id, frontier)

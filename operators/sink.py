@@ -9,7 +9,7 @@ has them:
 
 1. Each task encodes its rows as one storage part and stores it in the location's blob store
    itself (small parts ride back inline in the commit message instead), exactly as the writer
-   would have (:func:`persist.indexed.compact.new_part`). Nothing is visible yet: a part no
+   would have (:func:`persist.indexed.write.new_part`). Nothing is visible yet: a part no
    commit references is invisible (and ``persist verify --delete-leaked`` reclaims it).
 2. The driver takes the writer lock and commits every task's part plus the seal in **one**
    ``Client.apply``: all of the job's updates land at once, or none do.
@@ -41,7 +41,7 @@ from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema
 from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
-from persist.indexed import compact, gc, meta
+from persist.indexed import gc, meta, write
 from persist.indexed.columnar import Codec, from_updates
 from persist.indexed.meta import AddPart, CollectionMeta, PartMeta
 from persist.location import resolve
@@ -99,7 +99,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any]) -> Sta
                            Codec(schema.field("value").type))
     c = CollectionMeta(id=types.cid, name=types.name, key_type=types.key_type,
                        value_type=types.value_type)
-    part = compact.new_part(_writable(target.url, target.storage), c, updates,
+    part = write.new_part(_writable(target.url, target.storage), c, updates,
                             inline_threshold=INLINE_BYTES, consolidated=False)
     return Staged(part)
 

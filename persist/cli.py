@@ -634,7 +634,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     loc = open_location(args.url, args.storage_options)
     _require_metadata(loc.read_half(), loc.url)
-    ix = Indexed(loc.read_half())
+    ix = Indexed.open(loc.read_half())
     c = collection(ix.state.collections, args.collection)
     as_of = args.as_of
     if as_of is None:

@@ -15,17 +15,17 @@ it is invisible to every definite read. It runs off the commit path and lands as
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import dataclass
 
 import pyarrow as pa
 
-from persist import crashpoints, layout
+from persist import crashpoints
 from persist.blob.base import Blob
 from persist.indexed import columnar
 from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
 from persist.indexed.read import PartReader, Types
 from persist.indexed.state import effective_since
+from persist.indexed.write import new_part
 
 FANIN = 4
 
@@ -58,22 +58,6 @@ def plan(c: CollectionMeta, policy: CompactionPolicy) -> tuple[PartMeta, ...]:
     if len(inline) > 1 and sum(p.nbytes for p in inline) >= policy.inline_flush_bytes:
         return tuple(inline)
     return ()
-
-
-def new_part(
-    blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool
-) -> PartMeta:
-    """Encodes ``table`` as a part: inline when small, else in a fresh, uniquely named blob."""
-    part_id = uuid.uuid4().hex
-    data = columnar.encode_part(table)
-    lo, hi = columnar.time_range(table) if len(table) else (0, 0)
-    if len(data) <= inline_threshold:
-        return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                        consolidated=consolidated, inline=data.to_pybytes())
-    key = layout.data_key(c.id, part_id)
-    blob.set(key, memoryview(data))
-    return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                    consolidated=consolidated, blob_key=key)
 
 
 def merge(

@@ -50,6 +50,7 @@ from persist.indexed.meta import (
 )
 from persist.indexed.read import PartReader, Snapshot, Types, updates_between
 from persist.indexed.state import apply, apply_op, check, collection, plan
+from persist.indexed.write import new_part
 
 replace = msgspec.structs.replace
 log = logging.getLogger("persist.indexed")
@@ -153,22 +154,54 @@ class Indexed:
 
     def __init__(
         self,
-        blob: BlobRead,
+        machine: Machine,
+        state: State,
         *,
         epoch: int = 0,
         writer: str = "",
         options: Options | None = None,
     ) -> None:
-        self.blob = blob
+        """Wraps an already loaded ``state`` of ``machine``'s location. Does no IO.
+
+        Use :meth:`open` to load a location; this constructor is for callers that loaded (or
+        made) the state themselves.
+        """
+        self.machine = machine
+        self.blob = machine.blob
         self.epoch = epoch
         self.writer = writer
         self.options = options or Options()
-        self.machine = Machine(blob, gc_grace_seconds=self.options.gc_grace_seconds)
-        self.reader = PartReader(blob, cache_bytes=self.options.cache_bytes)
-        self.state = self.machine.load()
+        self.reader = PartReader(self.blob, cache_bytes=self.options.cache_bytes)
+        self.state = state
         self._last_rollup_seq = self.state.seq
         self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
         self._plans: dict[str, tuple[CollectionMeta, tuple[Any, ...]]] = {}
+
+    @classmethod
+    def open(
+        cls,
+        blob: BlobRead,
+        *,
+        epoch: int = 0,
+        writer: str = "",
+        options: Options | None = None,
+    ) -> Indexed:
+        """Loads the newest state of the location in ``blob`` (a rollup and the log after it).
+
+        Args:
+            blob: the location's store; a read-only view makes a read-only engine.
+            epoch: the writer's lock generation, stamped on its commits (0 for readers).
+            writer: the writer's reentrance id, stamped on its commits.
+            options: engine options (defaults: :class:`Options`).
+
+        Raises:
+            Corruption: the metadata cannot be decoded, or the log has a gap.
+            IncompatibleFormat: the location was written by a newer format.
+            ExternalError: the store failed.
+        """
+        options = options or Options()
+        machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds)
+        return cls(machine, machine.load(), epoch=epoch, writer=writer, options=options)
 
     @property
     def writable(self) -> bool:
@@ -211,7 +244,7 @@ class Indexed:
             c = txn.collections[name]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             started = time.monotonic()
-            part = compact.new_part(blob, c, table,
+            part = new_part(blob, c, table,
                                     inline_threshold=self.options.inline_threshold,
                                     consolidated=False)
             if part.blob_key is not None:

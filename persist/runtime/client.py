@@ -101,7 +101,7 @@ def open(
     lock = loc.lock()
     lease = lock.acquire(rid, timeout=lock_timeout)
     try:
-        ix = Indexed(loc.blob, epoch=lease.generation, writer=rid, options=options)
+        ix = Indexed.open(loc.blob, epoch=lease.generation, writer=rid, options=options)
         ix.fence()
     except BaseException:
         lock.release(lease)
@@ -210,7 +210,7 @@ class Client:
             seals: the new ``upper`` per collection.
             sinces: the new ``since`` per collection.
             parts: parts per collection that another process already encoded and stored in
-                this location's blob store (``persist.indexed.compact.new_part``), added as
+                this location's blob store (``persist.indexed.write.new_part``), added as
                 they are: a Spark job's tasks stage their data this way and the driver commits
                 it with one apply. Every row must be at a time >= the collection's upper.
             holds: durable read holds per collection, ``{hold id: frontier}``; a frontier of

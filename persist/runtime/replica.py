@@ -91,7 +91,7 @@ def open_replica(
 ) -> tuple[Indexed, Follower]:
     """Loads a location through ``blob`` (a read half) and starts following its writer."""
     counted = CountingRead(blob)
-    ix = Indexed(counted, options=options)
+    ix = Indexed.open(counted, options=options)
     return ix, Follower(ix, min_poll=poll_interval[0], max_poll=poll_interval[1], notify=notify,
                         requests=counted)
 

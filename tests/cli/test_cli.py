@@ -25,10 +25,11 @@ import persist
 from persist import cli, layout
 from persist.blob.file import FileBlob
 from persist.indexed import meta
-from persist.indexed.compact import CompactionPolicy, new_part
+from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Txn
 from persist.indexed.machine import Machine
 from persist.indexed.read import Types
+from persist.indexed.write import new_part
 from persist.location import Location
 
 EXE = shutil.which("persist", path=os.path.dirname(sys.executable))
@@ -338,7 +339,7 @@ def test_verify_ignores_a_part_compacted_and_collected_while_it_reads(loc: Path)
         def _get(self, key: str) -> bytes | memoryview | None:
             if key.startswith(layout.DATA_PREFIX) and not self.fired:
                 self.fired = True
-                writer = Indexed(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",
+                writer = Indexed.open(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",
                                  options=OPTIONS)
                 writer.fence()
                 txn = Txn(writer.state)

@@ -28,7 +28,7 @@ def main() -> None:
     shutil.rmtree(loc, ignore_errors=True)
     opts = Options(inline_threshold=200, rollup_every=4,
                    compaction=CompactionPolicy(inline_flush_bytes=400))
-    ix = Indexed(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("strings", pa.string(), pa.int64())
     ix.register("floats", pa.int64(), pa.float64())

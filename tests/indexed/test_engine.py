@@ -31,7 +31,7 @@ from persist.indexed.read import PartReader, Types
 
 
 def fresh(blob: Blob | None = None, epoch: int = 1, **opts: object) -> Indexed:
-    ix = Indexed(blob or MemoryBlob(uuid.uuid4().hex), epoch=epoch, writer=f"w{epoch}",
+    ix = Indexed.open(blob or MemoryBlob(uuid.uuid4().hex), epoch=epoch, writer=f"w{epoch}",
                  options=Options(**opts))  # type: ignore[arg-type]
     ix.fence()
     return ix
@@ -138,13 +138,13 @@ def test_bad_input_changes_nothing() -> None:
         with pytest.raises(exc, match=match):
             fn()  # type: ignore[operator]
         assert ix.state is before
-    assert Indexed(ix.blob).state == before
+    assert Indexed.open(ix.blob).state == before
 
 
 def test_read_only_cannot_write() -> None:
     blob = MemoryBlob(uuid.uuid4().hex)
     fresh(blob).register("c", pa.string(), pa.int64())
-    ro = Indexed(blob.read_only())
+    ro = Indexed.open(blob.read_only())
     with pytest.raises(ReadOnly):
         ro.seal("c", 1)
     with pytest.raises(ReadOnly):
@@ -195,7 +195,7 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
         rollup = layout.seq_of(blob.list_keys(layout.ROLLUP_PREFIX)[-1])
         keys = [k for k in keys if layout.seq_of(k) > rollup]
     elif kind == "data":
-        state = Indexed(blob.read_only()).state
+        state = Indexed.open(blob.read_only()).state
         live = {p.blob_key for p in state.collections["c"].parts}
         keys = [k for k in keys if k in live]
     assert keys
@@ -211,7 +211,7 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
     else:
         blob._set(victim, blob._get(other) or b"")  # a valid value of another key
     def read() -> None:
-        Indexed(blob.read_only()).snapshot("c", 5).to_arrow()
+        Indexed.open(blob.read_only()).snapshot("c", 5).to_arrow()
 
     with pytest.raises(Corruption, match=victim.split("/")[-1]) as err:
         read()
@@ -265,7 +265,7 @@ def test_commit_size_does_not_grow_with_history_or_collections() -> None:
     assert last_commit_size() <= first + 8
     # and a reopen replays a bounded suffix of the log thanks to rollups
     ix.maybe_rollup()
-    reopened = Indexed(blob.read_only())
+    reopened = Indexed.open(blob.read_only())
     assert reopened.state == ix.state
 
 
@@ -288,7 +288,7 @@ def test_gc_deletes_retired_blobs_only_after_grace(tmp_path: Path) -> None:
     remaining = set(blob.list_keys(layout.DATA_PREFIX))
     assert not (remaining & retired)
     assert remaining == gc.referenced(ix.state)
-    assert Indexed(blob.read_only()).snapshot("c", 7).to_python() == [
+    assert Indexed.open(blob.read_only()).snapshot("c", 7).to_python() == [
         ((t, t), 7, 1) for t in range(8)
     ]
 
@@ -351,7 +351,7 @@ def test_reader_load_probes_instead_of_listing_the_log() -> None:
     writer.maybe_rollup()
     writer.seal("c", 41)  # entries after the newest rollup
     view = _Watched(blob)
-    reader = Indexed(view)
+    reader = Indexed.open(view)
     assert reader.state == writer.state
     assert layout.LOG_PREFIX not in view.listed  # cost: entries since the rollup, not the log
 
@@ -362,10 +362,10 @@ def test_writer_load_finds_a_gap_a_probe_would_read_as_the_end() -> None:
     seq = writer.state.seq
     blob.delete(layout.log_key(seq - 2))  # storage lost an entry in the middle
     with pytest.raises(Corruption, match="gap"):
-        Indexed(blob, epoch=2, writer="w2")
+        Indexed.open(blob, epoch=2, writer="w2")
     # a reader cannot tell that hole from the end of the log (as when following it), and reads
     # the definite prefix before it
-    assert Indexed(blob.read_only()).state.seq == seq - 3
+    assert Indexed.open(blob.read_only()).state.seq == seq - 3
 
 
 def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None:
@@ -386,7 +386,7 @@ def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None
             blob.delete(layout.log_key(seq))
 
     view.before_get[layout.log_key(first + 1)] = rollup_and_trim
-    reader = Indexed(view, options=Options(gc_grace_seconds=0.0))
+    reader = Indexed.open(view, options=Options(gc_grace_seconds=0.0))
     assert reader.state == writer.state
 
 

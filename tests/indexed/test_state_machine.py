@@ -77,7 +77,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.models[name].upper = seal_to
 
     def _open(self) -> Indexed:
-        ix = Indexed(self.blob, epoch=self.epoch, writer=f"w{self.epoch}", options=OPTIONS)
+        ix = Indexed.open(self.blob, epoch=self.epoch, writer=f"w{self.epoch}", options=OPTIONS)
         ix.fence()
         return ix
 
@@ -207,7 +207,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen_read_only(self) -> None:
-        ro = Indexed(self.blob.read_only(), options=OPTIONS)
+        ro = Indexed.open(self.blob.read_only(), options=OPTIONS)
         assert ro.state == self.ix.state
 
     @rule(name=st.text(min_size=1, max_size=3))

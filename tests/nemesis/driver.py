@@ -167,7 +167,7 @@ def open_writer_with(
     """Opens a writer exactly as ``persist.open`` does, but over ``blob`` and ``lock``."""
     lease = lock.acquire(reentrance_id)
     try:
-        ix = Indexed(blob, epoch=lease.generation, writer=reentrance_id, options=options)
+        ix = Indexed.open(blob, epoch=lease.generation, writer=reentrance_id, options=options)
         ix.fence()
     except BaseException:
         with contextlib.suppress(PersistError):

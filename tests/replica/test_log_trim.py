@@ -20,7 +20,7 @@ def blob() -> MemoryBlob:
 
 
 def _writer(blob: MemoryBlob) -> Indexed:
-    ix = Indexed(blob, epoch=1, writer="w", options=Options(gc_grace_seconds=0, rollup_every=2))
+    ix = Indexed.open(blob, epoch=1, writer="w", options=Options(gc_grace_seconds=0, rollup_every=2))
     ix.fence()
     ix.register("c", pa.string(), pa.int64())
     return ix
@@ -59,7 +59,7 @@ def test_a_reader_that_assumes_the_writers_grace_catches_up_by_itself(blob: Memo
 
 
 def test_refresh_follows_an_untrimmed_log_with_gets_only(blob: MemoryBlob) -> None:
-    ix = Indexed(blob, epoch=1, writer="w")
+    ix = Indexed.open(blob, epoch=1, writer="w")
     ix.fence()
     counted = CountingRead(blob.read_only())
     m = Machine(counted)
@@ -110,7 +110,7 @@ def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
     blob: MemoryBlob,
 ) -> None:
     ix = _writer(blob)
-    replica = Indexed(blob.read_only())  # default options: assumes 300 s of grace
+    replica = Indexed.open(blob.read_only())  # default options: assumes 300 s of grace
     follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5, 0.5))
     try:
         _commit_and_trim(ix, 10)

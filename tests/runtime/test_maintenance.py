@@ -55,7 +55,7 @@ def test_a_failing_gc_does_not_starve_rollups() -> None:
     stays bounded (it grew without bound before, until reopening failed)."""
     blob = FlakyBlob(uuid.uuid4().hex)
     opts = Options(inline_threshold=0, rollup_every=4, gc_grace_seconds=0.0)
-    ix = Indexed(blob, epoch=1, writer="w", options=opts)
+    ix = Indexed.open(blob, epoch=1, writer="w", options=opts)
     ix.fence()
     client = Client("mem://flaky", ix, runtime=Runtime(ix, lock=None, lease=None,
                                                          maintenance=False))
@@ -77,7 +77,7 @@ def test_a_failing_gc_does_not_starve_rollups() -> None:
 
 def test_loading_retries_a_failed_read() -> None:
     blob = FlakyBlob(uuid.uuid4().hex)
-    ix = Indexed(blob, epoch=1, writer="w")
+    ix = Indexed.open(blob, epoch=1, writer="w")
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     blob.fail_gets = 2

@@ -10,7 +10,7 @@ import pytest
 
 import persist
 from persist.errors import InvalidUsage
-from persist.indexed import compact
+from persist.indexed import write
 from persist.indexed.meta import PartMeta
 from persist.indexed.read import Types
 from persist.location import resolve
@@ -28,7 +28,7 @@ def _stage(loc_url: str, client: persist.Client, name: str, rows: list[tuple[obj
     from persist.indexed.columnar import from_updates
 
     table = from_updates(rows, types.schema, types.key, types.value)
-    return compact.new_part(resolve(loc_url).blob, c, table, inline_threshold=inline_threshold,
+    return write.new_part(resolve(loc_url).blob, c, table, inline_threshold=inline_threshold,
                             consolidated=False)
 
 

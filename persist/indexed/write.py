@@ -1,0 +1,53 @@
+"""The write side of parts: encoding updates into one immutable part, inline or in a blob.
+
+Every part persist stores is made here, whoever makes it: a commit of user writes
+(:mod:`persist.indexed.indexed`), a compaction merge (:mod:`persist.indexed.compact`), or a part
+staged by a distributed writer (the Spark sink). Its counterpart for reading is
+:mod:`persist.indexed.read`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pyarrow as pa
+
+from persist import layout
+from persist.blob.base import Blob
+from persist.indexed import columnar
+from persist.indexed.meta import CollectionMeta, PartMeta
+
+
+def new_part(
+    blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool
+) -> PartMeta:
+    """Encodes ``table`` as a part of ``c``: inline when small, else in a fresh blob.
+
+    Args:
+        blob: where a part larger than ``inline_threshold`` encoded bytes is stored, under a new
+            unique key of :func:`persist.layout.data_key` (never overwritten).
+        c: the collection the part belongs to.
+        table: updates already normalized to ``c``'s schema (``key, value, time, diff``).
+        inline_threshold: parts encoding to at most this many bytes are returned inline (the
+            caller puts them inside its metadata commit) and nothing is written.
+        consolidated: whether ``table`` is sorted by (key, value, time) with no repeats.
+
+    Returns:
+        The part's metadata: exactly one of ``inline`` and ``blob_key`` is set.
+
+    Raises:
+        ExternalError: writing the blob failed (the part is then not referenced by anything).
+    """
+    part_id = uuid.uuid4().hex
+    data = columnar.encode_part(table)
+    lo, hi = columnar.time_range(table) if len(table) else (0, 0)
+    if len(data) <= inline_threshold:
+        return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
+                        consolidated=consolidated, inline=data.to_pybytes())
+    key = layout.data_key(c.id, part_id)
+    blob.set(key, memoryview(data))
+    return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
+                    consolidated=consolidated, blob_key=key)
+
+
+__all__ = ["new_part"]
