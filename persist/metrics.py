@@ -13,13 +13,15 @@ Pushed from the commit path (one cheap call per event):
     persist_lock_heartbeats_total{result}  counter    lease renewals: ok / error
     persist_lock_losses_total              counter    writers that lost the lock (fenced)
 
-Pushed from the blob edge by :class:`MeteredBlob` (wrap a store to get them):
+Pushed from the blob edge by :class:`persist.blob.metered.MeteredBlob` (wrap a store to get
+them):
 
     persist_blob_bytes_written_total       counter    framed bytes sent to storage
     persist_blob_bytes_read_total          counter    framed bytes read from storage
     persist_blob_errors_total{op,kind}     counter    storage errors by operation and class
 
-Computed when scraped, from every live runtime's newest state (nothing on the commit path):
+Computed when scraped: each live writer runtime publishes them from its newest state
+(:class:`GaugeSource`; nothing on the commit path):
 
     persist_since{writer,collection}                   gauge  the collection's effective since
     persist_upper{writer,collection}                   gauge  the collection's upper
@@ -33,17 +35,9 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
-
-from typing_extensions import override
-
-from persist.blob.base import Blob
-from persist.blob.envelope import Framed
-from persist.errors import PersistError
-
-if TYPE_CHECKING:
-    from persist.runtime.runtime import Runtime
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
 log = logging.getLogger("persist.metrics")
 
@@ -122,137 +116,101 @@ def commit_done(seconds: float, commands: int) -> None:
 
 
 def commit_failed(error: BaseException) -> None:
+    """A group's commit failed with ``error`` (counted by error class)."""
     m = _get()
     if m is not None:
         m.commit_failures.labels(type(error).__name__).inc()
 
 
 def fail_stop(error: BaseException) -> None:
+    """A runtime went fail-stop because of ``error``."""
     m = _get()
     if m is not None:
         m.fail_stops.labels(type(error).__name__).inc()
 
 
 def heartbeat(ok: bool) -> None:
+    """A lease renewal succeeded (``ok``) or failed."""
     m = _get()
     if m is not None:
         m.heartbeats.labels("ok" if ok else "error").inc()
 
 
 def lock_lost() -> None:
+    """A writer lost the writer lock (a newer writer fenced it)."""
     m = _get()
     if m is not None:
         m.lock_losses.inc()
 
 
-# -- the blob edge ----------------------------------------------------------------------------
+def blob_bytes(direction: Literal["read", "written"], n: int) -> None:
+    """``n`` framed bytes crossed the blob edge (see :class:`persist.blob.metered.MeteredBlob`)."""
+    m = _get()
+    if m is not None:
+        (m.bytes_read if direction == "read" else m.bytes_written).inc(n)
 
 
-class MeteredBlob(Blob):
-    """Wraps a store and counts bytes and errors into the blob metrics (below the envelope,
-    so byte counts are what actually crosses the wire). Transparent otherwise."""
-
-    def __init__(self, inner: Blob) -> None:
-        self.inner = inner
-        self.supports_conditional_create = inner.supports_conditional_create
-        self.is_local = inner.is_local
-
-    @staticmethod
-    def _error(op: str, e: PersistError) -> None:
-        m = _get()
-        if m is not None:
-            m.blob_errors.labels(op, type(e).__name__).inc()
-
-    @staticmethod
-    def _count(counter: str, n: int) -> None:
-        m = _get()
-        if m is not None:
-            getattr(m, counter).inc(n)
-
-    @override
-    def _get(self, key: str) -> bytes | memoryview | None:
-        try:
-            data = self.inner._get(key)
-        except PersistError as e:
-            self._error("get", e)
-            raise
-        if data is not None:
-            self._count("bytes_read", len(data))
-        return data
-
-    @override
-    def _list(self, prefix: str) -> list[str]:
-        try:
-            return self.inner._list(prefix)
-        except PersistError as e:
-            self._error("list", e)
-            raise
-
-    @override
-    def _set(self, key: str, data: bytes | Framed) -> None:
-        try:
-            self.inner._set(key, data)
-        except PersistError as e:
-            self._error("set", e)
-            raise
-        self._count("bytes_written", len(data))
-
-    @override
-    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        try:
-            created = self.inner._set_if_absent(key, data)
-        except PersistError as e:
-            self._error("set_if_absent", e)
-            raise
-        if created:
-            self._count("bytes_written", len(data))
-        return created
-
-    @override
-    def _delete(self, key: str) -> None:
-        try:
-            self.inner._delete(key)
-        except PersistError as e:
-            self._error("delete", e)
-            raise
-
-    @override
-    def close(self) -> None:
-        self.inner.close()
+def blob_error(op: str, error: BaseException) -> None:
+    """A blob operation ``op`` failed with ``error``."""
+    m = _get()
+    if m is not None:
+        m.blob_errors.labels(op, type(error).__name__).inc()
 
 
 # -- scrape-time gauges -------------------------------------------------------------------------
 
-_runtimes: weakref.WeakSet[Runtime] = weakref.WeakSet()
+
+@dataclass(frozen=True)
+class CollectionGauges:
+    """What a writer shows of one collection when scraped."""
+
+    collection: str
+    since: int
+    upper: int
+    parts: int
+    #: Parts compaction wants to merge now.
+    backlog: int
 
 
-def track_runtime(runtime: Runtime) -> None:
-    """Includes ``runtime``'s collections in the scrape-time gauges while it lives."""
+@dataclass(frozen=True)
+class WriterGauges:
+    """What a live writer shows when scraped (see :class:`GaugeSource`)."""
+
+    writer: str
+    retired_blobs: int
+    collections: tuple[CollectionGauges, ...]
+
+
+class GaugeSource(Protocol):
+    """Something that publishes scrape-time gauges: a writer runtime.
+
+    NB: the runtime computes its own gauges from its newest published state; this module never
+    reads another layer's insides, so the metrics stay on the ground floor.
+    """
+
+    def gauges(self) -> WriterGauges | None:
+        """Returns the gauges now, or None when the source has stopped."""
+
+
+_sources: weakref.WeakSet[GaugeSource] = weakref.WeakSet()
+
+
+def track(source: GaugeSource) -> None:
+    """Includes ``source``'s gauges in scrapes for as long as it lives (a weak reference)."""
     if _get() is not None:
-        _runtimes.add(runtime)
+        _sources.add(source)
 
 
-def frontier_samples() -> Iterator[tuple[str, str, Mapping[str, int]]]:
-    """(writer, collection, {since, upper, parts, backlog}) for every live runtime."""
-    from persist.indexed import compact
-    from persist.indexed.state import effective_since
-
-    for rt in list(_runtimes):
-        if rt.stopped:
-            continue
-        state = rt.published.state
-        policy = rt.ix.options.compaction
-        for name, c in state.collections.items():
-            yield rt.ix.writer, name, {
-                "since": effective_since(c),
-                "upper": c.upper,
-                "parts": len(c.parts),
-                "backlog": len(compact.plan(c, policy)),
-            }
+def gauge_samples() -> Iterator[WriterGauges]:
+    """The gauges of every live, tracked source."""
+    for source in list(_sources):
+        g = source.gauges()
+        if g is not None:
+            yield g
 
 
 class _StateCollector:
-    """A prometheus collector reading each live runtime's newest published state."""
+    """A prometheus collector asking each tracked source for its gauges at scrape time."""
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -265,14 +223,13 @@ class _StateCollector:
                                     "Parts compaction wants to merge now", labels=labels)
         retired = GaugeMetricFamily("persist_retired_blobs", "Blobs waiting for GC",
                                     labels=["writer"])
-        for writer, name, v in frontier_samples():
-            since.add_metric([writer, name], v["since"])
-            upper.add_metric([writer, name], v["upper"])
-            parts.add_metric([writer, name], v["parts"])
-            backlog.add_metric([writer, name], v["backlog"])
-        for rt in list(_runtimes):
-            if not rt.stopped:
-                retired.add_metric([rt.ix.writer], len(rt.published.state.retired))
+        for g in gauge_samples():
+            for c in g.collections:
+                since.add_metric([g.writer, c.collection], c.since)
+                upper.add_metric([g.writer, c.collection], c.upper)
+                parts.add_metric([g.writer, c.collection], c.parts)
+                backlog.add_metric([g.writer, c.collection], c.backlog)
+            retired.add_metric([g.writer], g.retired_blobs)
         yield from (since, upper, parts, backlog, retired)
 
     def describe(self) -> list[Any]:
@@ -282,13 +239,17 @@ class _StateCollector:
 
 
 __all__ = [
-    "MeteredBlob",
+    "CollectionGauges",
+    "GaugeSource",
+    "WriterGauges",
+    "blob_bytes",
+    "blob_error",
     "commit_done",
     "commit_failed",
     "enabled",
     "fail_stop",
-    "frontier_samples",
+    "gauge_samples",
     "heartbeat",
     "lock_lost",
-    "track_runtime",
+    "track",
 ]

@@ -42,7 +42,7 @@ from persist.errors import (
     PersistError,
     RuntimeShutdown,
 )
-from persist.indexed import gc
+from persist.indexed import compact, gc
 from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
 from persist.indexed.meta import (
     AddPart,
@@ -181,7 +181,7 @@ class Runtime:
                 target=self._heartbeat, name="persist-heartbeat", daemon=True
             )
             self._hb_thread.start()
-        metrics.track_runtime(self)
+        metrics.track(self)
         log.info("writer %r (generation %s) running at seq %d", ix.writer,
                  lease.generation if lease else "-", ix.state.seq)
 
@@ -539,6 +539,24 @@ class Runtime:
     @property
     def poisoned(self) -> BaseException | None:
         return self._poisoned
+
+    def gauges(self) -> metrics.WriterGauges | None:
+        """The scrape-time gauges of this writer, from its newest published state
+        (:class:`persist.metrics.GaugeSource`); None once stopped."""
+        if self.stopped:
+            return None
+        state = self.published.state
+        policy = self.ix.options.compaction
+        return metrics.WriterGauges(
+            writer=self.ix.writer,
+            retired_blobs=len(state.retired),
+            collections=tuple(
+                metrics.CollectionGauges(collection=name, since=effective_since(c),
+                                         upper=c.upper, parts=len(c.parts),
+                                         backlog=len(compact.plan(c, policy)))
+                for name, c in state.collections.items()
+            ),
+        )
 
     def describe(self) -> dict[str, Any]:
         return dict(self.stats)

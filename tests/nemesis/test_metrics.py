@@ -14,8 +14,8 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist import metrics
 from persist.blob.memory import MemoryBlob
+from persist.blob.metered import MeteredBlob
 from persist.blob.unreliable import Faults, UnreliableBlob
 from persist.errors import Determinate, Fenced, RuntimeShutdown
 from persist.lock.memory import MemoryLock
@@ -87,7 +87,7 @@ def test_metered_blob_counts_bytes_and_errors() -> None:
     written = sample("persist_blob_bytes_written_total")
     read = sample("persist_blob_bytes_read_total")
     inner = UnreliableBlob(MemoryBlob(), seed=0)
-    blob = metrics.MeteredBlob(inner)
+    blob = MeteredBlob(inner)
     blob.set("k", b"x" * 100)
     assert blob.get("k") == b"x" * 100
     assert blob.set_if_absent("k", b"y") is False  # nothing written
@@ -104,13 +104,13 @@ def test_everything_works_without_prometheus_client() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"
         "import pyarrow as pa, persist\n"
-        "from persist import metrics\n"
+        "from persist import metrics\nfrom persist.blob.metered import MeteredBlob\n"
         "assert not metrics.enabled()\n"
         "with persist.open('mem://no-prom', reentrance_id='a') as c:\n"
         "    w, r = c.create_or_load('c', key_type=pa.int64(), value_type=pa.int64())\n"
         "    w.append([((1, 1), 0, 1)], 1).result()\n"
         "    assert r.snapshot(0).to_python() == [((1, 1), 0, 1)]\n"
-        "    metrics.MeteredBlob(c._ix.blob).get('nope')\n"
+        "    MeteredBlob(c._ix.blob).get('nope')\n"
         "print('ok')\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -1,0 +1,80 @@
+"""A store wrapper that counts what crosses the blob edge into :mod:`persist.metrics`.
+
+Byte counts are taken below the envelope, so they are what actually goes over the wire or to
+disk; errors are counted by operation and error class. Without ``prometheus_client`` it costs
+one function call per operation.
+"""
+
+from __future__ import annotations
+
+from typing_extensions import override
+
+from persist import metrics
+from persist.blob.base import Blob
+from persist.blob.envelope import Framed
+from persist.errors import PersistError
+
+
+class MeteredBlob(Blob):
+    """Wraps a store and counts bytes and errors into the blob metrics (below the envelope,
+    so byte counts are what actually crosses the wire). Transparent otherwise."""
+
+    def __init__(self, inner: Blob) -> None:
+        """Wraps ``inner``; its capabilities are the wrapper's."""
+        self.inner = inner
+        self.supports_conditional_create = inner.supports_conditional_create
+        self.is_local = inner.is_local
+
+    @override
+    def _get(self, key: str) -> bytes | memoryview | None:
+        try:
+            data = self.inner._get(key)
+        except PersistError as e:
+            metrics.blob_error("get", e)
+            raise
+        if data is not None:
+            metrics.blob_bytes("read", len(data))
+        return data
+
+    @override
+    def _list(self, prefix: str) -> list[str]:
+        try:
+            return self.inner._list(prefix)
+        except PersistError as e:
+            metrics.blob_error("list", e)
+            raise
+
+    @override
+    def _set(self, key: str, data: bytes | Framed) -> None:
+        try:
+            self.inner._set(key, data)
+        except PersistError as e:
+            metrics.blob_error("set", e)
+            raise
+        metrics.blob_bytes("written", len(data))
+
+    @override
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
+        try:
+            created = self.inner._set_if_absent(key, data)
+        except PersistError as e:
+            metrics.blob_error("set_if_absent", e)
+            raise
+        if created:
+            metrics.blob_bytes("written", len(data))
+        return created
+
+    @override
+    def _delete(self, key: str) -> None:
+        try:
+            self.inner._delete(key)
+        except PersistError as e:
+            metrics.blob_error("delete", e)
+            raise
+
+    @override
+    def close(self) -> None:
+        self.inner.close()
+
+
+__all__ = ["MeteredBlob"]
