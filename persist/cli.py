@@ -29,36 +29,34 @@ Errors are one line on stderr, ``persist: <message>``; ``--traceback`` shows the
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any, NoReturn, TextIO
 from urllib.parse import urlparse
 
 import pyarrow as pa
 
 from persist import layout
-from persist.blob.base import Blob, BlobRead
+from persist.blob.base import Blob
 from persist.blob.envelope import ENVELOPE_VERSION
 from persist.errors import (
-    Corruption,
-    IncompatibleFormat,
     InvalidUsage,
     LockHeld,
+    MissingResource,
     PersistError,
 )
-from persist.indexed import columnar, gc, meta
+from persist.indexed import columnar, meta
 from persist.indexed.indexed import Options
 from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.read import PartMissing, Snapshot, Types
-from persist.indexed.state import apply, collection, effective_since
+from persist.indexed.state import collection, effective_since
+from persist.indexed.verify import delete_leaked, require_metadata, verify
 from persist.location import Location, resolve
 from persist.lock.base import LockRecord
 
@@ -112,11 +110,6 @@ def open_location(url: str, storage_options: dict[str, Any]) -> Location:
         raise CliError(EXIT_MISSING_DEPENDENCY, f"{url!r} needs an optional dependency: {e}") from e
 
 
-def _require_metadata(blob: BlobRead, url: str) -> None:
-    if not blob.list_keys(layout.META_PREFIX):
-        raise CliError(EXIT_USAGE, f"no persist location at {url!r}: it holds no metadata")
-
-
 def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -151,7 +144,7 @@ def _lock_info(loc: Location) -> dict[str, Any] | None:
 def describe(loc: Location) -> dict[str, Any]:
     """Everything ``inspect`` shows, as plain data."""
     blob = loc.read_half()
-    _require_metadata(blob, loc.url)
+    require_metadata(blob, loc.url)
     logs = blob.list_keys(layout.LOG_PREFIX)
     rollups = blob.list_keys(layout.ROLLUP_PREFIX)
     state = Machine(blob).load()
@@ -271,34 +264,23 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 # -- verify -------------------------------------------------------------------------------------
 
 
-@dataclass
-class VerifyReport:
-    """What ``verify`` found."""
-
-    url: str
-    seq: int = 0
-    problems: list[str] = field(default_factory=list)
-    leaked: list[str] = field(default_factory=list)
-    deleted: list[str] = field(default_factory=list)
-    metadata_blobs: int = 0
-    data_blobs: int = 0
-    inline_parts: int = 0
-    bytes_read: int = 0
-
-
 class _Progress:
     """A tqdm bar on stderr when tqdm is installed and wanted; otherwise nothing."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, enabled: bool) -> None:
+        self._enabled = enabled
         self._bar: Any = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:  # the optional 'cli' extra is not installed
-                log.debug("tqdm is not installed: no progress bar")
-            else:
-                self._bar = tqdm(total=total, desc="verify", unit="blob", file=sys.stderr,
-                                 dynamic_ncols=True, leave=True)
+
+    def start(self, total: int) -> None:
+        if not self._enabled:
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:  # the optional 'cli' extra is not installed
+            log.debug("tqdm is not installed: no progress bar")
+        else:
+            self._bar = tqdm(total=total, desc="verify", unit="blob", file=sys.stderr,
+                             dynamic_ncols=True, leave=True)
 
     def update(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -309,289 +291,11 @@ class _Progress:
             self._bar.close()
 
 
-def check_state(state: State, where: str) -> list[str]:
-    """The metadata's internal consistency: frontiers, ids, parts, retired list."""
-    problems: list[str] = []
-    ids: dict[int, str] = {}
-    blob_keys: dict[str, str] = {}
-    if state.version > meta.FORMAT_VERSION:
-        problems.append(f"{where}: format version {state.version} is newer than this persist")
-    for name, c in state.collections.items():
-        here = f"{where}: collection {name!r}"
-        if c.name != name:
-            problems.append(f"{here} is stored under another name ({c.name!r})")
-        if c.id in ids:
-            problems.append(f"{here} shares id {c.id} with {ids[c.id]!r}")
-        ids[c.id] = name
-        if c.id >= state.next_cid:
-            problems.append(f"{here} has id {c.id}, not below next id {state.next_cid}")
-        if c.since > c.upper:
-            problems.append(f"{here} has since {c.since} beyond upper {c.upper}")
-        part_ids: set[str] = set()
-        for p in c.parts:
-            problems.extend(_check_part_meta(here, c, p, part_ids, blob_keys))
-    retired = [r.key for r in state.retired]
-    if len(set(retired)) != len(retired):
-        problems.append(f"{where}: a blob is retired twice")
-    live = set(blob_keys)
-    for key in retired:
-        if key in live:
-            problems.append(f"{where}: retired blob {key!r} is still referenced by "
-                            f"{blob_keys[key]!r}")
-    return problems
-
-
-def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[str],
-                     blob_keys: dict[str, str]) -> Iterator[str]:
-    if p.id in part_ids:
-        yield f"{here}: part id {p.id} appears twice"
-    part_ids.add(p.id)
-    if (p.inline is None) == (p.blob_key is None):
-        yield f"{here}: part {p.id} must be either inline or in a blob"
-    if p.rows < 0 or p.nbytes < 0:
-        yield f"{here}: part {p.id} has negative rows or bytes"
-    if p.rows and p.min_time > p.max_time:
-        yield f"{here}: part {p.id} has min_time {p.min_time} > max_time {p.max_time}"
-    if p.inline is not None and len(p.inline) != p.nbytes:
-        yield f"{here}: inline part {p.id} says {p.nbytes} bytes but holds {len(p.inline)}"
-    if p.blob_key is not None:
-        if not p.blob_key.startswith(layout.data_prefix(c.id)):
-            yield f"{here}: part {p.id} is stored outside its collection: {p.blob_key!r}"
-        if p.blob_key in blob_keys:
-            yield f"{here}: blob {p.blob_key!r} is referenced twice"
-        blob_keys[p.blob_key] = c.name
-
-
-def _check_part_data(name: str, c: CollectionMeta, p: PartMeta, data: bytes) -> list[str]:
-    where = p.blob_key or f"inline part {p.id}"
-    problems: list[str] = []
-    if len(data) != p.nbytes:
-        problems.append(f"{name}: {where} holds {len(data)} bytes, metadata says {p.nbytes}")
-    try:
-        table = columnar.decode_part(where, data, Types.of(c).schema)
-    except Corruption as e:
-        return [*problems, f"{name}: {e}"]
-    if len(table) != p.rows:
-        problems.append(f"{name}: {where} holds {len(table)} rows, metadata says {p.rows}")
-    if len(table):
-        lo, hi = columnar.time_range(table)
-        if lo < p.min_time or hi > p.max_time:
-            problems.append(f"{name}: {where} has times [{lo}, {hi}] outside its declared "
-                            f"[{p.min_time}, {p.max_time}]")
-        if p.consolidated and len(columnar.consolidate(table)) != len(table):
-            problems.append(f"{name}: {where} is marked consolidated but is not")
-    return problems
-
-
-def _replay_problems(
-    commits: dict[int, Commit], rollups: dict[int, State]
-) -> list[str]:
-    """Replays every connected stretch of the log and checks each rollup it reaches equals
-    the replayed state (a rollup is a cache of the log; they must agree)."""
-    problems: list[str] = []
-    bases = dict(rollups)
-    if 1 in commits:
-        bases.setdefault(0, State())
-    done: set[int] = set()
-    for base_seq in sorted(bases):
-        if base_seq in done:
-            continue
-        state = bases[base_seq]
-        seq = base_seq
-        while seq + 1 in commits:
-            try:
-                state = apply(state, commits[seq + 1])
-            except Corruption as e:
-                problems.append(f"replaying the log from seq {base_seq}: {e}")
-                break
-            seq += 1
-            if seq in rollups:
-                done.add(seq)
-                if rollups[seq] != state:
-                    problems.append(f"rollup {seq} disagrees with the log replayed from "
-                                    f"seq {base_seq}")
-    return problems
-
-
-def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
-               progress: _Progress) -> Iterator[tuple[str, bytes | PersistError | None]]:
-    """Reads ``keys`` with ``jobs`` threads; yields (key, payload | None | error) as they come.
-
-    NB: at most ``2 * jobs`` reads are in flight and a payload is dropped once yielded, so
-    verifying a location never holds more than a few blobs in memory.
-    """
-
-    def get(key: str) -> bytes | PersistError | None:
-        try:
-            return blob.get(key)
-        except PersistError as e:
-            if isinstance(e, IncompatibleFormat):
-                raise
-            return e
-
-    pending = iter(keys)
-    window = max(1, jobs) * 2
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        running: dict[concurrent.futures.Future[bytes | PersistError | None], str] = {}
-        while True:
-            for key in pending:
-                running[pool.submit(get, key)] = key
-                if len(running) >= window:
-                    break
-            if not running:
-                return
-            done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
-            for fut in done:
-                key = running.pop(fut)
-                progress.update()
-                yield key, fut.result()
-
-
-def verify(loc: Location, *, jobs: int = 4, progress: bool = True) -> VerifyReport:
-    """Reads every blob the metadata references and checks it; lists leaked data blobs.
-
-    Raises:
-        CliError: no location at the URL.
-        IncompatibleFormat: the location is newer than this persist.
-        ExternalError: storage failed while listing (reads that fail are reported as problems).
-    """
-    blob = loc.read_half()
-    report = VerifyReport(loc.url)
-    _require_metadata(blob, loc.url)
-    # NB: list the data blobs before loading the state: a blob a live writer commits in between
-    # is then referenced, not "leaked"; one written after the listing is simply not seen.
-    data_keys = blob.list_keys(layout.DATA_PREFIX)
-    log_keys = blob.list_keys(layout.LOG_PREFIX)
-    rollup_keys = blob.list_keys(layout.ROLLUP_PREFIX)
-    try:
-        state = Machine(blob).load()
-    except Corruption as e:
-        report.problems.append(f"the current state cannot be loaded: {e}")
-        state = None
-    if state is not None:
-        report.seq = state.seq
-        report.problems.extend(check_state(state, f"state at seq {state.seq}"))
-    parts = [(name, c, p) for name, c in (state.collections.items() if state else ())
-             for p in c.parts]
-    referenced = gc.referenced(state) if state else set()
-    blob_parts = {p.blob_key: (name, c, p) for name, c, p in parts if p.blob_key}
-    listed = set(data_keys)
-    retired_present = [r.key for r in (state.retired if state else ()) if r.key in listed]
-    missing: list[str] = []
-    bar = _Progress(len(log_keys) + len(rollup_keys) + len(parts) + len(retired_present),
-                    progress)
-    try:
-        commits, rollups = _verify_metadata(blob, log_keys, rollup_keys, jobs, bar, report)
-        for key, got in _fetch_all(blob, [*blob_parts, *retired_present], jobs, bar):
-            if isinstance(got, PersistError):
-                report.problems.append(f"{key}: {got}")
-                continue
-            if got is None:
-                if key in blob_parts:
-                    missing.append(key)
-                continue  # a retired blob deleted meanwhile: fine
-            report.data_blobs += 1
-            report.bytes_read += len(got)
-            if key in blob_parts:
-                name, c, p = blob_parts[key]
-                report.problems.extend(_check_part_data(name, c, p, got))
-        for name, c, p in parts:
-            if p.inline is not None:
-                report.inline_parts += 1
-                report.problems.extend(_check_part_data(name, c, p, p.inline))
-                bar.update()
-    finally:
-        bar.close()
-    report.problems.extend(_replay_problems(commits, rollups))
-    if missing:
-        # NB: a part that vanished while we read is only a problem if it is still a live part
-        # of the newest state: a live writer's compaction may have retired it and its GC
-        # deleted it meanwhile, and a retired key stays in the state (in ``retired``) until
-        # the GC's Forget commits, which a failed delete or commit can put off for a while.
-        newest = {p.blob_key for c in Machine(blob).load().collections.values()
-                  for p in c.parts if p.blob_key}
-        report.problems.extend(f"{key}: referenced by {blob_parts[key][0]!r} but missing"
-                               for key in missing if key in newest)
-    # NB: without a state nothing is known to be referenced; calling everything leaked would
-    # invite deleting the whole location.
-    report.leaked = [k for k in data_keys if k not in referenced] if state is not None else []
-    return report
-
-
-def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str], jobs: int,
-                     bar: _Progress, report: VerifyReport
-                     ) -> tuple[dict[int, Commit], dict[int, State]]:
-    commits: dict[int, Commit] = {}
-    rollups: dict[int, State] = {}
-    vanished: list[str] = []
-    newest_rollup = layout.seq_of(rollup_keys[-1]) if rollup_keys else 0
-    for key, got in _fetch_all(blob, [*log_keys, *rollup_keys], jobs, bar):
-        if isinstance(got, PersistError):
-            report.problems.append(f"{key}: {got}")
-            continue
-        if got is None:
-            vanished.append(key)  # trimmed by a live writer while we read? checked below
-            continue
-        report.metadata_blobs += 1
-        report.bytes_read += len(got)
-        try:
-            if key.startswith(layout.LOG_PREFIX):
-                commits[layout.seq_of(key)] = meta.decode_commit(key, got)
-            else:
-                rollup = meta.decode_state(key, got)
-                rollups[rollup.seq] = rollup
-                report.problems.extend(check_state(rollup, f"rollup {rollup.seq}"))
-        except Corruption as e:
-            report.problems.append(str(e))
-    if vanished:
-        # NB: a live writer trims log entries and rollups once a newer rollup is old enough;
-        # one that vanished is only a problem if no rollup covers it now.
-        now_rollups = blob.list_keys(layout.ROLLUP_PREFIX)
-        covered = layout.seq_of(now_rollups[-1]) if now_rollups else 0
-        report.problems.extend(f"{key}: listed but missing" for key in vanished
-                               if layout.seq_of(key) > covered)
-        newest_rollup = max(newest_rollup, covered)
-    if commits:
-        top = max(commits)
-        gaps = [s for s in range(max(newest_rollup, min(commits)) + 1, top + 1)
-                if s not in commits]
-        if gaps:
-            report.problems.append(f"metadata log has gaps after the newest rollup "
-                                   f"{newest_rollup}: missing seq {gaps[:10]}")
-    return commits, rollups
-
-
-def delete_leaked(loc: Location, first: list[str], grace: float,
-                  say: Callable[[str], None]) -> list[str]:
-    """Deletes data blobs that are unreferenced now and still unreferenced ``grace`` seconds
-    later, after reloading the state.
-
-    NB: a live writer writes a part's blob *before* the commit that references it; waiting a
-    grace period and listing again means only blobs abandoned for that long are deleted. A
-    writer sends no commit referencing a blob older than its commit deadline
-    (``Options.commit_deadline_seconds``), so a grace longer than that deadline plus a
-    commit's latency cannot delete a blob a commit will still claim.
-    """
-    if not first:
-        return []
-    say(f"{len(first)} leaked blobs; waiting {grace:g}s (the grace period) before checking "
-        f"them again, since a live writer may be about to commit a blob it just wrote")
-    time.sleep(grace)
-    blob = loc.blob
-    # NB: list again before reloading the state, as in verify (see there).
-    still_listed = set(blob.list_keys(layout.DATA_PREFIX))
-    referenced = gc.referenced(Machine(blob).load())
-    doomed = [k for k in first if k in still_listed and k not in referenced]
-    for key in doomed:
-        blob.delete(key)
-        log.info("deleted leaked blob %s", key)
-    return doomed
-
-
 def cmd_verify(args: argparse.Namespace) -> int:
     loc = open_location(args.url, args.storage_options)
     jobs = args.jobs or (2 if loc.blob.is_local else 16)
-    report = verify(loc, jobs=jobs, progress=not args.no_progress)
+    report = verify(loc.read_half(), url=loc.url, jobs=jobs,
+                    progress=_Progress(not args.no_progress))
     if args.delete_leaked and report.leaked and report.problems:
         print("not deleting leaked blobs: verify found problems; fix those first",
               file=sys.stderr)
@@ -599,7 +303,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         if not isinstance(loc.blob, Blob):
             raise CliError(EXIT_USAGE, "this location cannot be written")
         grace = args.grace if args.grace is not None else Options().gc_grace_seconds
-        report.deleted = delete_leaked(loc, report.leaked, grace,
+        report.deleted = delete_leaked(loc.blob, report.leaked, grace,
                                        lambda s: print(s, file=sys.stderr))
     if args.json:
         json.dump(asdict(report), sys.stdout, indent=2)
@@ -633,7 +337,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     from persist.indexed.indexed import Indexed
 
     loc = open_location(args.url, args.storage_options)
-    _require_metadata(loc.read_half(), loc.url)
+    require_metadata(loc.read_half(), loc.url)
     ix = Indexed.open(loc.read_half())
     c = collection(ix.state.collections, args.collection)
     as_of = args.as_of
@@ -780,10 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-leaked", action="store_true",
                    help="delete unreferenced data blobs that stay unreferenced for --grace")
     p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
-                   help="how long a blob must stay leaked before deletion; must exceed the "
-                        "writers' commit deadline (default "
-                        f"{Options().commit_deadline_seconds:g}s) (default: the engine's GC "
-                        f"grace, {Options().gc_grace_seconds:g}s)")
+                   help="how long a blob must stay leaked before deletion (default: the "
+                        f"engine's GC grace, {Options().gc_grace_seconds:g}s); must exceed the "
+                        "writers' commit deadline, "
+                        f"{Options().commit_deadline_seconds:g}s by default")
     p.add_argument("--jobs", type=int, default=0, help="parallel reads (default: 2 local, "
                    "16 remote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -857,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(e.code, str(e), traceback)
     except LockHeld as e:
         return _fail(EXIT_LOCK_HELD, str(e), traceback)
-    except InvalidUsage as e:
+    except (InvalidUsage, MissingResource) as e:
         return _fail(EXIT_USAGE, str(e), traceback)
     except PersistError as e:
         return _fail(EXIT_ERROR, f"{type(e).__name__}: {e}", traceback)

@@ -29,8 +29,8 @@ from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Txn
 from persist.indexed.machine import Machine
 from persist.indexed.read import Types
+from persist.indexed.verify import verify
 from persist.indexed.write import new_part
-from persist.location import Location
 
 EXE = shutil.which("persist", path=os.path.dirname(sys.executable))
 OPTIONS = persist.Options(inline_threshold=1200, rollup_every=4, gc_grace_seconds=3600,
@@ -350,7 +350,7 @@ def test_verify_ignores_a_part_compacted_and_collected_while_it_reads(loc: Path)
                     FileBlob(loc).delete(r.key)
             return super()._get(key)
 
-    report = cli.verify(Location(str(loc), CompactingMidRead(loc), None), progress=False)
+    report = verify(CompactingMidRead(loc).read_only(), url=str(loc))
     assert report.problems == []
     assert all(p.blob_key in _data_keys(loc) for p in
                Machine(FileBlob(loc)).load().collections["events"].parts if p.blob_key)

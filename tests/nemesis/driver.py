@@ -43,12 +43,12 @@ from typing import Any
 import pyarrow as pa
 
 import persist
-from persist import cli
 from persist.blob.base import Blob, BlobRead
 from persist.blob.unreliable import BLOB_OPS, FaultPlan, Faults, UnreliableBlob
 from persist.errors import Determinate, Fenced, LockHeld, PersistError, RuntimeShutdown
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
+from persist.indexed.verify import delete_leaked, verify
 from persist.location import resolve
 from persist.lock.base import WriterLock
 from persist.lock.unreliable import LOCK_OPS, UnreliableLock
@@ -241,7 +241,7 @@ class Nemesis:
         problems = validate(self.h, final)
         problems.extend(n for n in self.h.notes if n.startswith("PROBLEM"))
         # The storage itself after all that: every checksum, every part, the metadata.
-        checked = cli.verify(cli.open_location(self.cfg.url, {}), progress=False)
+        checked = verify(resolve(self.cfg.url).read_half(), url=self.cfg.url)
         problems.extend(f"verify: {p}" for p in checked.problems)
         self.h.count("verify.leaked_blobs", len(checked.leaked))
         injected = dict(self.blob_plan.injected)
@@ -644,11 +644,11 @@ class Nemesis:
         self._verifier.start()
 
     def _verify_live(self, delete: bool) -> None:
-        loc = cli.open_location(self.cfg.url, {})
+        loc = resolve(self.cfg.url)
         try:
-            report = cli.verify(loc, progress=False)
+            report = verify(loc.read_half(), url=loc.url)
             if delete and report.leaked:
-                deleted = cli.delete_leaked(loc, report.leaked, VERIFY_GRACE, lambda _: None)
+                deleted = delete_leaked(loc.blob, report.leaked, VERIFY_GRACE, lambda _: None)
                 self.h.count("verify.live_deleted", len(deleted))
                 now = time.monotonic()
                 self._swept.update((k, now) for k in deleted)

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist import cli
+from persist.indexed.verify import delete_leaked, verify
+from persist.location import resolve
 from tests.nemesis.seam_writer import OPTIONS, RID
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,14 +98,14 @@ def _check_recovery(location: Path, acked: set[int], tried: dict[int, list[int]]
         write.append([((-1, -1), upper, 1)], upper + 1).result()
         assert ((-1, -1), upper, 1) in read.snapshot(upper).to_python()
     before = _contents(location)
-    loc = cli.open_location(str(location), {})
-    report = cli.verify(loc, progress=False)
+    loc = resolve(str(location))
+    report = verify(loc.read_half(), url=loc.url)
     assert report.problems == [], report.problems
     if report.leaked:
         # A crash between a data blob and its commit leaves the blob behind: the operator
         # command removes it, and nothing referenced goes with it.
-        assert cli.delete_leaked(loc, report.leaked, 0.0, lambda _: None) == report.leaked
-        again = cli.verify(loc, progress=False)
+        assert delete_leaked(loc.blob, report.leaked, 0.0, lambda _: None) == report.leaked
+        again = verify(loc.read_half(), url=loc.url)
         assert again.problems == []
         assert again.leaked == []
         assert _contents(location).equals(before)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from persist import cli, layout
+from persist import layout
 from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
@@ -19,6 +19,8 @@ from persist.errors import CommitDeadline
 from persist.indexed import gc
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import Indexed, Options
+from persist.indexed.verify import delete_leaked, verify
+from persist.location import resolve
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
 
@@ -112,15 +114,15 @@ def test_a_live_leaked_blob_sweep_cannot_delete_what_a_writer_commits(tmp_path: 
         blob.armed.set()
         stalled = w.append(rows(10, 1), 2)
         assert blob.stored.wait(10)
-        sweep = cli.open_location(str(loc), {})
-        report = cli.verify(sweep, progress=False)
+        sweep = resolve(str(loc))
+        report = verify(sweep.read_half(), url=sweep.url)
         assert len(report.leaked) == 1  # the stalled writer's part, not yet committed
-        assert cli.delete_leaked(sweep, report.leaked, 0.6, lambda _: None) == report.leaked
+        assert delete_leaked(sweep.blob, report.leaked, 0.6, lambda _: None) == report.leaked
         with pytest.raises(CommitDeadline, match="commit deadline"):
             stalled.result(10)
         blob.armed.clear()
         w.append(rows(10, 2), 3).result()
-        assert cli.verify(sweep, progress=False).problems == []
+        assert verify(sweep.read_half(), url=sweep.url).problems == []
         assert len(r.snapshot(2).to_python()) == 10  # the first and third appends
     finally:
         client.stop()

@@ -1,0 +1,375 @@
+"""Verifying a location (``persist verify``): every referenced blob read and checked, the
+metadata replayed and cross-checked, leaked blobs found and, safely, deleted.
+
+The engine of the fsck lives here; :mod:`persist.cli` only parses arguments and prints. Verifying
+never writes; :func:`delete_leaked` is the one function that deletes, and only blobs that stay
+unreferenced for a grace period longer than any writer's commit deadline (DESIGN.md §9).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from persist import layout
+from persist.blob.base import Blob, BlobRead
+from persist.errors import Corruption, IncompatibleFormat, MissingResource, PersistError
+from persist.indexed import columnar, gc, meta
+from persist.indexed.machine import Machine
+from persist.indexed.meta import CollectionMeta, Commit, PartMeta, State
+from persist.indexed.read import Types
+from persist.indexed.state import apply
+
+log = logging.getLogger("persist.verify")
+
+
+class Progress(Protocol):
+    """Told how far a verify got (the CLI draws a bar with it)."""
+
+    def start(self, total: int) -> None:
+        """``total`` blobs are to be read."""
+
+    def update(self, n: int = 1) -> None:
+        """``n`` more were read."""
+
+    def close(self) -> None:
+        """Verification ended."""
+
+
+class _NoProgress:
+    def start(self, total: int) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def require_metadata(blob: BlobRead, url: str) -> None:
+    """Checks that ``blob`` holds a persist location.
+
+    Raises:
+        MissingResource: it holds no metadata at all.
+    """
+    if not blob.list_keys(layout.META_PREFIX):
+        raise MissingResource(f"no persist location at {url!r}: it holds no metadata")
+
+
+@dataclass
+class VerifyReport:
+    """What ``verify`` found."""
+
+    url: str
+    seq: int = 0
+    problems: list[str] = field(default_factory=list)
+    leaked: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    metadata_blobs: int = 0
+    data_blobs: int = 0
+    inline_parts: int = 0
+    bytes_read: int = 0
+
+
+def check_state(state: State, where: str) -> list[str]:
+    """Returns the problems of the metadata's internal consistency (frontiers, ids, parts,
+    retired list) of ``state``, each prefixed with ``where``; empty when consistent."""
+    problems: list[str] = []
+    ids: dict[int, str] = {}
+    blob_keys: dict[str, str] = {}
+    if state.version > meta.FORMAT_VERSION:
+        problems.append(f"{where}: format version {state.version} is newer than this persist")
+    for name, c in state.collections.items():
+        here = f"{where}: collection {name!r}"
+        if c.name != name:
+            problems.append(f"{here} is stored under another name ({c.name!r})")
+        if c.id in ids:
+            problems.append(f"{here} shares id {c.id} with {ids[c.id]!r}")
+        ids[c.id] = name
+        if c.id >= state.next_cid:
+            problems.append(f"{here} has id {c.id}, not below next id {state.next_cid}")
+        if c.since > c.upper:
+            problems.append(f"{here} has since {c.since} beyond upper {c.upper}")
+        part_ids: set[str] = set()
+        for p in c.parts:
+            problems.extend(_check_part_meta(here, c, p, part_ids, blob_keys))
+    retired = [r.key for r in state.retired]
+    if len(set(retired)) != len(retired):
+        problems.append(f"{where}: a blob is retired twice")
+    live = set(blob_keys)
+    for key in retired:
+        if key in live:
+            problems.append(f"{where}: retired blob {key!r} is still referenced by "
+                            f"{blob_keys[key]!r}")
+    return problems
+
+
+def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[str],
+                     blob_keys: dict[str, str]) -> Iterator[str]:
+    if p.id in part_ids:
+        yield f"{here}: part id {p.id} appears twice"
+    part_ids.add(p.id)
+    if (p.inline is None) == (p.blob_key is None):
+        yield f"{here}: part {p.id} must be either inline or in a blob"
+    if p.rows < 0 or p.nbytes < 0:
+        yield f"{here}: part {p.id} has negative rows or bytes"
+    if p.rows and p.min_time > p.max_time:
+        yield f"{here}: part {p.id} has min_time {p.min_time} > max_time {p.max_time}"
+    if p.inline is not None and len(p.inline) != p.nbytes:
+        yield f"{here}: inline part {p.id} says {p.nbytes} bytes but holds {len(p.inline)}"
+    if p.blob_key is not None:
+        if not p.blob_key.startswith(layout.data_prefix(c.id)):
+            yield f"{here}: part {p.id} is stored outside its collection: {p.blob_key!r}"
+        if p.blob_key in blob_keys:
+            yield f"{here}: blob {p.blob_key!r} is referenced twice"
+        blob_keys[p.blob_key] = c.name
+
+
+def _check_part_data(name: str, c: CollectionMeta, p: PartMeta, data: bytes) -> list[str]:
+    where = p.blob_key or f"inline part {p.id}"
+    problems: list[str] = []
+    if len(data) != p.nbytes:
+        problems.append(f"{name}: {where} holds {len(data)} bytes, metadata says {p.nbytes}")
+    try:
+        table = columnar.decode_part(where, data, Types.of(c).schema)
+    except Corruption as e:
+        return [*problems, f"{name}: {e}"]
+    if len(table) != p.rows:
+        problems.append(f"{name}: {where} holds {len(table)} rows, metadata says {p.rows}")
+    if len(table):
+        lo, hi = columnar.time_range(table)
+        if lo < p.min_time or hi > p.max_time:
+            problems.append(f"{name}: {where} has times [{lo}, {hi}] outside its declared "
+                            f"[{p.min_time}, {p.max_time}]")
+        if p.consolidated and len(columnar.consolidate(table)) != len(table):
+            problems.append(f"{name}: {where} is marked consolidated but is not")
+    return problems
+
+
+def _replay_problems(
+    commits: dict[int, Commit], rollups: dict[int, State]
+) -> list[str]:
+    """Replays every connected stretch of the log and checks each rollup it reaches equals
+    the replayed state (a rollup is a cache of the log; they must agree)."""
+    problems: list[str] = []
+    bases = dict(rollups)
+    if 1 in commits:
+        bases.setdefault(0, State())
+    done: set[int] = set()
+    for base_seq in sorted(bases):
+        if base_seq in done:
+            continue
+        state = bases[base_seq]
+        seq = base_seq
+        while seq + 1 in commits:
+            try:
+                state = apply(state, commits[seq + 1])
+            except Corruption as e:
+                problems.append(f"replaying the log from seq {base_seq}: {e}")
+                break
+            seq += 1
+            if seq in rollups:
+                done.add(seq)
+                if rollups[seq] != state:
+                    problems.append(f"rollup {seq} disagrees with the log replayed from "
+                                    f"seq {base_seq}")
+    return problems
+
+
+def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
+               progress: Progress) -> Iterator[tuple[str, bytes | PersistError | None]]:
+    """Reads ``keys`` with ``jobs`` threads; yields (key, payload | None | error) as they come.
+
+    NB: at most ``2 * jobs`` reads are in flight and a payload is dropped once yielded, so
+    verifying a location never holds more than a few blobs in memory.
+    """
+
+    def get(key: str) -> bytes | PersistError | None:
+        try:
+            return blob.get(key)
+        except PersistError as e:
+            if isinstance(e, IncompatibleFormat):
+                raise
+            return e
+
+    pending = iter(keys)
+    window = max(1, jobs) * 2
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        running: dict[concurrent.futures.Future[bytes | PersistError | None], str] = {}
+        while True:
+            for key in pending:
+                running[pool.submit(get, key)] = key
+                if len(running) >= window:
+                    break
+            if not running:
+                return
+            done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
+            for fut in done:
+                key = running.pop(fut)
+                progress.update()
+                yield key, fut.result()
+
+
+def verify(blob: BlobRead, *, url: str = "", jobs: int = 4,
+           progress: Progress | None = None) -> VerifyReport:
+    """Reads every blob the metadata references and checks it; lists leaked data blobs.
+
+    Nothing is written. Problems (corruption, missing parts, inconsistent metadata, a rollup
+    that disagrees with the log) are collected in the report, never raised.
+
+    Args:
+        blob: the location's store (a read-only view is enough).
+        url: the location's URL, for messages.
+        jobs: parallel reads.
+        progress: told the number of blobs to read, then of each one read.
+
+    Raises:
+        MissingResource: the location holds no metadata (no location there).
+        IncompatibleFormat: the location is newer than this persist.
+        ExternalError: storage failed while listing (reads that fail are reported as problems).
+    """
+    report = VerifyReport(url)
+    require_metadata(blob, url)
+    # NB: list the data blobs before loading the state: a blob a live writer commits in between
+    # is then referenced, not "leaked"; one written after the listing is simply not seen.
+    data_keys = blob.list_keys(layout.DATA_PREFIX)
+    log_keys = blob.list_keys(layout.LOG_PREFIX)
+    rollup_keys = blob.list_keys(layout.ROLLUP_PREFIX)
+    try:
+        state = Machine(blob).load()
+    except Corruption as e:
+        report.problems.append(f"the current state cannot be loaded: {e}")
+        state = None
+    if state is not None:
+        report.seq = state.seq
+        report.problems.extend(check_state(state, f"state at seq {state.seq}"))
+    parts = [(name, c, p) for name, c in (state.collections.items() if state else ())
+             for p in c.parts]
+    referenced = gc.referenced(state) if state else set()
+    blob_parts = {p.blob_key: (name, c, p) for name, c, p in parts if p.blob_key}
+    listed = set(data_keys)
+    retired_present = [r.key for r in (state.retired if state else ()) if r.key in listed]
+    missing: list[str] = []
+    bar = progress or _NoProgress()
+    bar.start(len(log_keys) + len(rollup_keys) + len(parts) + len(retired_present))
+    try:
+        commits, rollups = _verify_metadata(blob, log_keys, rollup_keys, jobs, bar, report)
+        for key, got in _fetch_all(blob, [*blob_parts, *retired_present], jobs, bar):
+            if isinstance(got, PersistError):
+                report.problems.append(f"{key}: {got}")
+                continue
+            if got is None:
+                if key in blob_parts:
+                    missing.append(key)
+                continue  # a retired blob deleted meanwhile: fine
+            report.data_blobs += 1
+            report.bytes_read += len(got)
+            if key in blob_parts:
+                name, c, p = blob_parts[key]
+                report.problems.extend(_check_part_data(name, c, p, got))
+        for name, c, p in parts:
+            if p.inline is not None:
+                report.inline_parts += 1
+                report.problems.extend(_check_part_data(name, c, p, p.inline))
+                bar.update()
+    finally:
+        bar.close()
+    report.problems.extend(_replay_problems(commits, rollups))
+    if missing:
+        # NB: a part that vanished while we read is only a problem if it is still a live part
+        # of the newest state: a live writer's compaction may have retired it and its GC
+        # deleted it meanwhile, and a retired key stays in the state (in ``retired``) until
+        # the GC's Forget commits, which a failed delete or commit can put off for a while.
+        newest = {p.blob_key for c in Machine(blob).load().collections.values()
+                  for p in c.parts if p.blob_key}
+        report.problems.extend(f"{key}: referenced by {blob_parts[key][0]!r} but missing"
+                               for key in missing if key in newest)
+    # NB: without a state nothing is known to be referenced; calling everything leaked would
+    # invite deleting the whole location.
+    report.leaked = [k for k in data_keys if k not in referenced] if state is not None else []
+    return report
+
+
+def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str], jobs: int,
+                     bar: Progress, report: VerifyReport
+                     ) -> tuple[dict[int, Commit], dict[int, State]]:
+    commits: dict[int, Commit] = {}
+    rollups: dict[int, State] = {}
+    vanished: list[str] = []
+    newest_rollup = layout.seq_of(rollup_keys[-1]) if rollup_keys else 0
+    for key, got in _fetch_all(blob, [*log_keys, *rollup_keys], jobs, bar):
+        if isinstance(got, PersistError):
+            report.problems.append(f"{key}: {got}")
+            continue
+        if got is None:
+            vanished.append(key)  # trimmed by a live writer while we read? checked below
+            continue
+        report.metadata_blobs += 1
+        report.bytes_read += len(got)
+        try:
+            if key.startswith(layout.LOG_PREFIX):
+                commits[layout.seq_of(key)] = meta.decode_commit(key, got)
+            else:
+                rollup = meta.decode_state(key, got)
+                rollups[rollup.seq] = rollup
+                report.problems.extend(check_state(rollup, f"rollup {rollup.seq}"))
+        except Corruption as e:
+            report.problems.append(str(e))
+    if vanished:
+        # NB: a live writer trims log entries and rollups once a newer rollup is old enough;
+        # one that vanished is only a problem if no rollup covers it now.
+        now_rollups = blob.list_keys(layout.ROLLUP_PREFIX)
+        covered = layout.seq_of(now_rollups[-1]) if now_rollups else 0
+        report.problems.extend(f"{key}: listed but missing" for key in vanished
+                               if layout.seq_of(key) > covered)
+        newest_rollup = max(newest_rollup, covered)
+    if commits:
+        top = max(commits)
+        gaps = [s for s in range(max(newest_rollup, min(commits)) + 1, top + 1)
+                if s not in commits]
+        if gaps:
+            report.problems.append(f"metadata log has gaps after the newest rollup "
+                                   f"{newest_rollup}: missing seq {gaps[:10]}")
+    return commits, rollups
+
+
+def delete_leaked(blob: Blob, first: list[str], grace: float,
+                  say: Callable[[str], None]) -> list[str]:
+    """Deletes data blobs that are unreferenced now and still unreferenced ``grace`` seconds
+    later, after reloading the state. Returns the keys deleted.
+
+    Args:
+        blob: the location's store.
+        first: the leaked keys found by :func:`verify` (a first listing).
+        grace: seconds to wait before listing again; must exceed the writers' commit deadline
+            plus a commit's latency.
+        say: told what is happening (the wait).
+
+    NB: a live writer writes a part's blob *before* the commit that references it; waiting a
+    grace period and listing again means only blobs abandoned for that long are deleted. A
+    writer sends no commit referencing a blob older than its commit deadline
+    (``Options.commit_deadline_seconds``), so a grace longer than that deadline plus a
+    commit's latency cannot delete a blob a commit will still claim.
+    """
+    if not first:
+        return []
+    say(f"{len(first)} leaked blobs; waiting {grace:g}s (the grace period) before checking "
+        f"them again, since a live writer may be about to commit a blob it just wrote")
+    time.sleep(grace)
+    # NB: list again before reloading the state, as in verify (see there).
+    still_listed = set(blob.list_keys(layout.DATA_PREFIX))
+    referenced = gc.referenced(Machine(blob).load())
+    doomed = [k for k in first if k in still_listed and k not in referenced]
+    for key in doomed:
+        blob.delete(key)
+        log.info("deleted leaked blob %s", key)
+    return doomed
+
+
+__all__ = ["Progress", "VerifyReport", "check_state", "delete_leaked", "require_metadata",
+           "verify"]
