@@ -3,6 +3,10 @@
 Writes a small collection of page views on a local file location, seals it time by time, lets
 history compact, reads it as of several frontiers (from the writer and from a read-only
 replica), restarts, and prints what it did at each step.
+
+The demo only ever deletes a directory it created itself: it leaves a marker file,
+``.persist-demo``, in every location it makes, and refuses (exit code 2, nothing touched) to run
+on an existing path without one. A location it made is reset on the next run.
 """
 
 from __future__ import annotations
@@ -16,11 +20,40 @@ import pyarrow as pa
 
 import persist
 
+#: Written into every location the demo creates: only such a directory is ever deleted.
+MARKER = ".persist-demo"
+
+
+def prepare(location: Path) -> str | None:
+    """Makes ``location`` an empty demo directory, or explains why it must not be touched.
+
+    Returns:
+        None when ready; otherwise the error to print (nothing was changed).
+    """
+    if location.is_symlink() or (location.exists() and not location.is_dir()):
+        return f"{location} exists and is not a directory; give the demo a new directory"
+    if location.exists():
+        if not (location / MARKER).is_file():
+            return (f"{location} exists and was not created by the demo (no {MARKER} file "
+                    f"in it); the demo deletes only directories it created. Give it a path "
+                    f"that does not exist yet, e.g. `./dev demo my-demo`")
+        shutil.rmtree(location)  # ours: reset it
+    location.mkdir(parents=True)
+    (location / MARKER).write_text("created by `python -m persist.demo`; "
+                                   "the next demo run on this directory deletes it\n")
+    return None
+
 
 def main(argv: list[str]) -> int:
-    location = Path(argv[0] if argv else "demo-location").resolve()
-    if location.exists():
-        shutil.rmtree(location)
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        print("usage: python -m persist.demo [DIRECTORY]  (default: demo-location; a new "
+              "directory, or one an earlier demo run created)", file=sys.stderr)
+        return 2
+    location = Path(argv[0] if argv else "demo-location").absolute()
+    problem = prepare(location)
+    if problem is not None:
+        print(f"persist demo: {problem}", file=sys.stderr)
+        return 2
     print(f"persist demo on file://{location}")
     pages = ["/", "/about", "/docs", "/pricing"]
     with persist.open(location, reentrance_id="demo") as client:
