@@ -8,7 +8,7 @@ the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
          .writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start())
     df.write.format("persist").mode("append").option("collection", "out").save(url)
 
-Modules: :mod:`operators.source` (the data source and its readers), :mod:`operators.sink`
+Modules: :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers), :mod:`operators.sink`
 (writers), :mod:`operators.partitions` (what a Spark task reads), :mod:`operators.buckets`
 (parallel consolidation), :mod:`operators.schema` (types across the boundary),
 :mod:`operators.options` (option parsing), :mod:`operators.holds` (durable read holds).
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from operators.datasource import PersistDataSource
 from operators.holds import set_hold
-from operators.source import PersistDataSource
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"

@@ -34,7 +34,7 @@ from operators.schema import CollectionTypes, to_spark
 from persist.blob.base import BlobRead
 from persist.errors import InvalidUsage
 from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, PartReader, read_part_at
 from persist.indexed.state import collection, effective_since
 from persist.location import resolve
@@ -148,8 +148,13 @@ def _reader(target: Target) -> PartReader:
     return PartReader(blob_of(target), cache_bytes=0)
 
 
+def load_state(target: Target) -> State:
+    """The location's current metadata, read from its log (no lock, no threads)."""
+    return Machine(blob_of(target)).load()
+
+
 def _fresh(target: Target) -> CollectionMeta:
-    return collection(Machine(blob_of(target)).load().collections, target.collection)
+    return collection(load_state(target).collections, target.collection)
 
 
 def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:

@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 
 import persist
 from operators.options import Target, WriteOptions
-from operators.partitions import blob_of
+from operators.partitions import blob_of, load_state
 from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema
 from persist import layout
 from persist.blob.base import Blob
@@ -123,7 +123,7 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     """
     target = opts.target
     check_sink_schema(schema, None)
-    c = meta_state(target).collections.get(target.collection)
+    c = load_state(target).collections.get(target.collection)
     if c is None:
         fields = {f.name: f.dataType for f in schema.fields}
         key = opts.key_type or arrow_type_for(fields["key"], column="key")
@@ -142,12 +142,6 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     return types
 
 
-def meta_state(target: Target) -> meta.State:
-    from operators.source import load_state
-
-    return load_state(target)
-
-
 def _parts(messages: list[WriterCommitMessage | None]) -> list[PartMeta]:
     return [m.part for m in messages if isinstance(m, Staged) and m.part is not None]
 
@@ -159,7 +153,7 @@ def discard(target: Target, parts: list[PartMeta]) -> None:
         return
     # NB: check against the current state anyway: a staged part that some commit references
     # must never be deleted, whatever the caller believes happened.
-    referenced = gc.referenced(meta_state(target))
+    referenced = gc.referenced(load_state(target))
     blob = _writable(target.url, target.storage)
     for key in keys:
         if key not in referenced:

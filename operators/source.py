@@ -35,11 +35,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import (
-    DataSource,
     DataSourceReader,
     DataSourceStreamReader,
-    DataSourceStreamWriter,
-    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.types import StructType
@@ -53,6 +50,7 @@ from operators.partitions import (
     blob_of,
     exact,
     group,
+    load_state,
     range_parts,
     read_bucket,
     read_range,
@@ -62,7 +60,7 @@ from operators.partitions import (
 from operators.schema import MAX_LONG, CollectionTypes
 from persist.errors import InvalidUsage, SchemaMismatch
 from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, State
+from persist.indexed.meta import CollectionMeta
 from persist.indexed.read import PartReader, check_as_of
 from persist.indexed.state import collection, effective_since
 
@@ -92,55 +90,6 @@ log = logging.getLogger("persist.spark")
 #: Consolidated reads: one key-hash bucket per this many rows (capped at MAX_BUCKETS).
 ROWS_PER_BUCKET = 10_000_000
 MAX_BUCKETS = 8
-
-
-def load_state(target: Target) -> State:
-    """The location's current metadata, read from its log (no lock, no threads)."""
-    return Machine(blob_of(target)).load()
-
-
-class PersistDataSource(DataSource):
-    """The ``persist`` format: batch and streaming reads, batch and streaming writes.
-
-    Register it once per session with ``operators.register(spark)``.
-    """
-
-    def __init__(self, options: Any) -> None:
-        super().__init__(options)
-        #: The as_of a batch DataFrame is pinned to when no as_of option is given.
-        self.pinned_as_of: int | None = None
-
-    @classmethod
-    def name(cls) -> str:
-        return "persist"
-
-    def schema(self) -> StructType:
-        """``key, value, time, diff`` in the collection's types (read from its metadata).
-
-        NB: Spark calls this once, when the DataFrame is created; the newest sealed time is
-        pinned here, so every action on one batch DataFrame reads the same definite snapshot.
-        """
-        opts = ReadOptions.parse(self.options)
-        c = collection(load_state(opts.target).collections, opts.target.collection)
-        if opts.as_of is None and c.upper > 0:
-            self.pinned_as_of = c.upper - 1
-        return CollectionTypes.of(c).spark_schema
-
-    def reader(self, schema: StructType) -> DataSourceReader:
-        return PersistBatchReader(ReadOptions.parse(self.options), schema, self.pinned_as_of)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return PersistStreamReader(ReadOptions.parse(self.options), schema)
-
-    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        from operators.sink import PersistBatchWriter
-
-        return PersistBatchWriter(self.options, schema, overwrite)
-
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        from operators.sink import PersistStreamWriter
-
-        return PersistStreamWriter(self.options, schema, overwrite)
 
 
 def _types_for(c: CollectionMeta, schema: StructType) -> CollectionTypes:

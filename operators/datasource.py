@@ -1,0 +1,69 @@
+"""The ``persist`` format as a PySpark data source: what Spark instantiates by name, and which
+hands out the readers (:mod:`operators.source`) and writers (:mod:`operators.sink`).
+
+It is the one module that knows both sides, so the reader and writer modules never import each
+other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
+from pyspark.sql.types import StructType
+
+from operators.options import ReadOptions
+from operators.partitions import load_state
+from operators.schema import CollectionTypes
+from operators.sink import PersistBatchWriter, PersistStreamWriter
+from operators.source import PersistBatchReader, PersistStreamReader
+from persist.indexed.state import collection
+
+
+class PersistDataSource(DataSource):
+    """The ``persist`` format: batch and streaming reads, batch and streaming writes.
+
+    Register it once per session with ``operators.register(spark)``.
+    """
+
+    def __init__(self, options: Any) -> None:
+        super().__init__(options)
+        #: The as_of a batch DataFrame is pinned to when no as_of option is given.
+        self.pinned_as_of: int | None = None
+
+    @classmethod
+    def name(cls) -> str:
+        return "persist"
+
+    def schema(self) -> StructType:
+        """``key, value, time, diff`` in the collection's types (read from its metadata).
+
+        NB: Spark calls this once, when the DataFrame is created; the newest sealed time is
+        pinned here, so every action on one batch DataFrame reads the same definite snapshot.
+        """
+        opts = ReadOptions.parse(self.options)
+        c = collection(load_state(opts.target).collections, opts.target.collection)
+        if opts.as_of is None and c.upper > 0:
+            self.pinned_as_of = c.upper - 1
+        return CollectionTypes.of(c).spark_schema
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PersistBatchReader(ReadOptions.parse(self.options), schema, self.pinned_as_of)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PersistStreamReader(ReadOptions.parse(self.options), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return PersistBatchWriter(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return PersistStreamWriter(self.options, schema, overwrite)
+
+
+__all__ = ["PersistDataSource"]
