@@ -100,7 +100,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any]) -> Sta
     c = CollectionMeta(id=types.cid, name=types.name, key_type=types.key_type,
                        value_type=types.value_type)
     part = write.new_part(_writable(target.url, target.storage), c, updates,
-                            inline_threshold=INLINE_BYTES, consolidated=False)
+                          inline_threshold=INLINE_BYTES, consolidated=False, staged=True)
     return Staged(part)
 
 

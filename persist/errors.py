@@ -57,10 +57,11 @@ class Determinate(ExternalError):
 
 
 class MissingResource(Determinate):
-    """The bucket or DynamoDB table named by the location does not exist.
+    """What the location names does not exist: no location at that URL (a read-only open of a
+    place nothing was ever committed to), or its bucket or DynamoDB table.
 
-    Retrying will not help until it is created (``persist.lock.dynamodb.create_table`` makes a
-    table; buckets are created outside persist).
+    Retrying will not help until it is created (a writer creates a location;
+    ``persist.lock.dynamodb.create_table`` makes a table; buckets are created outside persist).
     """
 
 

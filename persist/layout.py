@@ -7,7 +7,8 @@ Every other module asks this one for keys and prefixes; none spells a path itsel
     meta/notify                Advert      where a writer with notify=True pushes new seqs
     data/<cid>/<part id>       Arrow IPC   one columnar part (zstd), immutable, unique name
     LOCK                       LockRecord  the writer lock, when it lives beside the data
-    LOCK.mutex                 (empty)     file locations: the flock arbitrating LOCK's CaS
+    LOCK.mutex                 (empty)     file locations of older persists: the flock arbitrating LOCK's CaS
+    LOCK.chain/<version:020d>  LockRecord  file locations: one file per state of the lock; the highest is current
     _pending/<key>/<uuid>      any         S3 with conditional_put="dynamodb": values being created
 
 Invariant: keys under ``data/`` are uniquely named and never rewritten, so any layer may cache
@@ -32,10 +33,17 @@ NOTIFY_KEY = "meta/notify"
 DATA_PREFIX = "data/"
 #: The writer lock's record, when the lock is kept in the location itself (file, S3).
 LOCK_KEY = "LOCK"
-#: File locations: the file whose ``flock`` arbitrates the lock record's compare-and-set.
+#: File locations of older persists: the file whose ``flock`` arbitrated the compare-and-set
+#: of ``LOCK`` (now taken only once, to retire that record; see ``persist.lock.file``).
 LOCK_MUTEX_NAME = "LOCK.mutex"
+#: File locations: the writer lock's record chain, one immutable file per state.
+LOCK_CHAIN_PREFIX = "LOCK.chain/"
 #: S3 with the DynamoDB-synchronized create: temporary copies of values being created.
 PENDING_PREFIX = "_pending/"
+#: Part ids of parts staged by another process for a later ``Client.apply(parts=...)`` (the
+#: Spark sink) start with this. The commit deadline does not cover them (they may wait minutes
+#: for their driver), so the writer's automatic leaked-blob sweep leaves them alone.
+STAGED_PART_PREFIX = "staged-"
 
 
 def log_key(seq: int) -> str:
@@ -67,9 +75,19 @@ def data_key(collection_id: int | str, part_id: str) -> str:
     return f"{DATA_PREFIX}{collection_id}/{part_id}"
 
 
+def is_staged(key: str) -> bool:
+    """True if the data blob at ``key`` was staged by another process (see STAGED_PART_PREFIX)."""
+    return key.startswith(DATA_PREFIX) and key.rsplit("/", 1)[-1].startswith(STAGED_PART_PREFIX)
+
+
 def is_immutable(key: str) -> bool:
     """True if the value at ``key`` is never rewritten once created (safe to cache)."""
     return key.startswith(DATA_PREFIX)
+
+
+def lock_chain_key(version: int) -> str:
+    """Returns the key of state ``version`` of a file location's writer lock."""
+    return f"{LOCK_CHAIN_PREFIX}{version:020d}"
 
 
 def pending_key(key: str, token: str) -> str:
@@ -79,6 +97,7 @@ def pending_key(key: str, token: str) -> str:
 
 __all__ = [
     "DATA_PREFIX",
+    "LOCK_CHAIN_PREFIX",
     "LOCK_KEY",
     "LOCK_MUTEX_NAME",
     "LOG_PREFIX",
@@ -86,9 +105,12 @@ __all__ = [
     "NOTIFY_KEY",
     "PENDING_PREFIX",
     "ROLLUP_PREFIX",
+    "STAGED_PART_PREFIX",
     "data_key",
     "data_prefix",
     "is_immutable",
+    "is_staged",
+    "lock_chain_key",
     "log_key",
     "pending_key",
     "rollup_key",

@@ -81,6 +81,8 @@ def resolve(
         if not path:
             raise InvalidUsage("empty location path")
         root = os.path.abspath(path)
+        if os.path.exists(root) and not os.path.isdir(root):
+            raise InvalidUsage(f"location {text!r} is not a directory: {root} is a file")
         fsync = option_bool("fsync", opts.pop("fsync", True))
         map_min_bytes = option_size_or_off("map_min_bytes", opts.pop("map_min_bytes", MAP_MIN_BYTES))
         if opts:

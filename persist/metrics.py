@@ -12,6 +12,7 @@ Pushed from the commit path (one cheap call per event):
     persist_fail_stops_total{kind}         counter    runtimes that went fail-stop, by cause
     persist_lock_heartbeats_total{result}  counter    lease renewals: ok / error
     persist_lock_losses_total              counter    writers that lost the lock (fenced)
+    persist_leaked_blobs_reclaimed_total   counter    leaked data blobs the maintenance deleted
 
 Pushed from the blob edge by :class:`persist.blob.metered.MeteredBlob` (wrap a store to get
 them):
@@ -70,6 +71,9 @@ class _Metrics:
             "persist_blob_bytes_written", "Framed bytes written to blob storage")
         self.bytes_read = prom.Counter(
             "persist_blob_bytes_read", "Framed bytes read from blob storage")
+        self.leaked_reclaimed = prom.Counter(
+            "persist_leaked_blobs_reclaimed",
+            "Leaked data blobs (written for a commit that never landed) the writer deleted")
         self.blob_errors = prom.Counter(
             "persist_blob_errors", "Blob storage errors, by operation and error class",
             ["op", "kind"])
@@ -141,6 +145,13 @@ def lock_lost() -> None:
     m = _get()
     if m is not None:
         m.lock_losses.inc()
+
+
+def leaked_blobs_reclaimed(n: int) -> None:
+    """The writer's maintenance deleted ``n`` leaked data blobs."""
+    m = _get()
+    if m is not None:
+        m.leaked_reclaimed.inc(n)
 
 
 def blob_bytes(direction: Literal["read", "written"], n: int) -> None:
@@ -250,6 +261,7 @@ __all__ = [
     "fail_stop",
     "gauge_samples",
     "heartbeat",
+    "leaked_blobs_reclaimed",
     "lock_lost",
     "track",
 ]

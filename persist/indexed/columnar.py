@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import numbers
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, SchemaM
 
 PART_FORMAT_VERSION = 1
 _PART_TAG = b"persist.part"
+MIN_DIFF = -(1 << 63)
+MAX_DIFF = (1 << 63) - 1
 MAX_TIME = 2**64 - 1
 
 SUPPORTED_TYPES = (pa.string(), pa.large_string(), pa.binary(), pa.large_binary(), pa.int64(),
@@ -143,17 +146,24 @@ def from_updates(updates: Any, schema: pa.Schema, key: Codec, value: Codec) -> p
     except (TypeError, ValueError) as e:
         raise SchemaMismatch(f"each update must be ((key, value), time, diff): {e}") from e
     for t in times:
-        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= MAX_TIME:
+        if not _is_integer(t) or not 0 <= t <= MAX_TIME:
             raise InvalidUsage(f"time {t!r} is not an integer in [0, 2**64)")
-    try:
-        diff_arr = pa.array(diffs, type=pa.int64())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
-        raise SchemaMismatch(f"diffs must be int64: {e}") from e
+    # NB: checked here, not left to pyarrow: pa.array([1.5], type=pa.int64()) truncates to 1
+    # without a word, and a diff of True would count as 1.
+    for d in diffs:
+        if not _is_integer(d) or not MIN_DIFF <= d <= MAX_DIFF:
+            raise SchemaMismatch(f"diff {d!r} is not an int64 (a whole number of copies)")
+    diff_arr = pa.array(diffs, type=pa.int64())
     return pa.Table.from_arrays(
         [key.encode_values(keys), value.encode_values(values),
          pa.array(times, type=pa.uint64()), diff_arr],
         schema=schema,
     )
+
+
+def _is_integer(x: Any) -> bool:
+    """True for Python and numpy integers; False for bools, floats and everything else."""
+    return type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))
 
 
 def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:

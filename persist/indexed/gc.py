@@ -7,12 +7,16 @@ Three kinds of garbage, each with its own rule:
   state has that long to finish; after it, it retries on a newer state), then forgotten by a
   ``Forget`` op.
 * Old metadata: log entries ``<= R`` and rollups ``< R`` once rollup ``R`` is ``grace`` old.
-* Leaked blobs: data written by a commit that never landed (a crash, a fenced writer). They are
-  found by listing (``leaked``) and deleted only when older than ``grace`` by an operator command
-  (``persist verify --delete-leaked``), since a live writer may be about to commit them.
+* Leaked blobs: data written by a commit that never landed (a crash between writing a part and
+  committing it). A commit that fails definitely deletes its own blobs, so these are rare. They
+  are found by listing (``leaked``) and deleted only once they stayed unreferenced for a grace
+  period longer than any commit may take to claim them: by the writer's maintenance thread
+  (:class:`LeakSweeper`) and by the operator command ``persist verify --delete-leaked``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
@@ -66,6 +70,7 @@ def trim_metadata(blob: Blob, rollup_seq: int) -> int:
 
 
 def referenced(state: State) -> set[str]:
+    """Every data blob ``state`` references: live parts and retired ones awaiting GC."""
     keys = {p.blob_key for c in state.collections.values() for p in c.parts if p.blob_key}
     keys.update(r.key for r in state.retired)
     return keys
@@ -79,3 +84,60 @@ def leaked(blob: BlobRead, state: State) -> list[str]:
     """
     refs = referenced(state)
     return [k for k in blob.list_keys(layout.DATA_PREFIX) if k not in refs]
+
+
+class LeakSweeper:
+    """Deletes leaked data blobs once each has stayed unreferenced for ``grace`` seconds.
+
+    Run by the writer (the only process that commits to its location) every so often. Each
+    :meth:`sweep` lists the data blobs, *then* reads the writer's newest state, and notes when
+    each unreferenced blob was first seen so; one still unreferenced ``grace`` seconds later is
+    deleted. Parts staged by other processes (:func:`persist.layout.is_staged`) are left alone.
+
+    Invariant (why it is safe): a blob is deleted only if it was listed, hence written, at least
+    ``grace`` ago and no state since referenced it. The only commits that could still claim it
+    are this writer's own, and those refuse to reference a blob older than the commit deadline,
+    which ``grace`` exceeds by at least the deadline again (``Options.leak_grace_seconds``).
+    """
+
+    def __init__(self, grace_seconds: float) -> None:
+        """A sweeper deleting blobs unreferenced for ``grace_seconds``."""
+        self.grace_seconds = grace_seconds
+        self._first_seen: dict[str, float] = {}
+
+    def sweep(self, blob: Blob, newest_state: Callable[[], State], now: float) -> list[str]:
+        """Lists, compares and deletes; returns the keys deleted.
+
+        Args:
+            blob: the location's store.
+            newest_state: returns the writer's newest state; called after the listing.
+            now: the current time on a monotonic clock, in seconds.
+
+        Raises:
+            ExternalError: the listing failed (nothing deleted), or the first delete failed;
+                a later failed delete ends the sweep, keeping what it did.
+        """
+        listed = blob.list_keys(layout.DATA_PREFIX)
+        refs = referenced(newest_state())
+        leaked_now = {k for k in listed if k not in refs and not layout.is_staged(k)}
+        self._first_seen = {k: t for k, t in self._first_seen.items() if k in leaked_now}
+        for key in leaked_now:
+            self._first_seen.setdefault(key, now)
+        ripe = sorted(k for k, t in self._first_seen.items() if now - t >= self.grace_seconds)
+        deleted: list[str] = []
+        for key in ripe:
+            try:
+                blob.delete(key)
+            except ExternalError:
+                if not deleted:
+                    raise
+                break
+            del self._first_seen[key]
+            deleted.append(key)
+        return deleted
+
+    @property
+    def suspects(self) -> int:
+        """Unreferenced blobs seen so far and not yet old enough to delete."""
+        return len(self._first_seen)
+

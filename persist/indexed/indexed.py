@@ -28,6 +28,8 @@ from persist import crashpoints
 from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
+    Determinate,
+    Fenced,
     Indeterminate,
     InvalidUsage,
     PersistError,
@@ -47,6 +49,7 @@ from persist.indexed.meta import (
     Seal,
     SetHold,
     State,
+    check_op,
 )
 from persist.indexed.read import PartReader, Snapshot, Types, updates_between
 from persist.indexed.state import apply, apply_op, check, collection, plan
@@ -78,7 +81,11 @@ class Txn:
         self.retired = list(self.base.retired)
 
     def stage(self, op: Op) -> None:
-        """Checks ``op`` against the working copy and applies it, or raises and changes nothing."""
+        """Checks ``op`` (its types, then against the working copy) and applies it, or raises
+        InvalidUsage and changes nothing."""
+        check_op(op)
+        if isinstance(op, Register) and not op.collection.name:
+            raise InvalidUsage("a collection name must be a non-empty string")
         check(self.collections, op)
         apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
         self.ops.append(op)
@@ -132,12 +139,31 @@ class _Savepoint:
                 del t.writes[k][writes[k]:]
 
 
+#: The largest ``Options.inline_threshold``: a commit record carries its inline parts and every
+#: rollup carries every inline part, so past this a "small" commit is no longer small.
+MAX_INLINE_THRESHOLD = 16 << 20
+
+
 @dataclass(frozen=True)
 class Options:
+    """Engine options. Every one is *behaviour-preserving*: it changes cost (files, fsyncs,
+    bytes, read amplification), never contents, frontiers or errors a caller can observe. The
+    test suites run under several sets of them (the knob matrix, ``tests/knobs.py``).
+
+    A writer reads its options at each use from ``Indexed.options``, which
+    ``Client.set_options`` replaces between two commits (linearized like a write). Only
+    ``cache_bytes`` is fixed at open (the part cache is sized once); ``gc_grace_seconds`` also
+    sets how long the writer's own reloads trust a missing log entry.
+
+    Raises:
+        InvalidUsage: (on construction) a value of the wrong type or out of range.
+    """
+
     #: Parts encoding to at most this many bytes ride inside the metadata commit (one file,
-    #: one fsync per commit for small writes); larger ones get their own blob.
+    #: one fsync per commit for small writes); larger ones get their own blob. 0: every
+    #: non-empty part is a blob; at most ``MAX_INLINE_THRESHOLD``.
     inline_threshold: int = 64 << 10
-    #: Write a rollup (whole state) after this many commits, bounding replay on open.
+    #: Write a rollup (whole state) after this many commits, bounding replay on open (>= 1).
     rollup_every: int = 64
     gc_grace_seconds: float = 300.0
     #: A data blob is referenced by a commit sent within this long of writing it, or never: a
@@ -147,6 +173,56 @@ class Options:
     commit_deadline_seconds: float = 60.0
     compaction: compact.CompactionPolicy = field(default_factory=compact.CompactionPolicy)
     cache_bytes: int = 256 << 20
+    #: Group commit: the runtime commits every command queued behind the one it takes as one
+    #: step. False: one command per commit (an fsync each; for tests and for measuring).
+    group_commit: bool = True
+    #: The maintenance thread merges parts after commits. False: only an explicit
+    #: ``Client.maintain()`` compacts (GC and rollups still run in the background); reads then
+    #: touch every part written since.
+    background_compaction: bool = True
+    #: The maintenance thread deletes data blobs that no commit references (left by a crash
+    #: between writing a part and committing it) once they have stayed unreferenced this long
+    #: (DESIGN.md §9). At least twice ``commit_deadline_seconds``: a blob younger than the
+    #: deadline may still be claimed by a commit in flight. None: never (operators then run
+    #: ``persist verify --delete-leaked``).
+    leak_grace_seconds: float | None = 600.0
+
+    def __post_init__(self) -> None:
+        _check_int("inline_threshold", self.inline_threshold, 0, MAX_INLINE_THRESHOLD)
+        _check_int("rollup_every", self.rollup_every, 1)
+        _check_int("cache_bytes", self.cache_bytes, 0)
+        for name in ("gc_grace_seconds", "commit_deadline_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise InvalidUsage(f"Options.{name} must be a number >= 0, not {value!r}")
+        if not isinstance(self.compaction, compact.CompactionPolicy):
+            raise InvalidUsage(f"Options.compaction must be a CompactionPolicy, "
+                               f"not {self.compaction!r}")
+        leak = self.leak_grace_seconds
+        if leak is not None and (isinstance(leak, bool) or not isinstance(leak, (int, float))
+                                 or not leak >= 2 * self.commit_deadline_seconds):
+            raise InvalidUsage(
+                f"Options.leak_grace_seconds must be None or a number of seconds at least twice "
+                f"commit_deadline_seconds ({self.commit_deadline_seconds:g}), not {leak!r}: a "
+                f"younger unreferenced blob may belong to a commit still in flight")
+        for name in ("group_commit", "background_compaction"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidUsage(f"Options.{name} must be a bool, not {getattr(self, name)!r}")
+
+
+def _checked_options(options: object) -> Options:
+    if options is None:
+        return Options()
+    if not isinstance(options, Options):
+        raise InvalidUsage(f"options must be a persist.Options, not {options!r}")
+    return options
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
+    if (isinstance(value, bool) or not isinstance(value, int) or value < lo
+            or (hi is not None and value > hi)):
+        bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise InvalidUsage(f"Options.{name} must be an integer {bound}, not {value!r}")
 
 
 class Indexed:
@@ -170,12 +246,13 @@ class Indexed:
         self.blob = machine.blob
         self.epoch = epoch
         self.writer = writer
-        self.options = options or Options()
+        self.options = _checked_options(options)
         self.reader = PartReader(self.blob, cache_bytes=self.options.cache_bytes)
         self.state = state
         self._last_rollup_seq = self.state.seq
         self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
-        self._plans: dict[str, tuple[CollectionMeta, tuple[Any, ...]]] = {}
+        self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
+                                     tuple[Any, ...]]] = {}
 
     @classmethod
     def open(
@@ -199,9 +276,28 @@ class Indexed:
             IncompatibleFormat: the location was written by a newer format.
             ExternalError: the store failed.
         """
-        options = options or Options()
+        options = _checked_options(options)
         machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds)
         return cls(machine, machine.load(), epoch=epoch, writer=writer, options=options)
+
+    def set_options(self, options: Options) -> None:
+        """Replaces the options; every later use reads the new ones (the runtime calls this
+        between two commits, see ``Client.set_options``).
+
+        Raises:
+            InvalidUsage: not an ``Options``, or ``cache_bytes`` differs (fixed at open).
+        """
+        if not isinstance(options, Options):
+            raise InvalidUsage(f"options must be a persist.Options, not {options!r}")
+        if options.cache_bytes != self.options.cache_bytes:
+            raise InvalidUsage("Options.cache_bytes is fixed when a location is opened "
+                               f"({self.options.cache_bytes}); reopen to change it")
+        # NB: one reference swap: a reader on another thread (the maintenance thread plans
+        # compaction with ``options.compaction``) sees the old options or the new, never a mix
+        # within one read of the attribute. Every option is behaviour-preserving, so a step
+        # that reads it twice across a swap is still correct.
+        self.options = options
+        self.machine.gc_grace_seconds = options.gc_grace_seconds
 
     @property
     def writable(self) -> bool:
@@ -231,7 +327,10 @@ class Indexed:
         Raises:
             Fenced: a newer writer took over; nothing was committed.
             CommitConflict / Determinate: nothing was committed; the state is unchanged.
+            InvalidUsage: the commit record would not decode; nothing was committed.
             Indeterminate: the commit may have landed; the caller must reload before going on.
+
+        Whenever nothing was committed, the data blobs this commit wrote are deleted again.
         """
         if txn.base is not self.state:
             raise InvalidUsage("txn was staged against an old state")
@@ -264,18 +363,22 @@ class Indexed:
                 ops[-1] = op
             else:
                 ops.append(op)
-        commit = plan(self.state, ops, epoch=self.epoch, writer=self.writer, wall_ms=_now_ms())
-        new_state = apply(self.state, commit)
         try:
+            commit = plan(self.state, ops, epoch=self.epoch, writer=self.writer,
+                          wall_ms=_now_ms())
+            new_state = apply(self.state, commit)
             self.check_deadline(txn.blobs_written_at)
-        except CommitDeadline:
-            # NB: nothing will reference the blobs this commit wrote; don't leave them behind
-            # (if a delete fails, `persist verify --delete-leaked` finds the blob)
+            self.machine.commit(commit)
+        except (Determinate, Fenced, InvalidUsage):
+            # NB: each of these means the commit definitely did not land (refused before it
+            # was sent, lost the race for its log key, or the store refused it), so nothing
+            # will ever reference the blobs it wrote: delete them now rather than leave them
+            # for a sweep. An Indeterminate keeps them: the commit may have landed. If a delete
+            # fails, the maintenance sweep (or `persist verify --delete-leaked`) finds the blob.
             for key in written:
                 with contextlib.suppress(PersistError):
                     blob.delete(key)
             raise
-        self.machine.commit(commit)
         if txn.blobs_written_at is not None:
             late = time.monotonic() - txn.blobs_written_at
             if late > self.options.commit_deadline_seconds:
@@ -381,11 +484,13 @@ class Indexed:
         policy = self.options.compaction
         for name, c in state.collections.items():
             last = memo.get(name)
-            if last is not None and last[0] is c:
-                chosen = last[1]
+            # NB: the policy is part of the key: set_options may replace it, and a plan made
+            # under the old one (say, nothing to merge at fanin 4) is stale under fanin 2.
+            if last is not None and last[0] is c and last[1] is policy:
+                chosen = last[2]
             else:
                 chosen = compact.plan(c, policy)
-                memo[name] = (c, chosen)
+                memo[name] = (c, policy, chosen)
             if chosen:
                 out.append((c.name, chosen))
         return out
@@ -476,4 +581,4 @@ def check_types(c: CollectionMeta, k: Codec, v: Codec) -> None:
         )
 
 
-__all__ = ["Indeterminate", "Indexed", "Options", "Txn"]
+__all__ = ["MAX_INLINE_THRESHOLD", "Indeterminate", "Indexed", "Options", "Txn"]

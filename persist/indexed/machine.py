@@ -187,6 +187,7 @@ class Machine:
         """Durably commits ``commit`` as the entry after its predecessor, or refuses.
 
         Raises:
+            InvalidUsage: the record would not decode (a bug upstream); nothing was written.
             Fenced: a writer of a higher epoch committed ``commit.seq`` first.
             CommitConflict: someone else committed ``commit.seq`` first (stale state).
             Determinate: definitely not committed.
@@ -194,7 +195,7 @@ class Machine:
         """
         blob = self._writable()
         key = layout.log_key(commit.seq)
-        data = meta.encode(commit)
+        data = meta.encode_commit_checked(key, commit)
         if blob.set_if_absent(key, data):
             return
         existing = blob.get(key)

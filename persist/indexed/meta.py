@@ -20,7 +20,7 @@ from typing import Any, TypeAlias
 import msgspec
 
 from persist import layout
-from persist.errors import Corruption, IncompatibleFormat
+from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
 
 FORMAT_VERSION = 1
 
@@ -162,8 +162,54 @@ _STATE_DEC = msgspec.msgpack.Decoder(State)
 _VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
 
 
+_OP_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {
+    t: msgspec.msgpack.Decoder(t) for t in (Register, AddPart, Seal, AllowCompaction,
+                                            ReplaceParts, SetHold, Forget)
+}
+
+
 def encode(record: Commit | State) -> bytes:
+    """Returns the stored bytes of ``record`` (msgpack)."""
     return _ENC.encode(record)
+
+
+def check_op(op: Op) -> None:
+    """Checks that ``op`` has exactly the types of its stored form, so that a commit carrying it
+    decodes on every reader.
+
+    NB: msgspec encodes what it is given: an op built with an int for a name (a caller's bug)
+    encodes fine and then fails to decode on every later open, making the whole location
+    unreadable. Checking the round trip when an op is staged refuses it before anything is
+    written.
+
+    Raises:
+        InvalidUsage: a field of ``op`` has a type its stored form does not allow.
+    """
+    try:
+        _OP_DECODERS[type(op)].decode(_ENC.encode(op))
+    except (KeyError, TypeError, OverflowError, msgspec.EncodeError, msgspec.DecodeError) as e:
+        raise InvalidUsage(f"malformed {type(op).__name__} operation, refused: {e}") from e
+
+
+def encode_commit_checked(key: str, commit: Commit) -> bytes:
+    """Encodes ``commit`` for ``key`` and proves it decodes back to the same bytes.
+
+    This is the last line of defence against a malformed record: a commit that could not be
+    decoded, once created, would make every later open of the location fail.
+
+    Raises:
+        InvalidUsage: the record does not survive a round trip; it must not be written.
+    """
+    try:
+        data = _ENC.encode(commit)
+        again = _ENC.encode(decode_commit(key, data))
+    except (TypeError, OverflowError, msgspec.EncodeError, Corruption) as e:
+        raise InvalidUsage(f"refusing to write commit {key}: its record would not decode "
+                           f"({e}); nothing was written") from e
+    if again != data:
+        raise InvalidUsage(f"refusing to write commit {key}: its record does not survive a "
+                           f"round trip; nothing was written")
+    return data
 
 
 def _check_version(key: str, data: bytes) -> None:

@@ -20,7 +20,7 @@ from persist.errors import Determinate, InvalidUsage
 from persist.indexed import columnar
 from persist.indexed.columnar import Codec
 from persist.indexed.meta import CollectionMeta, PartMeta
-from persist.indexed.state import effective_since
+from persist.indexed.state import check_time, effective_since
 
 
 class PartMissing(Determinate):
@@ -85,9 +85,13 @@ class PartReader:
 
 
 def check_as_of(c: CollectionMeta, as_of: int) -> None:
+    """Checks that a read of ``c`` as of ``as_of`` is definite: ``since <= as_of < upper``.
+
+    Raises:
+        InvalidUsage: ``as_of`` is not a time, or lies outside ``[since, upper)``.
+    """
+    check_time("as_of", as_of)
     since = effective_since(c)
-    if not isinstance(as_of, int) or isinstance(as_of, bool):
-        raise InvalidUsage(f"as_of must be an integer time, not {as_of!r}")
     if as_of < since:
         raise InvalidUsage(
             f"read of {c.name!r} as of {as_of} is below its since {since}: history before "

@@ -47,9 +47,14 @@ def collection(collections: Mapping[str, CollectionMeta], name: str) -> Collecti
         ) from None
 
 
-def _check_time(what: str, t: int) -> None:
+def check_time(what: str, t: object) -> None:
+    """Checks that ``t`` is a time: an int (not a bool) in ``[0, 2**64)``.
+
+    Raises:
+        InvalidUsage: naming ``what`` (say, "seal frontier") and the value.
+    """
     if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t <= MAX_TIME:
-        raise InvalidUsage(f"{what} {t!r} is not an integer in [0, 2**64)")
+        raise InvalidUsage(f"{what} {t!r} is not an integer time in [0, 2**64)")
 
 
 def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
@@ -66,14 +71,14 @@ def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
                     f"times below upper are sealed"
                 )
         case Seal(name=name, upper=u):
-            _check_time("seal frontier", u)
+            check_time("seal frontier", u)
             c = collection(collections, name)
             if u < c.upper:
                 raise InvalidUsage(
                     f"seal of {name!r} to {u} would move its upper backwards from {c.upper}"
                 )
         case AllowCompaction(name=name, since=s):
-            _check_time("compaction frontier", s)
+            check_time("compaction frontier", s)
             c = collection(collections, name)
             if s < c.since:
                 raise InvalidUsage(

@@ -19,7 +19,8 @@ from persist.indexed.meta import CollectionMeta, PartMeta
 
 
 def new_part(
-    blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool
+    blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool,
+    staged: bool = False,
 ) -> PartMeta:
     """Encodes ``table`` as a part of ``c``: inline when small, else in a fresh blob.
 
@@ -31,6 +32,9 @@ def new_part(
         inline_threshold: parts encoding to at most this many bytes are returned inline (the
             caller puts them inside its metadata commit) and nothing is written.
         consolidated: whether ``table`` is sorted by (key, value, time) with no repeats.
+        staged: the part is staged by another process for a later ``Client.apply(parts=...)``
+            (its id starts with :data:`persist.layout.STAGED_PART_PREFIX`, which keeps the
+            writer's automatic leaked-blob sweep away from it).
 
     Returns:
         The part's metadata: exactly one of ``inline`` and ``blob_key`` is set.
@@ -38,7 +42,7 @@ def new_part(
     Raises:
         ExternalError: writing the blob failed (the part is then not referenced by anything).
     """
-    part_id = uuid.uuid4().hex
+    part_id = (layout.STAGED_PART_PREFIX if staged else "") + uuid.uuid4().hex
     data = columnar.encode_part(table)
     lo, hi = columnar.time_range(table) if len(table) else (0, 0)
     if len(data) <= inline_threshold:

@@ -22,6 +22,7 @@ from persist import layout
 from persist.errors import (
     Fenced,
     InvalidUsage,
+    MissingResource,
     ReadOnly,
     RuntimeShutdown,
     Timeout,
@@ -30,13 +31,13 @@ from persist.indexed.columnar import Codec
 from persist.indexed.indexed import Indexed, Options, check_types
 from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, Snapshot, Types, read_part_at, updates_between
-from persist.indexed.state import collection, effective_since
+from persist.indexed.state import check_time, collection, effective_since
 from persist.location import resolve
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
 from persist.runtime.notify import Notifier
 from persist.runtime.replica import Follower, open_replica
-from persist.runtime.runtime import Published, Runtime
+from persist.runtime.runtime import LocalHolds, Published, Runtime
 
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
 
@@ -55,6 +56,7 @@ def open(
     *,
     reentrance_id: str | None = None,
     read_only: bool = False,
+    missing_ok: bool = False,
     lock_timeout: float = 0.0,
     lease_seconds: float = 30.0,
     storage_options: dict[str, Any] | None = None,
@@ -71,10 +73,14 @@ def open(
             holder takes over at once and fences it (a restarted process under its deployment
             id). None (the default) means a fresh id: the lock is not reentrant.
         read_only: open without the lock and without any ability to write.
+        missing_ok: with ``read_only``, open a location where nothing was ever committed (a
+            replica started before its writer), which then follows the first writer. Without
+            it such an open fails, since a mistyped URL looks exactly like that.
         lock_timeout: seconds to wait for a lock held by another id to be released or lapse.
         lease_seconds: the writer lock's lease (heartbeated every third of it).
         storage_options: passed to the storage client (boto3 for S3) as given.
-        options: engine tuning (inline threshold, rollup cadence, GC grace, compaction).
+        options: engine tuning (inline threshold, rollup cadence, GC grace, compaction, group
+            commit); a writer can replace them later with :meth:`Client.set_options`.
         on_lock_lost: called (on a background thread) if the lock is lost while open.
         poll_interval: replicas' (min, max) seconds between polls of the metadata log.
         notify: push notifications (advisory; see docs/replicas.md). A writer serves them on
@@ -83,6 +89,8 @@ def open(
             polls as usual otherwise.
 
     Raises:
+        MissingResource: ``read_only`` without ``missing_ok``, and no location exists there;
+            or the bucket or table of an S3 location does not exist.
         LockHeld: another writer holds the lock.
         Fenced: another writer took the lock over between this one's acquisition and its
             fence commit (open again, or with another reentrance id).
@@ -93,9 +101,17 @@ def open(
     loc = resolve(url, storage_options=storage_options, lease_seconds=lease_seconds)
     if notify not in (False, True, "unix", "tcp"):
         raise InvalidUsage(f"notify must be a bool, 'unix' or 'tcp', not {notify!r}")
+    if missing_ok and not read_only:
+        raise InvalidUsage("missing_ok applies to read_only opens (a writer creates the location)")
     if read_only:
         ix, follower = open_replica(loc.read_half(), options=options,
                                     poll_interval=poll_interval, notify=bool(notify))
+        if ix.state.seq == 0 and not missing_ok:
+            follower.stop()
+            raise MissingResource(
+                f"no persist location at {loc.url!r}: nothing was ever committed there (a "
+                f"mistyped URL?); pass missing_ok=True to open a replica that waits for its "
+                f"first writer")
         return Client(loc.url, ix, follower=follower)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     lock = loc.lock()
@@ -184,6 +200,8 @@ class Client:
             SchemaMismatch: it exists with other types.
             UnknownCollection: on a replica, when the writer has not created it.
         """
+        if not isinstance(name, str) or not name:
+            raise InvalidUsage(f"a collection name must be a non-empty str, not {name!r}")
         k, v = Codec.of(key_type), Codec.of(value_type)
         if self._runtime is not None:
             forbid_in_event_loop("create_or_load()")
@@ -258,6 +276,33 @@ class Client:
         if self._follower is not None:
             self._follower.poke()
         return self._published.wait_for(pred, timeout)
+
+    @property
+    def options(self) -> Options:
+        """The engine options in force (as last replaced by :meth:`set_options`)."""
+        return self._ix.options
+
+    def set_options(self, options: Options) -> PersistFuture:
+        """Replaces this writer's engine options while it runs.
+
+        Linearized like a write: every command submitted before this call commits under the
+        old options, every command after it under the new ones. Options are
+        behaviour-preserving, so no read or write can tell, except by cost. ``cache_bytes`` is
+        fixed at open, and so is everything passed as ``storage_options`` (a file location's
+        ``map_min_bytes``, for one): reopen to change those.
+
+        Returns:
+            A future resolved (with the sequence number in force) once the options apply.
+
+        Raises:
+            InvalidUsage: ``options`` is not a ``persist.Options`` (the future fails with it
+                if ``cache_bytes`` differs).
+            ReadOnly: a replica (its options only size its cache and its trust in the log).
+        """
+        runtime = self._writer()
+        if not isinstance(options, Options):
+            raise InvalidUsage(f"options must be a persist.Options, not {options!r}")
+        return runtime.submit(cmd.SetOptions(options))
 
     def maintain(self) -> bool:
         """Runs one round of compaction, GC and rollup now and waits for it. They also run in
@@ -423,6 +468,7 @@ class ReadHandle(_Handle):
             InvalidUsage: ``as_of`` is below since, or (without a timeout) not below upper.
             Timeout: ``upper`` did not pass ``as_of`` within ``timeout``.
         """
+        check_time("snapshot as_of", as_of)
         if timeout is not None and as_of >= self.upper:
             forbid_in_event_loop("snapshot(timeout=...)")
             got = self.client._wait_for(
@@ -506,6 +552,13 @@ class Listener(Iterator[ListenEvent]):
     """Iterator of ListenUpdates / ListenProgress for one collection."""
 
     def __init__(self, read: ReadHandle, as_of: int, *, poll: float) -> None:
+        # NB: no attribute may be read by __del__ before it is set, and nothing is held until
+        # the arguments are known good.
+        self._holds: LocalHolds | None = None
+        self._token: int | None = None
+        check_time("listen as_of", as_of)
+        if isinstance(poll, bool) or not isinstance(poll, (int, float)) or not poll > 0:
+            raise InvalidUsage(f"listen poll must be a positive number of seconds, not {poll!r}")
         self._read = read
         self._lo = as_of + 1
         self._poll = poll
@@ -605,5 +658,6 @@ class Listener(Iterator[ListenEvent]):
                 self._token = None
 
     def __del__(self) -> None:
-        if self._holds is not None and getattr(self, "_token", None) is not None:
-            self._holds.remove(self._token)  # type: ignore[arg-type]
+        holds, token = getattr(self, "_holds", None), getattr(self, "_token", None)
+        if holds is not None and token is not None:
+            holds.remove(token)

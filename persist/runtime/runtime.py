@@ -154,6 +154,8 @@ class Runtime:
         self.lease = lease
         self.on_lock_lost = on_lock_lost
         self.published = Published(ix.state)
+        self._leaks: gc.LeakSweeper | None = None
+        self._next_leak_sweep = 0.0
         self.holds = LocalHolds()
         self.max_group = max_group
         self.maintenance_linger = maintenance_linger
@@ -216,8 +218,12 @@ class Runtime:
         try:
             while True:
                 group = [self._queue.get()]
-                self._take_queued(group)
-                if self.maintenance_linger > 0 and all(
+                # NB: options are read here, at each use: Client.set_options may have replaced
+                # them since the last group. With group commit off, a group is one command.
+                grouping = self.ix.options.group_commit
+                if grouping:
+                    self._take_queued(group)
+                if grouping and self.maintenance_linger > 0 and all(
                     isinstance(c, cmd.Maintenance) for c in group
                 ):
                     # NB: compaction and GC results need not be durable soon. Holding a group
@@ -261,6 +267,28 @@ class Runtime:
                 continue
             if isinstance(c, cmd.Stop):
                 stop = c
+                continue
+            if isinstance(c, cmd.SetOptions):
+                # NB: a group boundary: what was staged before it commits under the old
+                # options, what comes after is staged and committed under the new ones (the
+                # queue order is the linearization, for options as for writes).
+                if accepted:
+                    self._commit(txn, accepted)
+                    accepted = []
+                if self._poisoned is not None:
+                    c.future.set_exception(self._shutdown_error())
+                    continue
+                try:
+                    self.ix.set_options(c.options)
+                except InvalidUsage as e:
+                    c.future.set_exception(e)
+                else:
+                    c.future.set_result(self.ix.state.seq)
+                    self._maint_wake.set()  # a new policy may have merges to plan
+                txn = Txn(self.ix.state)
+                continue
+            if self._poisoned is not None:  # a commit earlier in this group failed for good
+                c.future.set_exception(self._shutdown_error())
                 continue
             try:
                 self._stage(txn, c)
@@ -398,7 +426,7 @@ class Runtime:
             if self._stopping.is_set() or self._poisoned is not None:
                 return
             try:
-                self.maintain_once()
+                self.maintain_once(background=True)
             except (ExternalError, RuntimeShutdown, Fenced) as e:
                 if self._stopping.is_set() or self._poisoned is not None:
                     log.debug("maintenance step ended by shutdown: %s", e)
@@ -411,16 +439,19 @@ class Runtime:
                 log.exception("maintenance step failed")
                 time.sleep(1.0)
 
-    def maintain_once(self) -> bool:
+    def maintain_once(self, *, background: bool = False) -> bool:
         """Runs one round of compaction, GC and rollup. Returns True if it did anything.
+
+        ``background``: a round of the maintenance thread, which skips compaction when
+        ``Options.background_compaction`` is off (an explicit ``Client.maintain`` compacts).
 
         NB: serialized by a lock: the background thread and ``Client.maintain`` would otherwise
         plan the same merge twice, and the second would be refused (its parts are gone).
         """
         with self._maint_lock:
-            return self._maintain_round()
+            return self._maintain_round(background)
 
-    def _maintain_round(self) -> bool:
+    def _maintain_round(self, background: bool = False) -> bool:
         # NB: the steps are independent, and each runs even if an earlier one failed (its
         # error is raised after the others had their turn). Under a steady trickle of storage
         # errors, a GC that failed one delete among many used to end every round before the
@@ -428,7 +459,11 @@ class Runtime:
         # GETs a reopen needs (the slow nemesis found a writer that could no longer reopen).
         did = False
         first: BaseException | None = None
-        for step in (self._compact, self._collect_garbage, self._rollup_and_trim):
+        steps: list[Callable[[], bool]] = [self._collect_garbage, self._rollup_and_trim,
+                                           self._reclaim_leaked]
+        if not background or self.ix.options.background_compaction:
+            steps.insert(0, self._compact)
+        for step in steps:
             try:
                 did = step() or did
             except (ExternalError, InvalidUsage) as e:  # the loop in _maintain logs it
@@ -475,6 +510,24 @@ class Runtime:
         forget = gc.delete_retired(self.ix._blob(), keys)
         self.submit(cmd.Maintenance((forget,))).result()
         return True
+
+    def _reclaim_leaked(self) -> bool:
+        # NB: a LIST of every data blob is the one costly call here (on S3, one request per
+        # 1,000 keys), so it runs at most twice per grace: a leaked blob is then deleted
+        # between one and one and a half graces after it was first seen.
+        grace = self.ix.options.leak_grace_seconds
+        now = time.monotonic()
+        if grace is None or now < self._next_leak_sweep:
+            return False
+        if self._leaks is None or self._leaks.grace_seconds != grace:
+            self._leaks = gc.LeakSweeper(grace)
+        self._next_leak_sweep = now + grace / 2
+        deleted = self._leaks.sweep(self.ix._blob(), lambda: self.published.state, now)
+        if deleted:
+            log.info("deleted %d leaked data blobs (unreferenced for over %gs): %s",
+                     len(deleted), grace, deleted[:5])
+            metrics.leaked_blobs_reclaimed(len(deleted))
+        return bool(deleted)
 
     def _rollup_and_trim(self) -> bool:
         did = self.ix.maybe_rollup(self.published.state)

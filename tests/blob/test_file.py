@@ -9,7 +9,7 @@ import pytest
 
 import persist
 from persist.blob.file import MAP_MIN_BYTES, FileBlob
-from persist.errors import InvalidUsage, UnknownCollection
+from persist.errors import InvalidUsage, MissingResource, UnknownCollection
 from persist.location import resolve
 from tests.blob.conformance import BlobConformance
 
@@ -90,8 +90,12 @@ def test_reading_a_missing_root_creates_nothing(tmp_path: Path) -> None:
     assert blob.get("k") is None
     assert blob.list_keys("") == []
     assert not (tmp_path / "not").exists()
-    # a replica opened on a location no writer has created yet sees it empty, and leaves no trace
-    with persist.open(root, read_only=True) as replica:
+    # a read-only open of a location no writer has created is refused (a mistyped path looks
+    # exactly like that), unless asked for; either way it leaves no trace
+    with pytest.raises(MissingResource, match="no persist location"):
+        persist.open(root, read_only=True)
+    assert not (tmp_path / "not").exists()
+    with persist.open(root, read_only=True, missing_ok=True) as replica:
         assert replica.state.seq == 0
         with pytest.raises(UnknownCollection, match="'c'"):
             replica.create_or_load("c", key_type=pa.string(), value_type=pa.int64())

@@ -49,7 +49,7 @@ def test_replica_snapshots_equal_the_writers_at_every_as_of(loc: str) -> None:
 
 
 def test_replica_listen_is_exactly_once_across_restart_and_handover(loc: str) -> None:
-    with persist.open(loc, read_only=True, poll_interval=(0.002, 0.05)) as replica:
+    with persist.open(loc, read_only=True, missing_ok=True, poll_interval=(0.002, 0.05)) as replica:
         blue = persist.open(loc, reentrance_id="svc")
         w, _ = events(blue)
         append_times(w, 0, 10)

@@ -1,0 +1,210 @@
+"""The house rules of the import graph: no cycles, and arrows only run downhill.
+
+The layers, bottom up (DESIGN.md §2)::
+
+    ground floor  persist.errors, persist.layout, persist.crashpoints, persist.metrics
+    blob          persist.blob.*                    (stores, envelope, AWS plumbing)
+    lock          persist.lock.*                    (may use blob)
+    indexed       persist.indexed.*                 (may use blob)
+    runtime       persist.runtime.*                 (may use indexed, lock, blob)
+    top           persist.location (the composition root), persist.cli, persist (the face)
+    operators     operators.*                       (the Spark side)
+
+Every import counts, including the ones inside functions and under ``TYPE_CHECKING``: a lazy
+import is still an arrow, and hiding a cycle inside a function only moves where it breaks.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("persist", "operators")
+
+#: (importer prefix, forbidden prefix, why). A module matches a prefix if it is the prefix or
+#: lies below it.
+RULES: tuple[tuple[str, str, str], ...] = (
+    *(("persist.blob", bad, "the blob layer is the bottom of the engine")
+      for bad in ("persist.lock", "persist.indexed", "persist.runtime", "persist.location",
+                  "persist.cli", "operators")),
+    *(("persist.lock", bad, "the lock layer sits on blob only")
+      for bad in ("persist.indexed", "persist.runtime", "persist.location", "persist.cli",
+                  "operators")),
+    *(("persist.indexed", bad, "the engine never reaches up into its runtime or Spark")
+      for bad in ("persist.runtime", "persist.location", "persist.cli", "operators")),
+    *(("persist.runtime", bad, "the runtime never reaches up into Spark or the CLI")
+      for bad in ("operators", "persist.cli")),
+    *((ground, bad, "the ground floor imports nothing of persist but itself")
+      for ground in ("persist.errors", "persist.layout", "persist.crashpoints",
+                     "persist.metrics")
+      for bad in ("persist.blob", "persist.lock", "persist.indexed", "persist.runtime",
+                  "persist.location", "persist.cli", "operators")),
+)
+
+
+@dataclass(frozen=True)
+class Arrow:
+    """One import: ``importer`` (a module) imports ``imported`` at ``path:line``."""
+
+    importer: str
+    imported: str
+    path: str
+    line: int
+
+
+def module_name(root: Path, path: Path) -> str:
+    """``persist/blob/s3.py`` -> ``persist.blob.s3``; a package's ``__init__`` is the package."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def arrows(root: Path, packages: tuple[str, ...] = PACKAGES) -> Iterator[Arrow]:
+    """Every import inside ``packages`` under ``root`` that names a module of ``packages``."""
+    modules = {module_name(root, p) for pkg in packages for p in (root / pkg).rglob("*.py")}
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            importer = module_name(root, path)
+            is_package = path.name == "__init__.py"
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                for target in _targets(node, importer, is_package, modules):
+                    yield Arrow(importer, target, str(path.relative_to(root)), node.lineno)
+
+
+def _targets(node: ast.AST, importer: str, is_package: bool, modules: set[str]) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if _top(a.name) in PACKAGES]
+    if not isinstance(node, ast.ImportFrom):
+        return []
+    base = node.module or ""
+    if node.level:
+        here = importer.split(".") if is_package else importer.split(".")[:-1]
+        anchor = here[: len(here) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    if _top(base) not in PACKAGES:
+        return []
+    # NB: ``from persist import layout`` imports the module persist.layout; ``from
+    # persist.errors import X`` imports persist.errors. Both are arrows to the module named.
+    out = []
+    for a in node.names:
+        sub = f"{base}.{a.name}"
+        out.append(sub if sub in modules else base)
+    return out
+
+
+def _top(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def violations(found: list[Arrow]) -> list[str]:
+    """The arrows that break a rule, each as one readable line."""
+    out = []
+    for a in found:
+        for importer, forbidden, why in RULES:
+            if _within(a.importer, importer) and _within(a.imported, forbidden):
+                out.append(f"{a.path}:{a.line}: {a.importer} imports {a.imported}, but "
+                           f"{importer} must not import {forbidden} ({why})")
+    return out
+
+
+def cycles(found: list[Arrow]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    graph: dict[str, set[str]] = {}
+    for a in found:
+        if a.imported != a.importer:
+            graph.setdefault(a.importer, set()).add(a.imported)
+            graph.setdefault(a.imported, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_face(module: str) -> bool:
+    # NB: ``persist/__init__.py`` re-exports the public names, so every ``from persist import
+    # X`` of a submodule passes through the package; the package itself is the face, not a
+    # layer, and importing *from* it is how operators are meant to reach the engine.
+    return module in PACKAGES
+
+
+def test_no_import_cycles() -> None:
+    found = [a for a in arrows(ROOT) if not _is_face(a.importer) and not _is_face(a.imported)]
+    assert cycles(found) == [], "import cycles (each list is one circle of modules)"
+
+
+def test_layers_import_only_downhill() -> None:
+    problems = violations(list(arrows(ROOT)))
+    assert problems == [], "wrong-way imports:\n" + "\n".join(problems)
+
+
+def test_the_checks_catch_a_wrong_way_import_and_a_cycle(tmp_path: Path) -> None:
+    """The checks themselves: a blob module importing the lock layer, and a two-module circle,
+    are both reported (so a green run above means something)."""
+    (tmp_path / "persist" / "blob").mkdir(parents=True)
+    (tmp_path / "persist" / "lock").mkdir(parents=True)
+    (tmp_path / "operators").mkdir()
+    for pkg in ("persist", "persist/blob", "persist/lock", "operators"):
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "persist" / "blob" / "s3.py").write_text(
+        "def location():\n    from persist.lock.s3 import S3Lock\n    return S3Lock\n")
+    (tmp_path / "persist" / "lock" / "s3.py").write_text(
+        "from persist.blob import s3\nclass S3Lock: ...\n")
+    found = list(arrows(tmp_path))
+    assert violations(found) == [
+        "persist/blob/s3.py:2: persist.blob.s3 imports persist.lock.s3, but persist.blob must "
+        "not import persist.lock (the blob layer is the bottom of the engine)"
+    ]
+    assert cycles(found) == [["persist.blob.s3", "persist.lock.s3"]]
+
+
+@pytest.mark.parametrize(("importer", "is_package", "node", "expected"), [
+    ("persist.blob.s3", False, "from . import envelope", ["persist.blob.envelope"]),
+    ("persist.blob", True, "from .s3 import S3Blob", ["persist.blob.s3"]),
+    ("persist.indexed.read", False, "from ..errors import Corruption", ["persist.errors"]),
+    ("operators.sink", False, "import persist", ["persist"]),
+    ("operators.sink", False, "import numpy", []),
+])
+def test_relative_and_absolute_imports_resolve(
+    importer: str, is_package: bool, node: str, expected: list[str]
+) -> None:
+    modules = {"persist.blob.envelope", "persist.blob.s3", "persist.errors"}
+    parsed = ast.parse(node).body[0]
+    assert _targets(parsed, importer, is_package, modules) == expected
