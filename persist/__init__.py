@@ -32,6 +32,7 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.indexed import Options
+from persist.location import open
 from persist.runtime.client import (
     Client,
     ClientSnapshot,
@@ -41,7 +42,6 @@ from persist.runtime.client import (
     ListenUpdates,
     ReadHandle,
     WriteHandle,
-    open,
 )
 
 __version__ = "0.1.0"

@@ -1,20 +1,22 @@
-"""The composition root: turning a URL into a blob store and, for writers, a writer lock.
+"""The composition root: turning a URL into a blob store, a writer lock and a running client.
 
     mem://name              in-process, shared by name (tests)
     file:///abs/path, path  a local directory; lock in <path>/LOCK
     s3://bucket/prefix      S3 (extra ``s3``); lock in DynamoDB or in S3 itself
 
-This is the one module that knows both the blob layer and the lock layer: it assembles them for
-every scheme, so neither layer has to know the other's implementations (the blob layer never
-imports the lock layer).
+This is the one module that knows the blob, lock and runtime layers together: :func:`resolve`
+assembles a store and its lock for every scheme, and :func:`open` (``persist.open``) adds the
+engine and the runtime on top. No layer has to know another's implementations: the blob layer
+never imports the lock layer, and the runtime never resolves URLs.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from persist import layout
@@ -22,10 +24,16 @@ from persist.blob.base import Blob, BlobRead
 from persist.blob.file import MAP_MIN_BYTES, FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.blob.options import option_bool, option_size_or_off
-from persist.errors import InvalidUsage
+from persist.errors import Fenced, InvalidUsage, MissingResource
+from persist.indexed.indexed import Indexed, Options
 from persist.lock.base import WriterLock
 from persist.lock.file import FileLock
 from persist.lock.memory import MemoryLock
+from persist.runtime.client import Client
+from persist.runtime.commands import forbid_in_event_loop
+from persist.runtime.notify import Notifier
+from persist.runtime.replica import open_replica
+from persist.runtime.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -133,4 +141,84 @@ def _s3(url: str, storage_options: Mapping[str, Any], *, lease_seconds: float) -
     return Location(url, blob, s3_lock)
 
 
-__all__ = ["Location", "resolve"]
+
+def open(
+    url: str | os.PathLike[str],
+    *,
+    reentrance_id: str | None = None,
+    read_only: bool = False,
+    missing_ok: bool = False,
+    lock_timeout: float = 0.0,
+    lease_seconds: float = 30.0,
+    storage_options: dict[str, Any] | None = None,
+    options: Options | None = None,
+    on_lock_lost: Callable[[Fenced], None] | None = None,
+    poll_interval: tuple[float, float] = (0.005, 0.5),
+    notify: bool | Literal["unix", "tcp"] = False,
+) -> Client:
+    """Opens a location for writing (taking its writer lock) or, with ``read_only``, as a replica.
+
+    Args:
+        url: ``file:///path``, a plain path, ``mem://name`` or ``s3://bucket/prefix``.
+        reentrance_id: the writer's identity. A writer opening with the same id as the current
+            holder takes over at once and fences it (a restarted process under its deployment
+            id). None (the default) means a fresh id: the lock is not reentrant.
+        read_only: open without the lock and without any ability to write.
+        missing_ok: with ``read_only``, open a location where nothing was ever committed (a
+            replica started before its writer), which then follows the first writer. Without
+            it such an open fails, since a mistyped URL looks exactly like that.
+        lock_timeout: seconds to wait for a lock held by another id to be released or lapse.
+        lease_seconds: the writer lock's lease (heartbeated every third of it).
+        storage_options: passed to the storage client (boto3 for S3) as given.
+        options: engine tuning (inline threshold, rollup cadence, GC grace, compaction, group
+            commit); a writer can replace them later with :meth:`Client.set_options`.
+        on_lock_lost: called (on a background thread) if the lock is lost while open.
+        poll_interval: replicas' (min, max) seconds between polls of the metadata log.
+        notify: push notifications (advisory; see docs/replicas.md). A writer serves them on
+            a Unix socket (True or "unix") or loopback TCP ("tcp") and advertises it in
+            ``meta/notify``; a replica subscribes when one is advertised and reachable, and
+            polls as usual otherwise.
+
+    Raises:
+        MissingResource: ``read_only`` without ``missing_ok``, and no location exists there;
+            or the bucket or table of an S3 location does not exist.
+        LockHeld: another writer holds the lock.
+        Fenced: another writer took the lock over between this one's acquisition and its
+            fence commit (open again, or with another reentrance id).
+        InvalidUsage: a malformed URL, or called from inside a running asyncio loop.
+        ExternalError, Corruption: storage failed or holds bytes persist cannot trust.
+    """
+    forbid_in_event_loop("persist.open()")
+    loc = resolve(url, storage_options=storage_options, lease_seconds=lease_seconds)
+    if notify not in (False, True, "unix", "tcp"):
+        raise InvalidUsage(f"notify must be a bool, 'unix' or 'tcp', not {notify!r}")
+    if missing_ok and not read_only:
+        raise InvalidUsage("missing_ok applies to read_only opens (a writer creates the location)")
+    if read_only:
+        ix, follower = open_replica(loc.read_half(), options=options,
+                                    poll_interval=poll_interval, notify=bool(notify))
+        if ix.state.seq == 0 and not missing_ok:
+            follower.stop()
+            raise MissingResource(
+                f"no persist location at {loc.url!r}: nothing was ever committed there (a "
+                f"mistyped URL?); pass missing_ok=True to open a replica that waits for its "
+                f"first writer")
+        return Client(loc.url, ix, follower=follower)
+    rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
+    lock = loc.lock()
+    lease = lock.acquire(rid, timeout=lock_timeout)
+    try:
+        ix = Indexed.open(loc.blob, epoch=lease.generation, writer=rid, options=options)
+        ix.fence()
+    except BaseException:
+        lock.release(lease)
+        raise
+    runtime = Runtime(ix, lock=lock, lease=lease, on_lock_lost=on_lock_lost)
+    notifier = None
+    if notify:
+        notifier = Notifier.start(loc.blob, runtime.published, epoch=lease.generation, writer=rid,
+                                  transport="tcp" if notify == "tcp" else "unix")
+    return Client(loc.url, ix, runtime=runtime, notifier=notifier)
+
+
+__all__ = ["Location", "open", "resolve"]

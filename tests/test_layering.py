@@ -7,7 +7,8 @@ The layers, bottom up (DESIGN.md §2)::
     lock          persist.lock.*                    (may use blob)
     indexed       persist.indexed.*                 (may use blob)
     runtime       persist.runtime.*                 (may use indexed, lock, blob)
-    top           persist.location (the composition root), persist.cli, persist (the face)
+    top           persist.location (the composition root: URL -> blob + lock + runtime),
+                  persist.aio, persist.cli, persist (the public face)
     operators     operators.*                       (the Spark side)
 
 Every import counts, including the ones inside functions and under ``TYPE_CHECKING``: a lazy
@@ -37,8 +38,9 @@ RULES: tuple[tuple[str, str, str], ...] = (
                   "operators")),
     *(("persist.indexed", bad, "the engine never reaches up into its runtime or Spark")
       for bad in ("persist.runtime", "persist.location", "persist.cli", "operators")),
-    *(("persist.runtime", bad, "the runtime never reaches up into Spark or the CLI")
-      for bad in ("operators", "persist.cli")),
+    *(("persist.runtime", bad, "the runtime is assembled by the composition root, never the "
+                               "other way round")
+      for bad in ("operators", "persist.cli", "persist.location", "persist.aio")),
     *((ground, bad, "the ground floor imports nothing of persist but itself")
       for ground in ("persist.errors", "persist.layout", "persist.crashpoints",
                      "persist.metrics")

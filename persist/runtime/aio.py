@@ -8,7 +8,6 @@ worker thread, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -16,11 +15,6 @@ import pyarrow as pa
 
 from persist.runtime import client as sync
 from persist.runtime.client import ListenEvent
-
-
-async def open(url: str | os.PathLike[str], **kwargs: Any) -> AsyncClient:
-    """``persist.open`` for asyncio code; same arguments."""
-    return AsyncClient(await asyncio.to_thread(sync.open, url, **kwargs))
 
 
 class AsyncClient:
