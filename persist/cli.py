@@ -12,16 +12,9 @@ Every command takes ``-o KEY=VALUE`` (``--storage-option``, repeatable), passed 
 ``storage_options`` to the location (for S3: endpoint_url, region_name, credentials, lock
 table, ...); any URL :func:`persist.location.resolve` accepts works, ``s3://`` included.
 
-Exit codes (also in ``persist --help``):
-
-    0    success; verify found no problem
-    1    verify found problems (corruption, missing parts, inconsistent metadata)
-    2    usage: bad arguments, no location at URL, unknown collection, as-of outside
-         [since, upper), lock release without --force
-    3    persist or storage error (storage failed, incompatible format, I/O error)
-    4    the writer lock is held (lock release without --force while a writer holds it)
-    5    an optional dependency is missing (boto3 for s3:// and dynamodb, ...)
-    130  interrupted
+Exit codes: ``persist --help`` lists them (``_EXIT_CODES``): 0 success, 1 verify found
+problems, 2 usage, 3 storage or persist error, 4 lock held, 5 missing dependency, 130
+interrupted.
 
 Errors are one line on stderr, ``persist: <message>``; ``--traceback`` shows the whole story.
 """

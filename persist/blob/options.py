@@ -7,9 +7,12 @@ fit. Every store (file, S3, the AWS connection settings) parses its options with
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from persist.errors import InvalidUsage
+
+T = TypeVar("T")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off", "")
@@ -21,12 +24,7 @@ def option_int(name: str, value: Any) -> int:
     Raises:
         InvalidUsage: ``value`` is not an integer (a bool is not one either) nor a string of one.
     """
-    if isinstance(value, bool):
-        raise InvalidUsage(f"storage option {name!r} must be an integer, not {value!r}")
-    try:
-        return int(value)
-    except (TypeError, ValueError) as e:
-        raise InvalidUsage(f"storage option {name!r} must be an integer, not {value!r}") from e
+    return _number(name, value, int, "an integer")
 
 
 def option_float(name: str, value: Any) -> float:
@@ -35,12 +33,17 @@ def option_float(name: str, value: Any) -> float:
     Raises:
         InvalidUsage: ``value`` is not a number (a bool is not one either) nor a string of one.
     """
+    return _number(name, value, float, "a number")
+
+
+def _number(name: str, value: Any, kind: Callable[[Any], T], noun: str) -> T:
+    # NB: bools are ints to Python, but True as a size or a timeout is a caller's mistake.
     if isinstance(value, bool):
-        raise InvalidUsage(f"storage option {name!r} must be a number, not {value!r}")
+        raise InvalidUsage(f"storage option {name!r} must be {noun}, not {value!r}")
     try:
-        return float(value)
+        return kind(value)
     except (TypeError, ValueError) as e:
-        raise InvalidUsage(f"storage option {name!r} must be a number, not {value!r}") from e
+        raise InvalidUsage(f"storage option {name!r} must be {noun}, not {value!r}") from e
 
 
 def option_bool(name: str, value: Any) -> bool:
