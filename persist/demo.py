@@ -45,6 +45,8 @@ def prepare(location: Path) -> str | None:
 
 
 def main(argv: list[str]) -> int:
+    """Runs the demo on the directory named in ``argv`` (default ``demo-location``); returns
+    the exit code (2 for a usage error or a directory the demo did not create)."""
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
         print("usage: python -m persist.demo [DIRECTORY]  (default: demo-location; a new "
               "directory, or one an earlier demo run created)", file=sys.stderr)

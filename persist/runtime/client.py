@@ -76,6 +76,7 @@ class Client:
 
     @property
     def read_only(self) -> bool:
+        """True for a replica (opened with ``read_only``): it holds no lock and cannot write."""
         return self._runtime is None
 
     @property
@@ -85,6 +86,7 @@ class Client:
 
     @property
     def collections(self) -> list[str]:
+        """The names of the collections in the newest state this client has seen, sorted."""
         return sorted(self.state.collections)
 
     @property
@@ -243,6 +245,7 @@ class Client:
 
     @property
     def stopped(self) -> bool:
+        """True once :meth:`stop` ran (explicitly, by ``with``, or when the client was dropped)."""
         return not self._finalizer.alive
 
     def __enter__(self) -> Client:
@@ -366,14 +369,17 @@ class ReadHandle(_Handle):
 
     @property
     def since(self) -> int:
+        """The effective since (``since`` held back by read holds): the lowest readable time."""
         return effective_since(self._meta())
 
     @property
     def upper(self) -> int:
+        """Every time below this is sealed; reads as of ``[since, upper)`` are definite."""
         return self._meta().upper
 
     @property
     def schema(self) -> pa.Schema:
+        """The Arrow schema of the collection's updates: ``key, value, time, diff``."""
         return Types.of(self._meta()).schema
 
     def snapshot(self, as_of: int, *, timeout: float | None = None) -> ClientSnapshot:
@@ -424,10 +430,12 @@ class ClientSnapshot:
 
     @property
     def schema(self) -> pa.Schema:
+        """The Arrow schema of the snapshot's rows: ``key, value, time, diff``."""
         return self._snap.schema
 
     @property
     def parts(self) -> tuple[Any, ...]:
+        """The parts (``PartMeta``) this snapshot reads, as of the state it was taken on."""
         return self._snap.parts
 
     def _retrying(self, fn: Callable[[Snapshot], Any]) -> Any:
@@ -450,6 +458,8 @@ class ClientSnapshot:
         return table
 
     def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
+        """The consolidated contents as ``((key, value), as_of, diff)`` tuples, sorted, with
+        keys and values decoded to Python objects (msgpack-coded ones to their class)."""
         rows: list[tuple[tuple[Any, Any], int, int]] = self._retrying(lambda s: s.to_python())
         return rows
 
@@ -568,6 +578,8 @@ class Listener(Iterator[ListenEvent]):
             self._holds.update(self._token, hi - 1)
 
     def close(self) -> None:
+        """Ends the stream: iteration stops after what was already delivered, and the
+        in-memory compaction hold is released. Idempotent."""
         with self._lock:
             self._closed = True
             if self._holds is not None and self._token is not None:
