@@ -39,6 +39,7 @@ class PersistDataSource(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The format name: ``spark.read.format("persist")``."""
         return "persist"
 
     def schema(self) -> StructType:
@@ -54,15 +55,38 @@ class PersistDataSource(DataSource):
         return CollectionTypes.of(c).spark_schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """A batch reader as of the ``as_of`` option, else the time :meth:`schema` pinned.
+
+        Raises:
+            InvalidUsage: bad options, or ``as_of`` outside ``[since, upper)``.
+            SchemaMismatch: ``schema`` is not the collection's.
+            UnknownCollection: no such collection.
+        """
         return PersistBatchReader(ReadOptions.parse(self.options), schema, self.pinned_as_of)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        """A micro-batch reader of the collection's updates as its upper advances.
+
+        Raises:
+            InvalidUsage: bad options.
+            SchemaMismatch: ``schema`` is not the collection's.
+            UnknownCollection: no such collection.
+        """
         return PersistStreamReader(ReadOptions.parse(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        """A batch writer; creates the collection if it does not exist (taking the lock).
+
+        Raises:
+            InvalidUsage: ``overwrite`` (collections are append-only), or bad options.
+            SchemaMismatch: the DataFrame does not fit the collection.
+            LockHeld: creating the collection, the writer lock stayed busy.
+        """
         return PersistBatchWriter(self.options, schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        """A streaming writer that lands each micro-batch once; creates the collection if it
+        does not exist. Raises as :meth:`writer` does."""
         return PersistStreamWriter(self.options, schema, overwrite)
 
 

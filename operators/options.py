@@ -91,10 +91,16 @@ class Target:
 
     @property
     def storage_options(self) -> dict[str, Any]:
+        """The ``storage_options`` to open the location with (a fresh dict)."""
         return dict(self.storage)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Target:
+        """The target named by ``path`` and ``collection``, with every ``storage_options.*``.
+
+        Raises:
+            InvalidUsage: ``path`` or ``collection`` is missing or empty.
+        """
         url = _get(options, "path")
         if not url:
             raise InvalidUsage(
@@ -135,6 +141,13 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+        """Parses and validates every read option (defaults: consolidated, earliest, 1 M
+        partition rows, failOnDataLoss, a 10 s hold lock timeout; a 0 timeout means 10 s).
+
+        Raises:
+            InvalidUsage: a missing target, a malformed or out-of-range value, or ``as_of``
+                and ``versionAsOf`` that disagree.
+        """
         target = Target.parse(options)
         as_of = _int(options, "as_of")
         version = _int(options, "versionAsOf")
@@ -186,6 +199,12 @@ class WriteOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s).
+
+        Raises:
+            InvalidUsage: a missing target, a malformed value, or a ``key_type``/``value_type``
+                that is not an Arrow type persist stores and Spark reads.
+        """
         from operators.schema import parse_arrow_type
 
         target = Target.parse(options)

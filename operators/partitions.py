@@ -140,6 +140,7 @@ def _blob(url: str, storage: tuple[tuple[str, object], ...]) -> BlobRead:
 
 
 def blob_of(target: Target) -> BlobRead:
+    """The read half of ``target``'s store, one per location per process (cached, shared)."""
     return _blob(target.url, target.storage)
 
 
@@ -162,6 +163,13 @@ def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
 
 
 def read_snapshot(p: SnapshotPartition) -> Iterator[pa.RecordBatch]:
+    """A raw partition's task: every update of its parts at or before ``as_of``, times set to
+    ``as_of``, in Spark's layout.
+
+    Raises:
+        PartMissing: GC removed a part (no retry: raw rows are not definite).
+        InvalidUsage: a value does not fit Spark's long.
+    """
     reader = _reader(p.target)
     schema, target = p.types.part_schema, p.types.arrow_schema
     for part in p.parts:
@@ -178,6 +186,15 @@ def read_snapshot(p: SnapshotPartition) -> Iterator[pa.RecordBatch]:
 
 
 def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
+    """A consolidated partition's task: its bucket's contents as of ``as_of``, in Spark's layout.
+
+    A part removed by GC is retried on the newest state (up to 4 tries): the answer is
+    definite, so it is the same.
+
+    Raises:
+        PartMissing: every try found a part gone.
+        InvalidUsage: since passed ``as_of`` meanwhile, or a value does not fit Spark's long.
+    """
     parts = p.parts
     for attempt in range(4):
         try:
@@ -224,6 +241,13 @@ def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
 
 
 def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
+    """A streaming partition's task: its parts' updates with ``lo <= time < hi``, original
+    times, in Spark's layout. The whole range is read before the first batch is yielded.
+
+    Raises:
+        PartMissing: GC removed a part (no retry; a restart re-plans from the checkpoint).
+        InvalidUsage: a time, key or value does not fit Spark's long.
+    """
     try:
         tables = list(_range_tables(p, p.parts))
     except PartMissing as e:

@@ -79,14 +79,17 @@ class CollectionTypes:
 
     @classmethod
     def of(cls, c: CollectionMeta) -> CollectionTypes:
+        """``c``'s name, id and stored types (codecs left unresolved)."""
         return cls(c.name, c.id, c.key_type, c.value_type)
 
     @property
     def key(self) -> pa.DataType:
+        """The stored Arrow type of ``key`` (``binary`` for a Python-object codec)."""
         return columnar.deserialize_type(self.key_type)
 
     @property
     def value(self) -> pa.DataType:
+        """The stored Arrow type of ``value`` (``binary`` for a Python-object codec)."""
         return columnar.deserialize_type(self.value_type)
 
     @property

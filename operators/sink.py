@@ -239,9 +239,22 @@ class PersistBatchWriter(DataSourceArrowWriter):
         self.types = prepare(self.opts, schema, self.rid)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
+        """A task: stages its rows as one part (see :func:`stage`); nothing is visible yet.
+
+        Raises:
+            SchemaMismatch, InvalidUsage: rows that do not fit the collection.
+            ExternalError: storing the part failed.
+        """
         return stage(self.opts.target, self.types, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The driver: one apply of every staged part plus a seal to the ``upper`` option
+        (default: max time + 1); no rows and no ``upper`` commits nothing.
+
+        Raises:
+            PersistError: the commit failed (InvalidUsage: a time below upper, an ``upper``
+                below the current one); the staged parts are deleted.
+        """
         parts = _parts(messages)
         name = self.opts.target.collection
         upper = self.opts.upper
@@ -258,6 +271,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
                     lambda client, seq: _added_since(self.opts.target, client, seq, ids))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """The job failed: deletes its staged blobs that no commit references."""
         discard(self.opts.target, _parts(messages))
 
 
@@ -275,9 +289,17 @@ class PersistStreamWriter(_StreamWriterBase):
         self.types = prepare(self.opts, schema, self.rid)
 
     def write(self, iterator: Iterator[Any]) -> Staged:
+        """A task: stages its share of the micro-batch as one part, as the batch writer does."""
         return stage(self.opts.target, self.types, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """The driver: one apply of the staged parts, a seal to their max time + 1 and
+        ``batchId`` in ``__sink_progress``; a batchId already recorded is dropped (its staged
+        parts deleted), so a replayed micro-batch lands once.
+
+        Raises:
+            PersistError: the commit definitely failed; the staged parts are deleted.
+        """
         parts = _parts(messages)
         name, sink = self.opts.target.collection, self.opts.sink_id
 
@@ -307,6 +329,7 @@ class PersistStreamWriter(_StreamWriterBase):
         commit_once(self.opts.target, self.rid, self.opts.lock_timeout, parts, plan, landed)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """The micro-batch failed: deletes its staged blobs that no commit references."""
         discard(self.opts.target, _parts(messages))
 
 

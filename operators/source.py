@@ -149,11 +149,23 @@ class PersistBatchReader(DataSourceReader):
         return state
 
     def partitions(self) -> Sequence[InputPartition]:
+        """The partitions planned at construction: key-hash buckets (consolidated) or groups
+        of parts (raw; one empty partition if there are none).
+
+        Raises:
+            InvalidUsage: called on a reader unpickled in a task (the plan stays on the driver).
+        """
         if self._planned is None:
             raise InvalidUsage("partitions() is planned on the driver, not in a task")
         return self._planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """A task: reads its partition straight from the blob store (see
+        :func:`~operators.partitions.read_bucket`, :func:`~operators.partitions.read_snapshot`).
+
+        Raises:
+            InvalidUsage: not a batch partition of persist's.
+        """
         if isinstance(partition, BucketPartition):
             return read_bucket(partition)
         if isinstance(partition, SnapshotPartition):
@@ -284,11 +296,14 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offset(target)
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        """``maxRowsPerTrigger`` rows per micro-batch if set, else everything available."""
         if self.opts.max_rows_per_trigger is not None:
             return ReadMaxRows(self.opts.max_rows_per_trigger)
         return ReadAllAvailable()
 
     def reportLatestOffset(self) -> dict[str, int] | None:
+        """The collection's upper (for progress reporting), ignoring read limits and
+        Trigger.AvailableNow."""
         return _offset(self._current().upper)
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -343,6 +358,16 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- micro-batches ---------------------------------------------------------------------
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """The micro-batch ``[start, end)``: groups of the parts that may hold its times.
+
+        Moves the read hold (if any) up to ``start - 1`` first. If since passed ``start - 1``,
+        the batch is no longer exact: with failOnDataLoss=false it starts at ``since + 1``
+        instead (from 0, it is empty).
+
+        Raises:
+            InvalidUsage: a malformed offset, ``end`` beyond the collection's upper (a
+                checkpoint of another location), or lost data with failOnDataLoss.
+        """
         lo, hi = _upper(start), _upper(end)
         if lo >= hi:
             return []
@@ -371,6 +396,12 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 for g in group(range_parts(c, lo, hi), self.opts.partition_rows)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """A task: reads its range from the blob store (see
+        :func:`~operators.partitions.read_range`).
+
+        Raises:
+            InvalidUsage: not a streaming partition of persist's.
+        """
         if not isinstance(partition, RangePartition):
             raise InvalidUsage(f"not a persist streaming partition: {partition!r}")
         return read_range(partition)

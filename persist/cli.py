@@ -211,6 +211,7 @@ def _print_lock(info: dict[str, Any] | None, out: TextIO) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    """``inspect``: prints metadata, frontiers, parts and the lock (``--json``); exit 0/2/3/5."""
     loc = open_location(args.url, args.storage_options)
     info = describe(loc)
     out = sys.stdout
@@ -285,6 +286,7 @@ class _Progress:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """``verify``: checks every blob and the metadata, lists (deletes) leaks; exit 0/1/2/3/5."""
     loc = open_location(args.url, args.storage_options)
     jobs = args.jobs or (2 if loc.blob.is_local else 16)
     report = verify(loc.read_half(), url=loc.url, jobs=jobs,
@@ -325,6 +327,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
+    """``snapshot``: writes a definite snapshot to Parquet by atomic rename; exit 0/2/3/5."""
     import pyarrow.parquet as pq
 
     from persist.indexed.indexed import Indexed
@@ -374,6 +377,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_show(args: argparse.Namespace) -> int:
+    """``lock show``: prints the writer lock record (``--json``); exit 0/2/3/5."""
     loc = open_location(args.url, args.storage_options)
     info = _lock_dict(loc.lock().current())
     if args.json:
@@ -385,6 +389,7 @@ def cmd_lock_show(args: argparse.Namespace) -> int:
 
 
 def cmd_lock_release(args: argparse.Namespace) -> int:
+    """``lock release``: marks a held lock released, only with ``--force``; exit 0/2/3/4/5."""
     return _lock_release(args.url, args)
 
 
@@ -413,6 +418,7 @@ def _lock_release(url: str, args: argparse.Namespace) -> int:
 
 
 def cmd_dynamodb_create_table(args: argparse.Namespace) -> int:
+    """``dynamodb create-table``: creates the lock table (TTL on) if absent; exit 0/2/3/5."""
     try:
         from persist.lock.dynamodb import create_table
     except ImportError as e:
@@ -443,6 +449,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``persist`` parser; each subcommand sets ``func`` to its ``cmd_*``.
+
+    Usage errors raise :class:`CliError` (exit 2) instead of exiting.
+    """
     from persist import __version__
 
     common = _Parser(add_help=False)

@@ -43,4 +43,5 @@ def arm(name: str, count: int = 1) -> None:
 
 
 def disarm_all() -> None:
+    """Disarms every point in this process, including those armed by ``PERSIST_CRASH_AT``."""
     _armed.clear()

@@ -138,4 +138,5 @@ class ReadOnlyView(BlobRead):
         return self._inner._list(prefix)
 
     def close(self) -> None:
+        """Closes the store this views: the view shares, and so releases, its resources."""
         self._inner.close()

@@ -44,6 +44,7 @@ class Framed:
 
     @property
     def buffers(self) -> tuple[bytes, bytes | bytearray | memoryview]:
+        """``(header, payload)``: store them in this order, back to back."""
         return self.header, self.payload
 
     def __len__(self) -> int:

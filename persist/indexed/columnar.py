@@ -42,6 +42,15 @@ class Codec:
 
     @classmethod
     def of(cls, spec: Any) -> Codec:
+        """The codec for a user's key or value type.
+
+        Args:
+            spec: one of :data:`SUPPORTED_TYPES` (stored as is), or a Python class stored as
+                msgpack in ``binary`` and named ``module:qualname`` in the metadata.
+
+        Raises:
+            SchemaMismatch: another Arrow type, or neither an Arrow type nor a class.
+        """
         if isinstance(spec, pa.DataType):
             if spec not in SUPPORTED_TYPES:
                 raise SchemaMismatch(
@@ -55,12 +64,27 @@ class Codec:
 
     @classmethod
     def from_meta(cls, type_bytes: bytes, codec: str | None) -> Codec:
+        """The codec a collection's metadata records (``CollectionMeta.key_type``/``key_codec``).
+
+        A ``codec`` name that does not import here gives a codec without ``py_type``: its
+        values read as the stored msgpack bytes. ``type_bytes`` are trusted (checksummed
+        metadata); malformed ones raise pyarrow's error, not a persist one.
+        """
         arrow_type = deserialize_type(type_bytes)
         if codec is None:
             return cls(arrow_type)
         return cls(arrow_type, _resolve(codec), codec)
 
     def encode_values(self, values: list[Any]) -> pa.Array:
+        """``values`` as an array of ``arrow_type`` (msgpack-encoded ``binary`` for a Python
+        type; None stays null for an Arrow type, encodes as msgpack nil for a Python type).
+
+        NB: values are not validated against ``py_type``: anything msgpack encodes is stored,
+        and one that does not fit the type fails only when read (:meth:`decode_values`).
+
+        Raises:
+            SchemaMismatch: a value does not fit the Arrow type, or does not encode.
+        """
         if self.py_type is None:
             try:
                 return pa.array(values, type=self.arrow_type)
@@ -73,6 +97,12 @@ class Codec:
             raise SchemaMismatch(f"values do not encode as {self.name}: {e}") from e
 
     def decode_values(self, array: pa.Array | pa.ChunkedArray) -> list[Any]:
+        """``array`` as Python values: msgpack decoded into ``py_type`` when set (nulls stay
+        None), else Arrow's own conversion.
+
+        NB: msgspec's DecodeError / ValidationError (bytes that no longer fit ``py_type``)
+        propagate untranslated.
+        """
         if self.py_type is None:
             return list(array.to_pylist())
         dec = msgspec.msgpack.Decoder(self.py_type)
@@ -91,6 +121,8 @@ def _resolve(name: str) -> Any:
 
 
 def serialize_type(t: pa.DataType) -> bytes:
+    """``t`` as stored in metadata: the IPC bytes of a one-field schema (see
+    :func:`deserialize_type`)."""
     return bytes(pa.schema([pa.field("t", t)]).serialize().to_pybytes())
 
 
@@ -98,11 +130,15 @@ def serialize_type(t: pa.DataType) -> bytes:
 # costs tens of microseconds, a noticeable share of a small append.
 @functools.lru_cache(maxsize=1024)
 def deserialize_type(data: bytes) -> pa.DataType:
+    """The type :func:`serialize_type` stored in ``data``. Cached; malformed bytes raise
+    pyarrow's error."""
     return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
 
 
 @functools.lru_cache(maxsize=1024)
 def part_schema(key: pa.DataType, value: pa.DataType) -> pa.Schema:
+    """The schema of a collection's parts: ``key, value`` as given, ``time`` uint64 and
+    ``diff`` int64 (both non-null), tagged with :data:`PART_FORMAT_VERSION`. Cached."""
     return pa.schema(
         [
             pa.field("key", key),
@@ -419,6 +455,8 @@ def _small_times(col: pa.ChunkedArray) -> list[int] | None:
 
 
 def time_range(table: pa.Table) -> tuple[int, int]:
+    """``(min, max)`` of the ``time`` column of a non-empty table (an empty one raises
+    TypeError). Short columns are read in Python, as in :func:`min_time`."""
     col = table.column("time")
     values = _small_times(col)
     if values is not None:

@@ -33,8 +33,10 @@ def delete_retired(blob: Blob, keys: tuple[str, ...]) -> Forget:
     """Deletes retired blobs; returns the ``Forget`` of those deleted.
 
     Stops at the first failed delete, keeping what it did: a round that fails one delete in a
-    hundred must still make progress (the rest are retried by the next round). Raises only if
-    the first delete fails.
+    hundred must still make progress (the rest are retried by the next round).
+
+    Raises:
+        ExternalError: only if the first delete fails.
     """
     from persist import crashpoints
 
@@ -56,6 +58,9 @@ def trim_metadata(blob: Blob, rollup_seq: int) -> int:
     """Deletes log entries ``<= rollup_seq`` and rollups ``< rollup_seq``. Returns the count.
 
     Only call once rollup ``rollup_seq`` has existed for the grace period.
+
+    Raises:
+        ExternalError: a listing or delete failed; what was deleted before stays deleted.
     """
     n = 0
     for key in blob.list_keys(layout.LOG_PREFIX):

@@ -69,20 +69,30 @@ class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Register(msgspec.Struct, frozen=True, tag="register"):
+    """Adds ``collection``, as given, under a name not yet registered; the next collection id
+    moves past its ``id``."""
+
     collection: CollectionMeta
 
 
 class AddPart(msgspec.Struct, frozen=True, tag="add"):
+    """Appends ``part`` to collection ``name``; a part with rows has them all at times >= its
+    upper."""
+
     name: str
     part: PartMeta
 
 
 class Seal(msgspec.Struct, frozen=True, tag="seal"):
+    """Advances collection ``name``'s upper to ``upper`` (never backwards)."""
+
     name: str
     upper: int
 
 
 class AllowCompaction(msgspec.Struct, frozen=True, tag="since"):
+    """Advances collection ``name``'s since to ``since`` (never backwards, never past upper)."""
+
     name: str
     since: int
 
@@ -233,6 +243,12 @@ def _decode(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any]) -> Any
 
 
 def decode_commit(key: str, data: bytes) -> Commit:
+    """Decodes the log entry stored under ``key`` (a ``meta/log/<seq>`` key).
+
+    Raises:
+        Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
+        IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
+    """
     commit: Commit = _decode(key, data, _COMMIT_DEC)
     if commit.seq != layout.seq_of(key):
         raise Corruption(key, f"commit says seq {commit.seq} but is stored as {layout.seq_of(key)}")
@@ -240,6 +256,12 @@ def decode_commit(key: str, data: bytes) -> Commit:
 
 
 def decode_state(key: str, data: bytes) -> State:
+    """Decodes the rollup stored under ``key`` (a ``meta/rollup/<seq>`` key).
+
+    Raises:
+        Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
+        IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
+    """
     state: State = _decode(key, data, _STATE_DEC)
     if state.seq != layout.seq_of(key):
         raise Corruption(key, f"rollup says seq {state.seq} but is stored as {layout.seq_of(key)}")

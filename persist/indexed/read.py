@@ -38,6 +38,7 @@ class Types:
 
     @classmethod
     def of(cls, c: CollectionMeta) -> Types:
+        """The codecs and part schema ``c``'s metadata records (see ``Codec.from_meta``)."""
         k = Codec.from_meta(c.key_type, c.key_codec)
         v = Codec.from_meta(c.value_type, c.value_codec)
         return cls(k, v, columnar.part_schema(k.arrow_type, v.arrow_type))
@@ -57,6 +58,17 @@ class PartReader:
         self._lock = threading.Lock()
 
     def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
+        """Returns ``part``'s decoded table, from the cache when it holds it. Thread-safe.
+
+        Inline parts are decoded from the metadata and never cached; a blob part is cached
+        after the read if its decoded size is at most a quarter of ``cache_bytes``.
+
+        Raises:
+            PartMissing: the part's blob is gone (GC); retry on a newer state.
+            Corruption: the stored part fails verification or decoding, or has another schema.
+            IncompatibleFormat: a newer envelope or part format.
+            ExternalError: storage failed.
+        """
         if part.inline is not None:
             return columnar.decode_part(f"inline part {part.id}", part.inline, schema)
         key = part.blob_key
@@ -116,6 +128,7 @@ class Snapshot:
 
     @property
     def schema(self) -> pa.Schema:
+        """The collection's part schema: ``key, value, time, diff``."""
         return self.types.schema
 
     @property

@@ -39,6 +39,11 @@ def effective_since(c: CollectionMeta) -> int:
 
 
 def collection(collections: Mapping[str, CollectionMeta], name: str) -> CollectionMeta:
+    """Returns collection ``name`` of ``collections``.
+
+    Raises:
+        UnknownCollection: no such name (the message lists up to 20 known ones).
+    """
     try:
         return collections[name]
     except KeyError:

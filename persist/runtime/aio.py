@@ -18,20 +18,43 @@ from persist.runtime.client import ListenEvent
 
 
 class AsyncClient:
+    """The asyncio face of :class:`persist.runtime.client.Client`, wrapping ``sync``.
+
+    Each method mirrors the sync one of the same name and raises what it raises; where they
+    differ, the method says so. What this face lacks (``state``, ``stats``, ``lock_lost``,
+    ``set_options``, ``maintain``, ``parts``/``holds`` in ``apply``) is on ``sync``.
+    Thread-safe, as the sync client is. An async context manager: leaving it awaits
+    :meth:`stop`.
+    """
+
     def __init__(self, client: sync.Client) -> None:
         self.sync = client
 
     @property
     def read_only(self) -> bool:
+        """Mirrors ``Client.read_only``: True for a replica (opened ``read_only=True``)."""
         return self.sync.read_only
 
     @property
     def collections(self) -> list[str]:
+        """Mirrors ``Client.collections``: the registered names, sorted, as of the newest state
+        this client knows. Never blocks."""
         return self.sync.collections
 
     async def create_or_load(
         self, name: str, *, key_type: Any, value_type: Any
     ) -> tuple[AsyncWriteHandle, AsyncReadHandle]:
+        """Mirrors ``Client.create_or_load``, run in a worker thread (it commits or syncs).
+
+        Returns:
+            The async write and read handles of collection ``name``.
+
+        Raises:
+            InvalidUsage: ``name`` is not a non-empty str.
+            SchemaMismatch: it exists with other types, or a type is not storable.
+            UnknownCollection: on a replica, when the writer has not created it.
+            Fenced, RuntimeShutdown, ExternalError: registering failed.
+        """
         w, r = await asyncio.to_thread(
             self.sync.create_or_load, name, key_type=key_type, value_type=value_type
         )
@@ -44,12 +67,28 @@ class AsyncClient:
         seals: Mapping[str, int] | None = None,
         sinces: Mapping[str, int] | None = None,
     ) -> int:
+        """Mirrors ``Client.apply`` without ``parts`` and ``holds`` (use ``sync.apply``).
+
+        Updates are normalized on the calling (loop) thread; only the commit is awaited.
+        Cancelling the await does not cancel the commit: it is queued and may still land.
+
+        Returns:
+            The commit's sequence number, once durable.
+
+        Raises:
+            ReadOnly: a replica.
+            UnknownCollection, SchemaMismatch, InvalidUsage: malformed or misdirected input
+                (nothing submitted), or a change the state forbids (times below upper, ...).
+            Fenced, RuntimeShutdown, ExternalError: the commit failed as the future reports.
+        """
         seq: int = await asyncio.wrap_future(
             self.sync.apply(writes=writes, seals=seals, sinces=sinces)
         )
         return seq
 
     async def stop(self) -> None:
+        """Mirrors ``Client.stop`` (commit or fail what is queued, stop, release the lock), run
+        in a worker thread. Idempotent."""
         await asyncio.to_thread(self.sync.stop)
 
     async def __aenter__(self) -> AsyncClient:
@@ -60,49 +99,94 @@ class AsyncClient:
 
 
 class AsyncWriteHandle:
+    """The asyncio face of ``WriteHandle`` (``sync``): each method awaits the sync one's future.
+
+    Every method returns the commit's sequence number once durable and raises what the sync
+    future fails with (InvalidUsage, Fenced, RuntimeShutdown, ExternalError; ReadOnly and
+    SchemaMismatch before anything is submitted). Cancelling an await does not cancel the
+    write. ``hold`` and ``holds`` are only on ``sync``.
+    """
+
     def __init__(self, handle: sync.WriteHandle) -> None:
         self.sync = handle
         self.name = handle.name
 
     async def write(self, updates: Any) -> int:
+        """Mirrors ``WriteHandle.write``: adds updates at times >= upper."""
         seq: int = await asyncio.wrap_future(self.sync.write(updates))
         return seq
 
     async def seal(self, upper: int) -> int:
+        """Mirrors ``WriteHandle.seal``: advances upper (never backwards)."""
         seq: int = await asyncio.wrap_future(self.sync.seal(upper))
         return seq
 
     async def append(self, updates: Any, upper: int) -> int:
+        """Mirrors ``WriteHandle.append``: write then seal as one atomic step."""
         seq: int = await asyncio.wrap_future(self.sync.append(updates, upper))
         return seq
 
     async def allow_compaction(self, since: int) -> int:
+        """Mirrors ``WriteHandle.allow_compaction``: advances since (never backwards, never
+        beyond upper)."""
         seq: int = await asyncio.wrap_future(self.sync.allow_compaction(since))
         return seq
 
 
 class AsyncReadHandle:
+    """The asyncio face of ``ReadHandle`` (``sync``): frontiers, snapshots and listen.
+
+    Storage reads and waits run in worker threads. ``schema`` is only on ``sync``.
+    """
+
     def __init__(self, handle: sync.ReadHandle) -> None:
         self.sync = handle
         self.name = handle.name
 
     @property
     def since(self) -> int:
+        """Mirrors ``ReadHandle.since``: the effective since (held back by read holds)."""
         return self.sync.since
 
     @property
     def upper(self) -> int:
+        """Mirrors ``ReadHandle.upper``, as of the newest state this client knows."""
         return self.sync.upper
 
     def snapshot(self, as_of: int) -> AsyncSnapshot:
+        """Mirrors ``ReadHandle.snapshot``, but lazily and without ``timeout``.
+
+        Nothing is checked or read here: each await on the result takes a fresh snapshot as
+        of ``as_of`` and raises there (InvalidUsage outside ``[since, upper)``). To wait for a
+        seal first, use :meth:`wait_for_upper`.
+        """
         return AsyncSnapshot(self.sync, as_of)
 
     async def wait_for_upper(self, beyond: int, timeout: float | None = None) -> int:
-        """Waits until ``upper > beyond``; returns the new upper."""
+        """Waits, in a worker thread, until ``upper > beyond``; returns the new upper.
+
+        Implemented as ``sync.snapshot(beyond, timeout=timeout)``, so it has that call's rules.
+
+        Raises:
+            Timeout: upper did not pass ``beyond`` within ``timeout``.
+            InvalidUsage: ``beyond`` is below since; or ``timeout`` is None and upper is not
+                yet past ``beyond`` (it does not wait without a timeout).
+        """
         await asyncio.to_thread(self.sync.snapshot, beyond, timeout=timeout)
         return self.sync.upper
 
     async def listen(self, as_of: int, *, poll: float = 0.5) -> AsyncIterator[ListenEvent]:
+        """Mirrors ``ReadHandle.listen`` as an async iterator; ``poll`` defaults to 0.5 s.
+
+        The listener is created at the first ``__anext__`` (so InvalidUsage for ``as_of``
+        below since surfaces there, not at the call); each wait of up to ``poll`` seconds runs
+        in a worker thread. ``aclose()`` (or the generator's finalization; a ``break`` alone
+        does not close it) closes the listener and releases its hold.
+
+        Raises:
+            InvalidUsage: ``as_of`` is below since, or since passed what was delivered.
+            RuntimeShutdown: the client stopped.
+        """
         listener = self.sync.listen(as_of, poll=poll)
         try:
             while True:
@@ -113,17 +197,27 @@ class AsyncReadHandle:
 
 
 class AsyncSnapshot:
+    """A deferred ``ClientSnapshot`` as of ``as_of``: each await re-snapshots, in a worker
+    thread, against the newest state (retrying if GC removed a part mid-read).
+
+    Raises (on each await):
+        InvalidUsage: ``as_of`` is outside ``[since, upper)`` at that moment.
+        PartMissing: GC removed parts on every retry.
+    """
+
     def __init__(self, read: sync.ReadHandle, as_of: int) -> None:
         self._read = read
         self.as_of = as_of
 
     async def to_arrow(self) -> pa.Table:
+        """Mirrors ``ClientSnapshot.to_arrow``: consolidated contents, sorted."""
         table: pa.Table = await asyncio.to_thread(
             lambda: self._read.snapshot(self.as_of).to_arrow()
         )
         return table
 
     async def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
+        """Mirrors ``ClientSnapshot.to_python``: ``((key, value), as_of, diff)`` tuples."""
         rows: list[tuple[tuple[Any, Any], int, int]] = await asyncio.to_thread(
             lambda: self._read.snapshot(self.as_of).to_python()
         )

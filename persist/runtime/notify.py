@@ -309,6 +309,8 @@ class Subscriber:
 
     @property
     def connected(self) -> bool:
+        """True while connected to an advertised writer (after its handshake); read from any
+        thread, it may lag the subscriber thread by a moment."""
         return self.epoch is not None
 
     def drop(self) -> None:
@@ -319,6 +321,8 @@ class Subscriber:
                     self._sock.shutdown(socket.SHUT_RDWR)
 
     def stop(self) -> None:
+        """Ends the subscription: hangs up (``on_change(False)`` follows if connected) and joins
+        the thread for up to 5 s (not when called from it, i.e. from a callback). Idempotent."""
         self._stopping.set()
         self.drop()
         if self._thread is not threading.current_thread():
