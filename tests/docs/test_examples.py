@@ -44,7 +44,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -73,11 +73,14 @@ class Block:
     dynamodb_table: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     skip: str | None = None
-    marker: dict[str, str] = field(default_factory=dict)
 
     @property
     def where(self) -> str:
-        return f"{self.path.relative_to(REPO)}:{self.line}"
+        return f"{shown(self.path)}:{self.line}"
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
 
 
 def parse_marker(text: str, where: str) -> dict[str, str]:
@@ -127,7 +130,7 @@ def blocks_of(path: Path) -> list[Block]:
 
 
 def make_block(path: Path, line: int, code: str, marker: dict[str, str], prose: str) -> Block:
-    where = f"{path.relative_to(REPO)}:{line}"
+    where = f"{shown(path)}:{line}"
     setups = frozenset(s for s in marker.get("setup", "").split(",") if s)
     if setups - SETUPS:
         raise ValueError(f"{where}: unknown setup {sorted(setups - SETUPS)} (known: {SETUPS})")
@@ -152,7 +155,7 @@ def make_block(path: Path, line: int, code: str, marker: dict[str, str], prose: 
     timeout = float(marker.get("timeout") or (SPARK_TIMEOUT if "spark" in setups
                                               else DEFAULT_TIMEOUT))
     return Block(path, line, code, setups, buckets, table, timeout,
-                 marker.get("reason") if "skip" in marker else None, marker)
+                 marker.get("reason") if "skip" in marker else None)
 
 
 BLOCKS = [b for doc in DOCS for b in blocks_of(doc)]
@@ -278,3 +281,34 @@ def test_every_python_block_is_collected() -> None:
         assert opening == sum(1 for b in BLOCKS if b.path == doc), doc.name
     assert len(BLOCKS) >= 9
     assert all(b.skip is None for b in BLOCKS), "a skipped example: say why in the report"
+
+
+@pytest.mark.parametrize(("markdown", "error"), [
+    ("<!-- example: setup=spark -->\nSome prose.\n", "must be the last line before"),
+    ("<!-- example: setpu=spark -->\n```python\npass\n```\n", "unknown example marker key"),
+    ("<!-- example: setup=java -->\n```python\npass\n```\n", "unknown setup"),
+    ("No session here.\n<!-- example: setup=spark -->\n```python\npass\n```\n",
+     "does not mention the SparkSession"),
+    ("Bucket `b1`, AWS_ENDPOINT_URL.\n<!-- example: setup=s3 -->\n```python\npass\n```\n",
+     "needs bucket=NAME"),
+    ("AWS_ENDPOINT_URL.\n<!-- example: setup=s3 bucket=b1 -->\n```python\npass\n```\n",
+     "must name `b1`"),
+    ("<!-- example: skip -->\n```python\npass\n```\n", "skip needs reason"),
+])
+def test_a_bad_marker_fails_collection(tmp_path: Path, markdown: str, error: str) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(markdown)
+    with pytest.raises(ValueError, match=re.escape(error)):
+        blocks_of(doc)
+
+
+def test_markers_are_read(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text("With a SparkSession `spark`, the bucket `b1` and AWS_ENDPOINT_URL:\n\n"
+                   "<!-- example: setup=spark,s3 bucket=b1 timeout=90 -->\n\n"
+                   "```python\nprint(spark)\n```\n\n```sh\nls\n```\n\n```py\npass\n```\n")
+    first, second = blocks_of(doc)
+    assert (first.line, first.code, first.setups) == (5, "print(spark)\n",
+                                                      frozenset({"spark", "s3"}))
+    assert (first.buckets, first.timeout) == (("b1",), 90.0)
+    assert (second.line, second.setups, second.timeout) == (13, frozenset(), DEFAULT_TIMEOUT)
