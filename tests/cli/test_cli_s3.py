@@ -1,5 +1,5 @@
-"""The console script against s3:// locations on the serialized moto server: the same code
-path as file locations, reached through ``persist.location.resolve`` with ``-o`` options."""
+"""The console script against s3:// locations on each S3 test server: the same code path as file
+locations, reached through ``persist.location.resolve`` with ``-o`` options."""
 
 from __future__ import annotations
 
@@ -14,16 +14,6 @@ from persist import cli
 from tests.cli.test_cli import run
 
 pytest.importorskip("boto3")
-pytest.importorskip("moto")
-
-from tests.s3.conftest import (  # fixtures shared with the S3 suite
-    aws_options,
-    bucket,
-    moto_endpoint,
-    s3_client,
-)
-
-__all__ = ["aws_options", "bucket", "moto_endpoint", "s3_client"]
 
 pytestmark = [pytest.mark.s3, pytest.mark.dynamodb]
 
@@ -34,7 +24,8 @@ def _flags(options: dict[str, Any]) -> list[str]:
 
 def test_cli_on_s3(aws_options: dict[str, Any], bucket: str, tmp_path: Any) -> None:
     table = f"persist-cli-{bucket[-8:]}"
-    run("dynamodb", "create-table", table, "--endpoint-url", aws_options["endpoint_url"],
+    dynamodb = aws_options.get("dynamodb_endpoint_url", aws_options["endpoint_url"])
+    run("dynamodb", "create-table", table, "--endpoint-url", dynamodb,
         "--region", aws_options["region_name"],
         *_flags({k: v for k, v in aws_options.items() if k.startswith("aws_")}))
     options = {**aws_options, "lock_table": table}

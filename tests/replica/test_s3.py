@@ -1,4 +1,4 @@
-"""Replicas of an ``s3://`` location (served by the serialized moto server of ``tests/s3``)."""
+"""Replicas of an ``s3://`` location, on each S3 test server (tests/support/s3_fixtures.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,16 @@ from tests.replica.conftest import Proc
 from tests.replica.helpers import acks, append_times, check_listened, events, eventually
 from tests.replica.helpers import listened_rows as listen_rows
 from tests.replica.workers import key
-from tests.s3.conftest import aws_options, bucket, moto_endpoint, s3_client  # noqa: F401
 
 pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def s3_loc(bucket: str) -> str:  # noqa: F811
+def s3_loc(bucket: str) -> str:
     return f"s3://{bucket}/replicated"
 
 
-def test_pushed_replica_of_an_s3_location(s3_loc: str, aws_options: dict[str, Any]) -> None:  # noqa: F811
+def test_pushed_replica_of_an_s3_location(s3_loc: str, aws_options: dict[str, Any]) -> None:
     with persist.open(s3_loc, storage_options=aws_options, notify=True) as writer:
         w, r = events(writer)
         append_times(w, 0, 3)
@@ -41,7 +40,7 @@ def test_pushed_replica_of_an_s3_location(s3_loc: str, aws_options: dict[str, An
 
 
 def test_blue_green_handover_on_s3(
-    s3_loc: str, aws_options: dict[str, Any], spawn: Callable[..., Proc]  # noqa: F811
+    s3_loc: str, aws_options: dict[str, Any], spawn: Callable[..., Proc]
 ) -> None:
     opts = ["--storage-options", json.dumps(aws_options)]
     blue = spawn("writer", "--url", s3_loc, "--rid", "svc", "--notify", "--interval", "0.01",

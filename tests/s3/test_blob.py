@@ -12,6 +12,7 @@ from persist.blob.dynamo_commit import DECISION_ETAG
 from persist.blob.s3 import MIN_PART_SIZE, ImmutableCache, S3Blob, S3Config
 from persist.errors import InvalidUsage
 from tests.blob.conformance import BlobConformance
+from tests.support.s3_servers import Server
 
 pytestmark = pytest.mark.s3
 
@@ -142,12 +143,12 @@ def test_cache_is_bounded_lru() -> None:
     assert cache.get("huge") is None
 
 
-def test_upper_case_deltalake_style_options(moto_endpoint: str, bucket: str) -> None:
+def test_upper_case_deltalake_style_options(s3_server: Server, bucket: str) -> None:
     blob = S3Blob(bucket, "u", storage_options={
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+        "AWS_REGION": s3_server.region_name,
+        "AWS_ACCESS_KEY_ID": s3_server.aws_access_key_id,
+        "AWS_SECRET_ACCESS_KEY": s3_server.aws_secret_access_key,
         "AWS_ALLOW_HTTP": "true",
         "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false",
         "aws_conditional_put": "etag",

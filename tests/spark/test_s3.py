@@ -1,18 +1,11 @@
-"""The Spark source and sink on an s3:// location (a serialized moto server), options passed as
+"""The Spark source and sink on an s3:// location (each S3 test server), options passed as
 ``storage_options.*`` strings through Spark to every process."""
 
 from __future__ import annotations
 
-import os
-import select
-import subprocess
-import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pyarrow as pa
 import pytest
 
@@ -21,37 +14,14 @@ from tests.spark.support import Collected, canon, sums, updates_at
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
-SERVER = Path(__file__).resolve().parents[1] / "support" / "moto_server.py"
+
+@pytest.fixture
+def s3_options(s3_connection: dict[str, str]) -> dict[str, str]:
+    return dict(s3_connection)
 
 
-@pytest.fixture(scope="module")
-def s3_options() -> Iterator[dict[str, str]]:
-    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        assert proc.stdout is not None
-        ready, _, _ = select.select([proc.stdout], [], [], 30)
-        port = proc.stdout.readline().decode().strip() if ready else ""
-        if not port.isdigit():
-            pytest.fail(f"moto server did not start: {port!r}")
-        yield {
-            "endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1",
-            "aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-            "addressing_style": "path",
-        }
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-
-def test_batch_stream_and_sink_on_s3(spark: Any, tmp_path: Path,
+def test_batch_stream_and_sink_on_s3(spark: Any, tmp_path: Path, bucket: str,
                                      s3_options: dict[str, str]) -> None:
-    bucket = f"spark-{uuid.uuid4().hex[:12]}"
-    s3 = boto3.client("s3", **{k: v for k, v in s3_options.items() if k != "addressing_style"})
-    s3.create_bucket(Bucket=bucket)
-    s3.close()
     url = f"s3://{bucket}/loc"
     with persist.open(url, storage_options=dict(s3_options)) as client:
         w, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())

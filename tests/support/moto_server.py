@@ -1,7 +1,8 @@
 """A moto S3 + DynamoDB server whose requests are applied one at a time.
 
 Run as ``python -m tests.support.moto_server [--host 127.0.0.1] [--port 0]``; it binds, prints
-the chosen port on one line of stdout, then serves until killed.
+the chosen port on one line of stdout, then serves until killed or, with ``--exit-on-stdin-eof``,
+until its stdin reaches end of file (the test session that started it ended or died).
 
 NB: moto checks a condition and then writes without a lock, so two racing conditional writes can
 both "win" against a bare moto server. Every request here runs under one ``threading.Lock``, held
@@ -70,6 +71,16 @@ def _buffer_body(environ: dict[str, Any]) -> None:
     environ["wsgi.input"] = io.BytesIO(body)
 
 
+def _shutdown_on_stdin_eof(server: Any) -> None:
+    """Stops ``server`` once stdin reaches end of file (the parent closed it or died)."""
+    try:
+        while sys.stdin.buffer.read(4096):
+            pass
+    except (OSError, ValueError):
+        pass
+    server.shutdown()
+
+
 class QuietHandler(MotoRequestHandler):
     """moto's request handler without a log line per request."""
 
@@ -82,9 +93,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--exit-on-stdin-eof", action="store_true",
+                        help="stop when stdin reaches end of file (the parent is gone)")
     args = parser.parse_args(argv)
     app = Serialized(DomainDispatcherApplication(create_backend_app))
     server = make_server(args.host, args.port, app, threaded=True, request_handler=QuietHandler)
+    if args.exit_on_stdin_eof:
+        threading.Thread(target=_shutdown_on_stdin_eof, args=(server,), daemon=True).start()
     print(server.server_address[1], flush=True)
     try:
         server.serve_forever()
