@@ -310,6 +310,27 @@ def error_code(e: BaseException) -> tuple[str, int]:
     return "", 0
 
 
+def denied(e: BaseException | None) -> bool:
+    """Whether ``e`` is a 401/403 answer (credentials, permissions, or a store's missing bucket)."""
+    code, status = error_code(e) if e is not None else ("", 0)
+    return code in _CREDENTIALS or status in (401, 403)
+
+
+def bucket_missing(client: Any, bucket: str) -> bool:
+    """One ``HeadBucket``: True only if the store says bucket ``bucket`` does not exist (404).
+
+    NB: for telling a missing bucket from a refusal after a 403. SeaweedFS answers a PUT to a
+    missing bucket with 403 AccessDenied, while AWS, moto and ministack say 404 NoSuchBucket.
+    Any failure of the probe itself counts as "not known to be missing".
+    """
+    try:
+        client.head_bucket(Bucket=bucket)
+    except AWS_ERRORS as e:
+        code, status = error_code(e)
+        return status == 404 or code == "NoSuchBucket"
+    return False
+
+
 def get_object(client: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
     """One GET of ``s3://bucket/key``: ``(body, ETag)``, or None if there is no such object.
 
@@ -353,7 +374,10 @@ def classify(e: BaseException, what: str, *, write: bool) -> Failure:
         if code in _TRANSIENT_4XX:
             return Failure(Determinate(detail), transient=True)
         if code in _CREDENTIALS or status in (401, 403):
-            return Failure(Determinate(f"{detail} (check credentials and permissions)"), False)
+            # NB: some S3-compatible stores (SeaweedFS) answer a write to a missing bucket with
+            # 403 AccessDenied, not 404 NoSuchBucket; S3Blob tells the two apart (bucket_missing).
+            return Failure(Determinate(f"{detail} (check credentials and permissions, and that "
+                                       f"the bucket exists)"), False)
         if status >= 500:
             # NB: AWS documents that a 500/503 on a write may or may not have been applied.
             return Failure(maybe(detail), transient=True)
@@ -430,8 +454,10 @@ __all__ = [
     "Failure",
     "MissingResource",
     "RetryPolicy",
+    "bucket_missing",
     "call",
     "classify",
     "client",
+    "denied",
     "error_code",
 ]

@@ -43,7 +43,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -56,7 +56,13 @@ from persist.blob.base import Blob
 from persist.blob.dynamo_commit import Decision, DynamoCommit
 from persist.blob.envelope import Framed
 from persist.blob.options import option_float, option_int
-from persist.errors import Determinate, ExternalError, Indeterminate, InvalidUsage
+from persist.errors import (
+    Determinate,
+    ExternalError,
+    Indeterminate,
+    InvalidUsage,
+    MissingResource,
+)
 
 #: S3's smallest part (except the last) of a multipart upload; moto enforces it too.
 MIN_PART_SIZE = 5 << 20
@@ -349,13 +355,34 @@ class S3Blob(Blob):
 
     # -- writes ------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _missing_bucket_if_denied(self) -> Iterator[None]:
+        """Turns a write's 403 into ``MissingResource`` when the bucket does not exist.
+
+        NB: AWS, moto and ministack answer a write to a missing bucket with 404 NoSuchBucket
+        (``MissingResource`` already); SeaweedFS answers 403 AccessDenied, which alone cannot be
+        told from a permission problem. One ``HeadBucket``, on this failure path only, decides.
+        """
+        try:
+            yield
+        except Determinate as e:
+            if isinstance(e, MissingResource) or not aws.denied(e.__cause__):
+                raise
+            if not aws.bucket_missing(self.client, self.bucket):
+                raise
+            raise MissingResource(
+                f"bucket {self.bucket!r} does not exist (the store refused a write with "
+                f"403 AccessDenied, as some S3-compatible stores do for a missing bucket): {e}"
+            ) from e
+
     @override
     def _set(self, key: str, framed: bytes | Framed) -> None:
         data = bytes(framed)  # one body for the request, the read-back and the cache
         full = self.full_key(key)
         self.cache.discard(key)
         try:
-            self._write(self.client, full, data, conditional=False)
+            with self._missing_bucket_if_denied():
+                self._write(self.client, full, data, conditional=False)
         except Indeterminate:
             # NB: retried already (an unconditional PUT of the same bytes is idempotent); a
             # last look tells "landed, reply lost" from "unknown".
@@ -368,16 +395,21 @@ class S3Blob(Blob):
     def _set_if_absent(self, key: str, framed: bytes | Framed) -> bool:
         data = bytes(framed)
         full = self.full_key(key)
-        if self.commit is not None:
-            created = self._create_decided(key, full, data)
-        else:
-            created = self._create_native(full, data)
+        with self._missing_bucket_if_denied():
+            if self.commit is not None:
+                created = self._create_decided(key, full, data)
+            else:
+                created = self._create_native(full, data)
         if created and layout.is_immutable(key):
             self.cache.put(key, data)
         return created
 
     @override
     def _delete(self, key: str) -> None:
+        with self._missing_bucket_if_denied():
+            self._delete_key(key)
+
+    def _delete_key(self, key: str) -> None:
         full = self.full_key(key)
         self.cache.discard(key)
         decision: Decision | None = None

@@ -43,6 +43,8 @@ FAULTS: dict[str, Callable[[], BaseException]] = {
     "409": lambda: _client_error("ConditionalRequestConflict", 409),
     "500": lambda: _client_error("InternalError", 500),
     "503": lambda: _client_error("SlowDown", 503),
+    # what SeaweedFS answers to a PUT into a missing bucket (AWS, moto, ministack: 404)
+    "403": lambda: _client_error("AccessDenied", 403),
 }
 
 
@@ -346,6 +348,34 @@ def test_missing_bucket_is_a_clear_typed_error(aws_options: dict[str, Any]) -> N
                lambda: blob.set_if_absent("k", b"v"), lambda: blob.list_keys("")):
         with pytest.raises(aws.MissingResource, match="no-such-bucket-here"):
             op()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("mode", ["native", pytest.param("dynamodb", marks=pytest.mark.dynamodb)])
+def test_write_refused_with_403_names_a_missing_bucket(
+    aws_options: dict[str, Any], bucket: str, mode: str, request: pytest.FixtureRequest
+) -> None:
+    # SeaweedFS answers a PUT into a missing bucket with 403 AccessDenied, not 404 NoSuchBucket.
+    # The same answer is injected here, so every server exercises persist's HeadBucket probe.
+    opts = dict(aws_options)
+    if mode == "dynamodb":
+        opts |= {"conditional_put": "dynamodb",
+                 "dynamodb_table": request.getfixturevalue("dynamodb_table")}
+    missing = S3Blob("no-such-bucket-403", "p", storage_options=opts)
+    client = missing.client = Faulty(missing.client)
+    for write in (lambda b: b.set("k", b"v"), lambda b: b.set_if_absent("meta/k", b"v")):
+        client.script["put_object"] = ["403"]
+        with pytest.raises(aws.MissingResource, match=r"no-such-bucket-403.*403 AccessDenied"):
+            write(missing)
+    # A 403 from a bucket that exists is a refusal: Determinate, never MissingResource.
+    present = S3Blob(bucket, "p", storage_options=opts)
+    client = present.client = Faulty(present.client)
+    for write in (lambda b: b.set("k", b"v"), lambda b: b.set_if_absent("meta/k", b"v")):
+        client.script["put_object"] = ["403"]
+        with pytest.raises(Determinate, match="check credentials") as info:
+            write(present)
+        assert not isinstance(info.value, aws.MissingResource)
+    assert present.list_keys("") == []
 
 
 @pytest.mark.s3

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from persist.blob import aws
-from persist.errors import InvalidUsage
+from persist.errors import Fenced, InvalidUsage
 from persist.location import resolve
 from persist.lock.dynamodb import LOCK_SORT_KEY, DynamoLock, create_table
 from persist.lock.s3 import S3Lock
@@ -61,6 +61,17 @@ class TestS3Lock(LockConformance):
         data = S3Blob(bucket, "loc", storage_options=aws_options).get("LOCK")
         assert data is not None
         assert decode_record(data).holder == "a"
+
+    def test_heartbeat_after_the_record_vanished_is_fenced(self, make_lock: MakeLock,
+                                                            s3_client: Any, bucket: str) -> None:
+        # The heartbeat is a PUT with If-Match on a key that no longer exists. AWS, moto and
+        # ministack answer 404 NoSuchKey, SeaweedFS 412 PreconditionFailed: both mean "lost".
+        lock = make_lock()
+        lease = lock.acquire("a")
+        s3_client.delete_object(Bucket=bucket, Key="loc/LOCK")
+        with pytest.raises(Fenced):
+            lock.heartbeat(lease)
+        assert make_lock().acquire("b").generation == 1  # nothing left: a fresh start
 
 
 @pytest.mark.dynamodb
