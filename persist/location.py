@@ -167,7 +167,8 @@ def open(
         missing_ok: with ``read_only``, open a location where nothing was ever committed (a
             replica started before its writer), which then follows the first writer. Without
             it such an open fails, since a mistyped URL looks exactly like that.
-        lock_timeout: seconds to wait for a lock held by another id to be released or lapse.
+        lock_timeout: seconds to wait for a lock held by another id to be released or lapse;
+            also how long a failing lock store is retried, if longer than 5 s.
         lease_seconds: the writer lock's lease (heartbeated every third of it).
         storage_options: passed to the storage client (boto3 for S3) as given.
         options: engine tuning (inline threshold, rollup cadence, GC grace, compaction, group

@@ -179,7 +179,38 @@ class FaultPlan:
         return result
 
 
-class UnreliableBlob(Blob):
+class FaultInjecting:
+    """The fault-dice surface of a wrapper whose operations run through ``self.plan``.
+
+    Shared by :class:`UnreliableBlob` and :class:`persist.lock.unreliable.UnreliableLock`; the
+    wrapper sets ``plan`` in its constructor and routes each operation through ``plan.run``.
+    """
+
+    plan: FaultPlan
+
+    def set_faults(self, faults: Faults | Mapping[str, Faults]) -> None:
+        """Replaces the fault rates (see :meth:`FaultPlan.set_faults`)."""
+        self.plan.set_faults(faults)
+
+    def outage(self) -> contextlib.AbstractContextManager[None]:
+        """Starts a full outage: every operation fails with Determinate until :meth:`recover`.
+
+        Also usable as ``with wrapper.outage(): ...``, which recovers on exit.
+        """
+        self.plan.start_outage()
+        return Recover(self.plan)
+
+    def recover(self) -> None:
+        """Ends an outage started by :meth:`outage`."""
+        self.plan.end_outage()
+
+    @property
+    def injected(self) -> Counter[str]:
+        """How many faults of each ``"<op>.<kind>"`` were injected so far."""
+        return self.plan.injected
+
+
+class UnreliableBlob(FaultInjecting, Blob):
     """Wraps ``inner`` and injects seeded faults into its raw operations.
 
     Args:
@@ -207,27 +238,6 @@ class UnreliableBlob(Blob):
         # the store can do.
         self.supports_conditional_create = inner.supports_conditional_create
         self.is_local = inner.is_local
-
-    def set_faults(self, faults: Faults | Mapping[str, Faults]) -> None:
-        """Replaces the fault rates (see :class:`FaultPlan.set_faults`)."""
-        self.plan.set_faults(faults)
-
-    def outage(self) -> contextlib.AbstractContextManager[None]:
-        """Starts a full outage: every operation fails with Determinate until :meth:`recover`.
-
-        Also usable as ``with blob.outage(): ...``, which recovers on exit.
-        """
-        self.plan.start_outage()
-        return Recover(self.plan)
-
-    def recover(self) -> None:
-        """Ends an outage started by :meth:`outage`."""
-        self.plan.end_outage()
-
-    @property
-    def injected(self) -> Counter[str]:
-        """How many faults of each ``"<op>.<kind>"`` were injected so far."""
-        return self.plan.injected
 
     @override
     def _get(self, key: str) -> bytes | memoryview | None:
@@ -284,4 +294,13 @@ def outage_of(*blobs: UnreliableBlob) -> Iterator[None]:
             b.plan.end_outage()
 
 
-__all__ = ["BLOB_OPS", "NO_FAULTS", "FaultPlan", "Faults", "Recover", "UnreliableBlob", "outage_of"]
+__all__ = [
+    "BLOB_OPS",
+    "NO_FAULTS",
+    "FaultInjecting",
+    "FaultPlan",
+    "Faults",
+    "Recover",
+    "UnreliableBlob",
+    "outage_of",
+]

@@ -9,23 +9,23 @@ Table schema (the same table serves :mod:`persist.blob.dynamo_commit`; :func:`cr
 
 Lock item attributes (one per location; the fields of :class:`~persist.lock.base.LockRecord`)::
 
-    holder S, generation N, beat N, lease_ms N, wall_ms N, released BOOL, version N
+    holder S, generation N, beat N, lease_ms N, wall_ms N, released BOOL, version N,
+    host S, host_id S, pid N, pid_start N      (the holder's process; absent in older items)
 
 ``_cas(expected, new)`` is a ``PutItem`` of ``new`` conditioned on ``attribute_not_exists``
 (``expected`` is None) or on every attribute equal to ``expected``.
 
 NB: the condition covers the whole record, not only ``(generation, beat)``: a release keeps
 generation and beat and sets ``released``, so a heartbeat racing its own holder's release would
-otherwise pass its condition and silently un-release the lock.
+otherwise pass its condition and silently un-release the lock. The process attributes are left
+out of it: they change only with the generation, and items of older persists lack them.
 
 NB: no TTL on the lock item. If DynamoDB expired it, the next holder would start again at
 generation 1 and its fence commit would be refused by a log at a higher epoch (safe, but the
 location would be stuck until an operator intervened).
 
-Ambiguous failures (a timeout after sending, a 5xx) are resolved with a consistent read: the new
-record stored means the write landed; the expected record still stored means it did not (yet),
-and the same conditional write is sent again (a late landing of the first makes the second fail
-its condition, and the next read finds ``new``); anything else means another party moved first.
+Ambiguous failures (a timeout after sending, a 5xx) are resolved with a consistent read
+(:class:`~persist.lock.conditional.ConditionalStoreLock`, shared with :mod:`persist.lock.s3`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,9 @@ from typing import Any
 from typing_extensions import override
 
 from persist.blob import aws
-from persist.errors import Corruption, Determinate, IncompatibleFormat, Indeterminate, InvalidUsage
-from persist.lock.base import LOCK_FORMAT_VERSION, LockRecord, WriterLock
+from persist.errors import Corruption, Determinate, IncompatibleFormat, InvalidUsage
+from persist.lock.base import LOCK_FORMAT_VERSION, STORE_TIMEOUT, LockRecord
+from persist.lock.conditional import ConditionalStoreLock
 
 LOCK_SORT_KEY = "#writer-lock"
 _FIELDS = ("holder", "generation", "beat", "lease_ms", "wall_ms", "released", "version")
@@ -53,6 +54,10 @@ def _encode(rec: LockRecord) -> dict[str, Any]:
         "wall_ms": {"N": str(rec.wall_ms)},
         "released": {"BOOL": rec.released},
         "version": {"N": str(rec.version)},
+        "host": {"S": rec.host},
+        "host_id": {"S": rec.host_id},
+        "pid": {"N": str(rec.pid)},
+        "pid_start": {"N": str(rec.pid_start)},
     }
 
 
@@ -72,16 +77,17 @@ def _decode(lock_id: str, item: Mapping[str, Any]) -> LockRecord:
             lease_ms=int(item["lease_ms"]["N"]),
             wall_ms=int(item["wall_ms"]["N"]),
             released=bool(item["released"]["BOOL"]),
+            host=item.get("host", {}).get("S", ""),
+            host_id=item.get("host_id", {}).get("S", ""),
+            pid=int(item.get("pid", {}).get("N", 0)),
+            pid_start=int(item.get("pid_start", {}).get("N", 0)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise Corruption(lock_id, f"malformed lock item: {e!r}") from e
 
 
-class DynamoLock(WriterLock):
+class DynamoLock(ConditionalStoreLock):
     """A writer lock kept in one DynamoDB item (see the module docstring for the schema)."""
-
-    #: Holders run on other machines: liveness only by observing the record unchanged.
-    same_clock = False
 
     def __init__(
         self,
@@ -92,6 +98,7 @@ class DynamoLock(WriterLock):
         lease_seconds: float = 30.0,
         max_skew_rate: float = 2.0,
         retry: aws.RetryPolicy | None = None,
+        store_timeout: float = STORE_TIMEOUT,
     ) -> None:
         """Args:
             client: a boto3 DynamoDB client (not closed by this lock).
@@ -100,38 +107,49 @@ class DynamoLock(WriterLock):
             lease_seconds: the lease a holder claims.
             max_skew_rate: tolerated clock rate difference (see ``persist.lock.base``).
             retry: backoff for transient DynamoDB failures.
+            store_timeout: seconds an operation retries a failing DynamoDB (at least).
 
         Raises:
             InvalidUsage: bad lease parameters or an empty lock id.
         """
-        super().__init__(lease_seconds=lease_seconds, max_skew_rate=max_skew_rate)
+        super().__init__(lease_seconds=lease_seconds, max_skew_rate=max_skew_rate, retry=retry,
+                         store_timeout=store_timeout)
         if not lock_id or not table:
             raise InvalidUsage("DynamoLock needs a table and a non-empty lock id")
         self.client = client
         self.table = table
         self.lock_id = lock_id
-        self.retry = retry or aws.RetryPolicy()
         self._key = {"path": {"S": lock_id}, "etag": {"S": LOCK_SORT_KEY}}
 
+    @property
     @override
-    def _read(self) -> LockRecord | None:
+    def where(self) -> str:
+        return f"{self.lock_id} in table {self.table}"
+
+    def __repr__(self) -> str:
+        return f"<DynamoLock {self.where}>"
+
+    @override
+    def _read(self, *, deadline: float | None = None) -> LockRecord | None:
         response = aws.call(
             lambda: self.client.get_item(TableName=self.table, Key=self._key, ConsistentRead=True),
-            what=f"read lock {self.lock_id} in table {self.table}", write=False, idempotent=True,
-            retry=self.retry,
+            what=f"read lock {self.where}", write=False, idempotent=True,
+            retry=self.retry, deadline=deadline,
         )
         item = response.get("Item")
         return None if not item else _decode(self.lock_id, item)
 
     @override
-    def _cas(self, expected: LockRecord | None, new: LockRecord) -> bool:
+    def _put_if(self, expected: LockRecord | None, new: LockRecord, *,
+                deadline: float | None) -> bool:
         if expected is None:
             condition = "attribute_not_exists(#path)"
             names = {"#path": "path"}
             values: dict[str, Any] = {}
         else:
             names = {f"#{f}": f for f in _FIELDS}
-            values = {f":{f}": v for f, v in _encode(expected).items()}
+            encoded = _encode(expected)
+            values = {f":{f}": encoded[f] for f in _FIELDS}
             condition = " AND ".join(f"#{f} = :{f}" for f in _FIELDS)
         item = {**self._key, **_encode(new)}
 
@@ -148,23 +166,8 @@ class DynamoLock(WriterLock):
                     return False
                 raise
 
-        last: Indeterminate | None = None
-        for attempt in range(self.retry.max_attempts):
-            try:
-                return aws.call(put, what=f"write lock {self.lock_id} in table {self.table}",
-                                write=True, idempotent=False, retry=self.retry)
-            except Indeterminate as e:
-                last = e
-            try:
-                stored = self._read()
-            except Determinate as e:
-                raise Indeterminate(f"lock write of {self.lock_id} unresolved: {e}") from e
-            if stored == new:
-                return True
-            if stored != expected:
-                return False
-            time.sleep(self.retry.delay(attempt))
-        raise Indeterminate(f"lock write of {self.lock_id} failed ambiguously") from last
+        return aws.call(put, what=f"write lock {self.where}", write=True, idempotent=False,
+                        retry=self.retry, deadline=deadline)
 
 
 def create_table(client_or_options: aws.Client | Mapping[str, Any], name: str) -> None:

@@ -11,31 +11,28 @@ bytes, so "the etag still matches" is exactly "the stored record still equals ``
 Used by default for ``s3://`` locations without a DynamoDB table: it needs nothing but a bucket
 with conditional writes (AWS S3 since 2024; most S3-compatible stores).
 
-Ambiguous failures are resolved by reading the record back, exactly as in
-:mod:`persist.lock.dynamodb`.
+Ambiguous failures are resolved by reading the record back
+(:class:`~persist.lock.conditional.ConditionalStoreLock`, shared with :mod:`persist.lock.dynamodb`).
 """
 
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 
 from typing_extensions import override
 
 from persist import layout
 from persist.blob import aws, envelope
-from persist.errors import Corruption, Determinate, Indeterminate, InvalidUsage
-from persist.lock.base import LockRecord, WriterLock, decode_record, encode_record
+from persist.errors import Corruption, InvalidUsage
+from persist.lock.base import STORE_TIMEOUT, LockRecord, decode_record, encode_record
+from persist.lock.conditional import ConditionalStoreLock
 
 _ETAGS_KEPT = 16
 
 
-class S3Lock(WriterLock):
+class S3Lock(ConditionalStoreLock):
     """A writer lock kept in one S3 object (see the module docstring)."""
-
-    #: Holders run on other machines: liveness only by observing the record unchanged.
-    same_clock = False
 
     def __init__(
         self,
@@ -47,6 +44,7 @@ class S3Lock(WriterLock):
         lease_seconds: float = 30.0,
         max_skew_rate: float = 2.0,
         retry: aws.RetryPolicy | None = None,
+        store_timeout: float = STORE_TIMEOUT,
     ) -> None:
         """Args:
             client: a boto3 S3 client (not closed by this lock).
@@ -56,23 +54,32 @@ class S3Lock(WriterLock):
             lease_seconds: the lease a holder claims.
             max_skew_rate: tolerated clock rate difference (see ``persist.lock.base``).
             retry: backoff for transient S3 failures.
+            store_timeout: seconds an operation retries a failing S3 (at least).
 
         Raises:
             InvalidUsage: bad lease parameters or an empty key.
         """
-        super().__init__(lease_seconds=lease_seconds, max_skew_rate=max_skew_rate)
+        super().__init__(lease_seconds=lease_seconds, max_skew_rate=max_skew_rate, retry=retry,
+                         store_timeout=store_timeout)
         if not key:
             raise InvalidUsage("S3Lock needs a non-empty object key")
         self.client = client
         self.bucket = bucket
         self.key = key
         self.blob_key = blob_key
-        self.retry = retry or aws.RetryPolicy()
         self._url = f"s3://{bucket}/{key}"
         # NB: the ETag each recently seen record was stored with, so a CAS right after a read
         # (the protocol's pattern) costs one request, not two. Keyed by the record itself.
         self._etags: OrderedDict[LockRecord, str] = OrderedDict()
         self._etags_lock = threading.Lock()
+
+    @property
+    @override
+    def where(self) -> str:
+        return self._url
+
+    def __repr__(self) -> str:
+        return f"<S3Lock {self._url}>"
 
     def _remember(self, rec: LockRecord, etag: str) -> None:
         with self._etags_lock:
@@ -81,10 +88,10 @@ class S3Lock(WriterLock):
             while len(self._etags) > _ETAGS_KEPT:
                 self._etags.popitem(last=False)
 
-    def _read_with_etag(self) -> tuple[LockRecord, str] | None:
+    def _read_with_etag(self, deadline: float | None) -> tuple[LockRecord, str] | None:
         got = aws.call(lambda: aws.get_object(self.client, self.bucket, self.key),
                        what=f"read lock {self._url}", write=False, idempotent=True,
-                       retry=self.retry)
+                       retry=self.retry, deadline=deadline)
         if got is None:
             return None
         data, etag = got
@@ -97,19 +104,20 @@ class S3Lock(WriterLock):
         return rec, etag
 
     @override
-    def _read(self) -> LockRecord | None:
-        got = self._read_with_etag()
+    def _read(self, *, deadline: float | None = None) -> LockRecord | None:
+        got = self._read_with_etag(deadline)
         return None if got is None else got[0]
 
     @override
-    def _cas(self, expected: LockRecord | None, new: LockRecord) -> bool:
+    def _put_if(self, expected: LockRecord | None, new: LockRecord, *,
+                deadline: float | None) -> bool:
         if expected is None:
             precondition = {"IfNoneMatch": "*"}
         else:
             with self._etags_lock:
                 etag = self._etags.get(expected)
             if etag is None:
-                current = self._read_with_etag()
+                current = self._read_with_etag(deadline)
                 if current is None or current[0] != expected:
                     return False
                 etag = current[1]
@@ -129,23 +137,8 @@ class S3Lock(WriterLock):
             self._remember(new, str(response["ETag"]))
             return True
 
-        last: Indeterminate | None = None
-        for attempt in range(self.retry.max_attempts):
-            try:
-                return aws.call(put, what=f"write lock {self._url}", write=True,
-                                idempotent=False, retry=self.retry)
-            except Indeterminate as e:
-                last = e
-            try:
-                stored = self._read()
-            except Determinate as e:
-                raise Indeterminate(f"lock write of {self._url} unresolved: {e}") from e
-            if stored == new:
-                return True
-            if stored != expected:
-                return False
-            time.sleep(self.retry.delay(attempt))
-        raise Indeterminate(f"lock write of {self._url} failed ambiguously") from last
+        return aws.call(put, what=f"write lock {self._url}", write=True, idempotent=False,
+                        retry=self.retry, deadline=deadline)
 
 
 __all__ = ["S3Lock"]

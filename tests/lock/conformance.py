@@ -3,14 +3,17 @@ provides ``make_lock`` (a factory of handles on one fresh lock, with the given l
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from persist.errors import Fenced, LockHeld
-from persist.lock.base import WriterLock
+from persist.lock.base import WriterLock, this_process
 
 MakeLock = Callable[..., WriterLock]
 
@@ -108,3 +111,32 @@ class LockConformance:
         assert old is not None
         assert old.holder == "a"
         assert make_lock().acquire("b").generation == 2
+
+    def test_record_names_the_holder_process(self, make_lock: MakeLock) -> None:
+        make_lock().acquire("a")
+        rec = make_lock().current()
+        assert rec is not None
+        me = this_process()
+        assert (rec.host, rec.host_id, rec.pid, rec.pid_start) == (
+            me.host, me.host_id, me.pid, me.pid_start)
+
+    @pytest.mark.parametrize("how", ["exited", "pid reused"])
+    def test_gone_holder_on_this_machine_is_taken_over_at_once(
+        self, make_lock: MakeLock, how: str
+    ) -> None:
+        if not this_process().host_id:
+            pytest.skip("no /proc: the holder's process cannot be checked here")
+        lock = make_lock(lease_seconds=30)
+        lease = lock.acquire("a")
+        rec = lock.current()
+        assert rec is not None
+        if how == "exited":
+            gone = subprocess.Popen([sys.executable, "-c", "pass"])
+            gone.wait()
+            forged = msgspec.structs.replace(rec, pid=gone.pid)
+        else:  # a live process under the holder's pid, started at another time
+            forged = msgspec.structs.replace(rec, pid_start=rec.pid_start + 1)
+        # NB: forged through the primitive: the record as the crashed holder left it.
+        assert lock._cas(rec, forged)
+        got = make_lock(lease_seconds=30).acquire("b")
+        assert got.generation == lease.generation + 1

@@ -1,0 +1,73 @@
+"""A failing lock store ends ``persist.open`` in a typed error within ``lock_timeout``: the S3
+and DynamoDB locks against the moto server behind a proxy that answers every lock write with
+the store's own ``500 InternalError`` (over the wire: boto3, HTTP, the real error parsing)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import persist
+from persist.errors import ExternalError
+from tests.support.faulty_proxy import FaultyProxy, dynamodb_put_items, s3_puts
+
+pytestmark = pytest.mark.s3
+
+LOCK_TIMEOUT = 5.0
+SLACK = 3.0
+
+
+def _within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """Returns what ``fn`` returned or raised; fails if it still runs after ``seconds``."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(fn())
+        except BaseException as e:
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(seconds)
+    if t.is_alive():
+        pytest.fail(f"persist.open still blocked after {seconds:g}s")
+    return out[0]
+
+
+def _open_fails_in_time(url: str, options: dict[str, Any]) -> ExternalError:
+    start = time.monotonic()
+    err = _within(60, lambda: persist.open(url, storage_options=options,
+                                           lock_timeout=LOCK_TIMEOUT))
+    elapsed = time.monotonic() - start
+    if isinstance(err, persist.Client):
+        err.stop()
+    assert isinstance(err, ExternalError), err
+    assert elapsed < LOCK_TIMEOUT + SLACK
+    return err
+
+
+def test_s3_lock_outage_ends_open_within_lock_timeout(aws_options: dict[str, Any],
+                                                      s3_endpoint: str, bucket: str) -> None:
+    with FaultyProxy(s3_endpoint, s3_puts) as proxy:
+        err = _open_fails_in_time(f"s3://{bucket}/loc",
+                                  {**aws_options, "endpoint_url": proxy.url})
+        assert proxy.failed >= 2
+    assert "lock" in str(err)
+    assert "InternalError" in str(err)
+
+
+@pytest.mark.dynamodb
+def test_dynamodb_lock_outage_ends_open_within_lock_timeout(
+    aws_options: dict[str, Any], s3_endpoint: str, bucket: str, dynamodb_table: str
+) -> None:
+    with FaultyProxy(s3_endpoint, dynamodb_put_items) as proxy:
+        err = _open_fails_in_time(f"s3://{bucket}/loc", {
+            **aws_options, "endpoint_url": proxy.url, "lock_table": dynamodb_table})
+        assert proxy.failed >= 2
+    assert "lock" in str(err)
+    assert "InternalServerError" in str(err)
