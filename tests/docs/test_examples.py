@@ -196,7 +196,9 @@ def base_env(tmp: Path) -> dict[str, str]:
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     """A fresh serialized moto server (S3 + DynamoDB) for one example; yields its URL."""
-    proc = subprocess.Popen([sys.executable, str(MOTO_SERVER)], stdout=subprocess.PIPE,
+    # NB: it stops when its stdin closes, so it never outlives a test session that died.
+    proc = subprocess.Popen([sys.executable, str(MOTO_SERVER), "--exit-on-stdin-eof"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert proc.stdout is not None
@@ -212,8 +214,9 @@ def moto_server() -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def provide_s3(block: Block, endpoint: str, env: dict[str, str]) -> None:
