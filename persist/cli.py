@@ -67,7 +67,7 @@ _EXIT_CODES = """exit codes:
   0    success; verify found no problem
   1    verify found problems (corruption, missing parts, inconsistent metadata)
   2    usage: bad arguments, no location at URL, unknown collection, as-of outside
-       [since, upper), lock release without --force
+       [since, upper)
   3    persist or storage error (storage failed, incompatible format, I/O error)
   4    the writer lock is held (lock release without --force while a writer holds it)
   5    an optional dependency is missing (boto3 for s3:// and dynamodb, ...)
@@ -379,7 +379,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_lock_show(args: argparse.Namespace) -> int:
     """``lock show``: prints the writer lock record (``--json``); exit 0/2/3/5."""
     loc = open_location(args.url, args.storage_options)
-    info = _lock_dict(loc.lock().current())
+    lock = loc.lock()
+    try:
+        info = _lock_dict(lock.current())
+    finally:
+        lock.close()
     if args.json:
         json.dump(info, sys.stdout, indent=2)
         print()
@@ -396,19 +400,23 @@ def cmd_lock_release(args: argparse.Namespace) -> int:
 def _lock_release(url: str, args: argparse.Namespace) -> int:
     loc = open_location(url, args.storage_options)
     lock = loc.lock()
-    rec = lock.current()
-    if rec is None or rec.released:
-        print("the writer lock is not held; nothing to release")
-        return EXIT_OK
-    if not args.force:
-        raise CliError(EXIT_LOCK_HELD, f"the writer lock is held by {rec.holder!r} (generation "
-                                       f"{rec.generation}); pass --force to release it anyway")
-    print(f"WARNING: force-releasing the writer lock held by {rec.holder!r} (generation "
-          f"{rec.generation}). If that writer is still running it loses the lock at its next "
-          f"heartbeat and stops (fail-stop); the next writer's first commit fences it for good. "
-          f"Nothing committed is lost, but its in-flight writes fail.", file=sys.stderr)
-    old = lock.force_release()
-    lock.close()
+    try:
+        rec = lock.current()
+        if rec is None or rec.released:
+            print("the writer lock is not held; nothing to release")
+            return EXIT_OK
+        if not args.force:
+            raise CliError(EXIT_LOCK_HELD, f"the writer lock is held by {rec.holder!r} "
+                                           f"(generation {rec.generation}); pass --force to "
+                                           f"release it anyway")
+        print(f"WARNING: force-releasing the writer lock held by {rec.holder!r} (generation "
+              f"{rec.generation}). If that writer is still running it loses the lock at its "
+              f"next heartbeat and stops (fail-stop); the next writer's first commit fences it "
+              f"for good. Nothing committed is lost, but its in-flight writes fail.",
+              file=sys.stderr)
+        old = lock.force_release()
+    finally:
+        lock.close()
     gone = old or rec
     print(f"released the writer lock of {gone.holder!r} (generation {gone.generation})")
     return EXIT_OK

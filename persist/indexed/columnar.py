@@ -12,7 +12,7 @@ import functools
 import importlib
 import numbers
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +67,7 @@ class Codec:
         """The codec a collection's metadata records (``CollectionMeta.key_type``/``key_codec``).
 
         A ``codec`` name that does not import here gives a codec without ``py_type``: its
-        values read as the stored msgpack bytes. ``type_bytes`` are trusted (checksummed
-        metadata); malformed ones raise pyarrow's error, not a persist one.
+        values read as the stored msgpack bytes. Malformed ``type_bytes`` raise Corruption.
         """
         arrow_type = deserialize_type(type_bytes)
         if codec is None:
@@ -79,22 +78,33 @@ class Codec:
         """``values`` as an array of ``arrow_type`` (msgpack-encoded ``binary`` for a Python
         type; None stays null for an Arrow type, encodes as msgpack nil for a Python type).
 
-        NB: values are not validated against ``py_type``: anything msgpack encodes is stored,
-        and one that does not fit the type fails only when read (:meth:`decode_values`).
+        Every value is checked against the type first: pyarrow alone converts silently (1.5
+        into an int64 column is stored as 1, True into float64 as 1.0), and msgpack encodes any
+        object whatever ``py_type`` says, which would then fail on every read.
 
         Raises:
-            SchemaMismatch: a value does not fit the Arrow type, or does not encode.
+            SchemaMismatch: a value does not fit the Arrow type or ``py_type``, naming it.
         """
         if self.py_type is None:
+            fits = _python_check(self.arrow_type)
+            for v in values:
+                if v is not None and not fits(v):
+                    raise SchemaMismatch(f"value {v!r} ({type(v).__name__}) does not fit "
+                                         f"{self.arrow_type}")
             try:
                 return pa.array(values, type=self.arrow_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
                 raise SchemaMismatch(f"values do not fit {self.arrow_type}: {e}") from e
         enc = msgspec.msgpack.Encoder()
+        dec = msgspec.msgpack.Decoder(self.py_type)
         try:
-            return pa.array([enc.encode(v) for v in values], type=pa.binary())
-        except (TypeError, msgspec.EncodeError) as e:
-            raise SchemaMismatch(f"values do not encode as {self.name}: {e}") from e
+            encoded = [enc.encode(v) for v in values]
+            for v, b in zip(values, encoded, strict=True):
+                if v is not None:
+                    dec.decode(b)
+        except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as e:
+            raise SchemaMismatch(f"a value does not encode as {self.name}: {e}") from e
+        return pa.array(encoded, type=pa.binary())
 
     def decode_values(self, array: pa.Array | pa.ChunkedArray) -> list[Any]:
         """``array`` as Python values: msgpack decoded into ``py_type`` when set (nulls stay
@@ -107,6 +117,40 @@ class Codec:
             return list(array.to_pylist())
         dec = msgspec.msgpack.Decoder(self.py_type)
         return [None if b is None else dec.decode(b) for b in array.to_pylist()]
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    return str(t)
+
+
+def _castable_kind(have: pa.DataType, want: pa.DataType) -> bool:
+    """True if a column of ``have`` may be cast (safely, values checked) to ``want``: a null
+    column, or one of the same kind (int32 to int64, string to large_string, ...). Other casts
+    (bool to int, float to int, int to string) change what a value means and are refused."""
+    return pa.types.is_null(have) or _kind(have) == _kind(want)
+
+
+def _python_check(t: pa.DataType) -> Callable[[Any], bool]:
+    """What a Python value must be to go into a column of ``t`` without a silent conversion."""
+    if pa.types.is_integer(t):
+        return lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)
+    if pa.types.is_floating(t):
+        return lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return lambda v: isinstance(v, str)
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return lambda v: isinstance(v, (bytes, bytearray, memoryview))
+    if pa.types.is_boolean(t):
+        return lambda v: isinstance(v, bool)
+    return lambda v: True  # null: only None, which never reaches the check
 
 
 def _resolve(name: str) -> Any:
@@ -130,9 +174,16 @@ def serialize_type(t: pa.DataType) -> bytes:
 # costs tens of microseconds, a noticeable share of a small append.
 @functools.lru_cache(maxsize=1024)
 def deserialize_type(data: bytes) -> pa.DataType:
-    """The type :func:`serialize_type` stored in ``data``. Cached; malformed bytes raise
-    pyarrow's error."""
-    return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
+    """The type :func:`serialize_type` stored in ``data``. Cached.
+
+    Raises:
+        Corruption: ``data`` is not a serialized type (the metadata was checksummed, so only a
+            writer bug or a hand-made record gets here).
+    """
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
+    except (pa.ArrowInvalid, KeyError, TypeError) as e:
+        raise Corruption("metadata", f"a collection's type does not decode: {e}") from e
 
 
 @functools.lru_cache(maxsize=1024)
@@ -215,6 +266,9 @@ def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
         if field.name == "time" and col.type == pa.int64():
             col = _int64_times(col)
         elif col.type != field.type:
+            if not _castable_kind(col.type, field.type):
+                raise SchemaMismatch(f"column {field.name!r} of type {col.type} is not "
+                                     f"{field.type} (only widening within one kind is cast)")
             try:
                 col = col.cast(field.type, safe=True)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:

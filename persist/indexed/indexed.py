@@ -83,10 +83,14 @@ class Txn:
     def stage(self, op: Op) -> None:
         """Checks ``op`` (its types, then against the working copy) and applies it, or raises
         InvalidUsage and changes nothing."""
-        check_op(op)
         if isinstance(op, Register) and not op.collection.name:
             raise InvalidUsage("a collection name must be a non-empty string")
-        check(self.collections, op)
+        try:
+            check(self.collections, op)  # the rules, with their own messages
+        except TypeError:  # a field of a type the rules cannot even compare: name it
+            check_op(op)
+            raise
+        check_op(op)
         apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
         self.ops.append(op)
 

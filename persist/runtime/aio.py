@@ -154,26 +154,25 @@ class AsyncReadHandle:
         return self.sync.upper
 
     def snapshot(self, as_of: int) -> AsyncSnapshot:
-        """Mirrors ``ReadHandle.snapshot``, but lazily and without ``timeout``.
-
-        Nothing is checked or read here: each await on the result takes a fresh snapshot as
-        of ``as_of`` and raises there (InvalidUsage outside ``[since, upper)``). To wait for a
-        seal first, use :meth:`wait_for_upper`.
-        """
-        return AsyncSnapshot(self.sync, as_of)
-
-    async def wait_for_upper(self, beyond: int, timeout: float | None = None) -> int:
-        """Waits, in a worker thread, until ``upper > beyond``; returns the new upper.
-
-        Implemented as ``sync.snapshot(beyond, timeout=timeout)``, so it has that call's rules.
+        """Mirrors ``ReadHandle.snapshot`` (without ``timeout``; see :meth:`wait_for_upper`):
+        checked at the call, like the sync one; awaiting its methods reads in a worker thread.
 
         Raises:
-            Timeout: upper did not pass ``beyond`` within ``timeout``.
-            InvalidUsage: ``beyond`` is below since; or ``timeout`` is None and upper is not
-                yet past ``beyond`` (it does not wait without a timeout).
+            InvalidUsage: ``as_of`` is not a time or lies outside ``[since, upper)``.
         """
-        await asyncio.to_thread(self.sync.snapshot, beyond, timeout=timeout)
-        return self.sync.upper
+        return AsyncSnapshot(self.sync.snapshot(as_of))
+
+    async def wait_for_upper(self, beyond: int, timeout: float | None = None) -> int:
+        """Mirrors ``ReadHandle.wait_for_upper`` (waits in a worker thread): returns the upper
+        once it passes ``beyond``; with ``timeout`` None it waits as long as it takes.
+
+        Raises:
+            InvalidUsage: ``beyond`` is not a time.
+            Timeout: upper did not pass ``beyond`` within ``timeout``.
+            RuntimeShutdown: the client stopped while waiting.
+        """
+        upper: int = await asyncio.to_thread(self.sync.wait_for_upper, beyond, timeout=timeout)
+        return upper
 
     async def listen(self, as_of: int, *, poll: float = 0.5) -> AsyncIterator[ListenEvent]:
         """Mirrors ``ReadHandle.listen`` as an async iterator; ``poll`` defaults to 0.5 s.
@@ -197,28 +196,24 @@ class AsyncReadHandle:
 
 
 class AsyncSnapshot:
-    """A deferred ``ClientSnapshot`` as of ``as_of``: each await re-snapshots, in a worker
-    thread, against the newest state (retrying if GC removed a part mid-read).
+    """A ``ClientSnapshot`` (taken, and checked, when created) read in worker threads.
 
     Raises (on each await):
-        InvalidUsage: ``as_of`` is outside ``[since, upper)`` at that moment.
         PartMissing: GC removed parts on every retry.
     """
 
-    def __init__(self, read: sync.ReadHandle, as_of: int) -> None:
-        self._read = read
-        self.as_of = as_of
+    def __init__(self, snapshot: sync.ClientSnapshot) -> None:
+        """Wraps ``snapshot``; reading happens on await."""
+        self.sync = snapshot
+        self.as_of = snapshot.as_of
 
     async def to_arrow(self) -> pa.Table:
         """Mirrors ``ClientSnapshot.to_arrow``: consolidated contents, sorted."""
-        table: pa.Table = await asyncio.to_thread(
-            lambda: self._read.snapshot(self.as_of).to_arrow()
-        )
+        table: pa.Table = await asyncio.to_thread(self.sync.to_arrow)
         return table
 
     async def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
         """Mirrors ``ClientSnapshot.to_python``: ``((key, value), as_of, diff)`` tuples."""
         rows: list[tuple[tuple[Any, Any], int, int]] = await asyncio.to_thread(
-            lambda: self._read.snapshot(self.as_of).to_python()
-        )
+            self.sync.to_python)
         return rows

@@ -404,6 +404,29 @@ class ReadHandle(_Handle):
                 )
         return ClientSnapshot(self, as_of)
 
+    def wait_for_upper(self, beyond: int, *, timeout: float | None = None) -> int:
+        """Blocks until the collection's upper passes ``beyond``; returns the upper then.
+
+        Args:
+            beyond: a time; returns once ``upper > beyond`` (at once if it already is).
+            timeout: seconds to wait at most; None waits as long as it takes.
+
+        Raises:
+            InvalidUsage: ``beyond`` is not a time, or called inside a running asyncio loop.
+            Timeout: upper did not pass ``beyond`` within ``timeout``.
+            RuntimeShutdown: the client stopped while waiting.
+        """
+        check_time("wait_for_upper beyond", beyond)
+        if self.upper > beyond:
+            return self.upper
+        forbid_in_event_loop("wait_for_upper()")
+        got = self.client._wait_for(
+            lambda s: collection(s.collections, self.name).upper > beyond, timeout)
+        if got is None:
+            raise Timeout(f"{self.name!r} did not seal past {beyond} within {timeout}s "
+                          f"(upper is {self.upper})")
+        return collection(got.collections, self.name).upper
+
     def listen(self, as_of: int, *, poll: float = 1.0) -> Listener:
         """Every update at times > ``as_of``, in seal order, each followed by progress.
 

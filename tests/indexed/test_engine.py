@@ -104,8 +104,12 @@ def test_arrow_input_is_cast_vectorized_and_checked() -> None:
         ix.write({"c": pa.table({"key": ["a"]})})
     with pytest.raises(InvalidUsage, match="negative time"):
         ix.write({"c": t.set_column(2, "time", pa.array([-1, 3], pa.int64()))})
-    with pytest.raises(SchemaMismatch, match="does not cast"):
-        ix.write({"c": t.set_column(1, "value", pa.array(["x", "y"]))})
+    # only widening within a kind is cast: pyarrow would parse "1" or truncate 1.5 silently
+    for other in (pa.array(["1", "2"]), pa.array([1.0, 2.5]), pa.array([True, False])):
+        with pytest.raises(SchemaMismatch, match="'value' of type .* is not int64"):
+            ix.write({"c": t.set_column(1, "value", other)})
+    with pytest.raises(SchemaMismatch, match="does not cast"):  # a uint64 beyond int64
+        ix.write({"c": t.set_column(3, "diff", pa.array([2**64 - 1, 1], pa.uint64()))})
 
 
 # -- bad input: typed errors that change nothing ------------------------------------------

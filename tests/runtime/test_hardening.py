@@ -223,3 +223,74 @@ def test_leak_grace_must_outlast_the_commit_deadline() -> None:
     with pytest.raises(InvalidUsage, match="leak_grace_seconds"):
         Options(commit_deadline_seconds=60.0, leak_grace_seconds=100.0)
     assert Options(leak_grace_seconds=None).leak_grace_seconds is None
+
+
+class Event(msgspec.Struct):
+    """A value type stored as msgpack."""
+
+    amount: int
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    (1.5, 1), (True, 1), ("1", 1), (1, 2.5), (1, "1"), (1, b"1"),
+])
+def test_keys_and_values_that_do_not_fit_are_refused(tmp_path: Path, key: object,
+                                                     value: object) -> None:
+    """pyarrow converts silently (1.5 into int64 is 1, True into float64 1.0); persist refuses."""
+    with persist.open(tmp_path / "loc", reentrance_id="a") as client:
+        w, r = client.create_or_load("c", **KV)
+        with pytest.raises(SchemaMismatch, match="does not fit"):
+            w.append([((key, value), 0, 1)], upper=1).result()
+        assert r.upper == 0
+
+
+def test_python_typed_values_are_checked_when_written_not_when_read(tmp_path: Path) -> None:
+    """A value that does not fit its msgspec type used to be stored, and every read of the
+    collection then failed with msgspec's own ValidationError."""
+    with persist.open(tmp_path / "loc", reentrance_id="a") as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=Event)
+        for bad in (42, Event("x"), {"amount": "x"}):  # type: ignore[arg-type]
+            with pytest.raises(SchemaMismatch, match="does not encode as"):
+                w.append([((1, bad), 0, 1)], upper=1).result()
+        w.append([((1, Event(5)), 0, 1)], upper=1).result()
+        assert r.snapshot(0).to_python() == [((1, Event(5)), 0, 1)]
+
+
+def test_arrow_columns_are_cast_only_within_a_kind(tmp_path: Path) -> None:
+    with persist.open(tmp_path / "loc", reentrance_id="a") as client:
+        w, r = client.create_or_load("c", **KV)
+        base = {"key": pa.array([1], pa.int32()), "value": [1],
+                "time": pa.array([0], pa.uint64()), "diff": [1]}
+        for name, col in (("key", pa.array([True])), ("value", pa.array(["1"])),
+                          ("value", pa.array([1.0]))):
+            with pytest.raises(SchemaMismatch, match=f"'{name}' of type"):
+                w.append(pa.table({**base, name: col}), upper=1).result()
+        w.append(pa.table(base), upper=1).result()  # int32 -> int64 widens
+        assert r.snapshot(0).to_python() == [((1, 1), 0, 1)]
+
+
+def test_async_wait_for_upper_waits_and_async_snapshots_check_at_the_call(
+    tmp_path: Path,
+) -> None:
+    """wait_for_upper(timeout=None) raised InvalidUsage at once instead of waiting, and an
+    AsyncSnapshot outside [since, upper) was accepted until awaited."""
+    import asyncio
+    import threading
+
+    async def main() -> None:
+        client = await persist.aio.open(tmp_path / "loc", reentrance_id="a")
+        try:
+            w, r = await client.create_or_load("c", **KV)
+            with pytest.raises(InvalidUsage, match="not below its upper"):
+                r.snapshot(0)
+            timer = threading.Timer(0.2, lambda: w.sync.append([((1, 1), 0, 1)], upper=3))
+            timer.start()
+            assert await r.wait_for_upper(1) == 3  # no timeout: waits for the seal
+            timer.join()
+            assert await r.snapshot(2).to_python() == [((1, 1), 2, 1)]
+            with pytest.raises(persist.Timeout):
+                await r.wait_for_upper(5, timeout=0.05)
+        finally:
+            await client.stop()
+
+    asyncio.run(main())
