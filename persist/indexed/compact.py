@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from persist import crashpoints
 from persist.blob.base import Blob
+from persist.errors import InvalidUsage
 from persist.indexed import columnar
 from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
 from persist.indexed.read import PartReader, Types
@@ -32,10 +33,25 @@ FANIN = 4
 
 @dataclass(frozen=True)
 class CompactionPolicy:
+    """When to merge (see the module docstring). Behaviour-preserving like every option.
+
+    Raises:
+        InvalidUsage: (on construction) a value that is not an integer in range.
+    """
+
+    #: Merge once a level holds this many parts (>= 2). Large: compaction (nearly) never runs.
     fanin: int = FANIN
+    #: Parts of this many rows or more are never merged again (>= 1). Small: many small parts.
     final_rows: int = 1 << 19
-    #: Inline parts are flushed into a blob part once they hold this many bytes together.
+    #: Inline parts are flushed into a blob part once they hold this many bytes together (>= 0).
     inline_flush_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name, lo in (("fanin", 2), ("final_rows", 1), ("inline_flush_bytes", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise InvalidUsage(f"CompactionPolicy.{name} must be an integer >= {lo}, "
+                                   f"not {value!r}")
 
 
 def level(p: PartMeta) -> int:

@@ -393,9 +393,10 @@ class Indexed:
         self.state = new_state
         return new_state
 
-    def check_deadline(self, written_at: float | None) -> None:
+    def check_deadline(self, written_at: float | None, *, fraction: float = 1.0) -> None:
         """Refuses to send a commit referencing data blobs written (``time.monotonic()``) at
-        ``written_at``, if that is longer ago than the commit deadline.
+        ``written_at``, if that is longer ago than the commit deadline (times ``fraction``:
+        the runtime admits a merge into a group only with half the deadline left).
 
         Raises:
             CommitDeadline: (a Determinate) the commit must not be sent.
@@ -403,7 +404,7 @@ class Indexed:
         if written_at is None:
             return
         age = time.monotonic() - written_at
-        deadline = self.options.commit_deadline_seconds
+        deadline = self.options.commit_deadline_seconds * fraction
         if age > deadline:
             raise CommitDeadline(
                 f"not committing: its data blobs were written {age:.3g}s ago, past the commit "

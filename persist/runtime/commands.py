@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from persist.errors import InvalidUsage
 from persist.indexed.columnar import Codec
+from persist.indexed.indexed import Options
 from persist.indexed.meta import Op, PartMeta
 
 
@@ -98,8 +99,17 @@ class Maintenance:
 
 
 @dataclass(frozen=True, eq=False)
+class SetOptions:
+    """Replaces the engine's options (``Client.set_options``). Ordered like any command:
+    everything queued before it commits under the old options, everything after under the new."""
+
+    options: Options
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
 class Stop:
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
-Command = Apply | Register | Maintenance | Stop
+Command = Apply | Register | Maintenance | SetOptions | Stop

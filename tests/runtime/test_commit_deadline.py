@@ -141,3 +141,27 @@ def test_a_commit_landing_past_the_deadline_is_logged(tmp_path: Path,
         ix.write({"c": rows(10, 0)})
     assert "past the commit deadline" in caplog.text
     assert len(Indexed.open(blob.read_only()).state.collections["c"].parts) == 1  # it landed
+
+
+def test_a_merge_is_admitted_to_a_group_only_with_half_its_deadline_left() -> None:
+    """A merge staged with little time to spare passed the staging check, then failed the
+    group's own check after the group wrote its data, failing every write in the group with
+    CommitDeadline (seen by the knob matrix's nemesis on a loaded machine). It is now refused
+    alone unless half the deadline is left."""
+    from persist.runtime import commands as cmd
+
+    blob = MemoryBlob(uuid.uuid4().hex)
+    ix = Indexed.open(blob, epoch=1, writer="w", options=Options(commit_deadline_seconds=1.0))
+    ix.fence()
+    ix.register("c", pa.int64(), pa.int64())
+    runtime = Runtime(ix, lock=None, lease=None, maintenance=False)
+    try:
+        late = runtime.submit(cmd.Maintenance((), written_at=time.monotonic() - 0.6))
+        write = runtime.submit(cmd.Apply(writes=(("c", rows(3, 0)),)))
+        with pytest.raises(CommitDeadline):
+            late.result(10)
+        write.result(10)
+        fresh = runtime.submit(cmd.Maintenance((), written_at=time.monotonic() - 0.1))
+        fresh.result(10)
+    finally:
+        runtime.stop()
