@@ -63,11 +63,12 @@ def test_s3_lock_outage_ends_open_within_lock_timeout(aws_options: dict[str, Any
 
 @pytest.mark.dynamodb
 def test_dynamodb_lock_outage_ends_open_within_lock_timeout(
-    aws_options: dict[str, Any], s3_endpoint: str, bucket: str, dynamodb_table: str
+    aws_options: dict[str, Any], dynamodb_endpoint: str, bucket: str, dynamodb_table: str
 ) -> None:
-    with FaultyProxy(s3_endpoint, dynamodb_put_items) as proxy:
+    # NB: DynamoDB's own endpoint: beside SeaweedFS it is not the S3 one
+    with FaultyProxy(dynamodb_endpoint, dynamodb_put_items) as proxy:
         err = _open_fails_in_time(f"s3://{bucket}/loc", {
-            **aws_options, "endpoint_url": proxy.url, "lock_table": dynamodb_table})
+            **aws_options, "dynamodb_endpoint_url": proxy.url, "lock_table": dynamodb_table})
         assert proxy.failed >= 2
     assert "lock" in str(err)
     assert "InternalServerError" in str(err)

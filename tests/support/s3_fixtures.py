@@ -54,6 +54,12 @@ def s3_endpoint(s3_server: Server) -> str:
 
 
 @pytest.fixture(scope="session")
+def dynamodb_endpoint(s3_server: Server) -> str:
+    """Where DynamoDB answers: the S3 endpoint, except beside SeaweedFS (its own ministack)."""
+    return s3_server.dynamodb_endpoint_url or s3_server.endpoint_url
+
+
+@pytest.fixture(scope="session")
 def s3_connection(s3_server: Server) -> dict[str, str]:
     """storage_options that only connect (strings: they may travel as Spark options)."""
     return s3_server.connection()
