@@ -121,6 +121,7 @@ class FaultPlan:
             self._faults = table
 
     def faults(self, op: str) -> Faults:
+        """The fault rates in force for operation ``op``."""
         return self._faults[op]
 
     # -- outages ----------------------------------------------------------------------------
@@ -132,12 +133,14 @@ class FaultPlan:
         log.info("%s: storage outage begins", self.name)
 
     def end_outage(self) -> None:
+        """Ends one :meth:`start_outage` (outages nest; the last end restores service)."""
         with self._lock:
             self._outage = max(0, self._outage - 1)
         log.info("%s: storage outage ends", self.name)
 
     @property
     def in_outage(self) -> bool:
+        """True while at least one outage is in force."""
         return self._outage > 0
 
     # -- the dice ---------------------------------------------------------------------------

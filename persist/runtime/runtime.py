@@ -73,15 +73,20 @@ class Published:
 
     @property
     def state(self) -> State:
+        """The newest published state (a frozen snapshot; safe to read from any thread)."""
         return self._state
 
     def publish(self, state: State) -> None:
+        """Makes ``state`` the newest, unless a newer seq was published already; wakes every
+        waiter either way."""
         with self._cond:
             if state.seq >= self._state.seq:
                 self._state = state
             self._cond.notify_all()
 
     def close(self, why: BaseException) -> None:
+        """Marks the publisher stopped because of ``why``: current and later waits raise
+        RuntimeShutdown."""
         with self._cond:
             self.closed = why
             self._cond.notify_all()
@@ -114,21 +119,25 @@ class LocalHolds:
         self._next = 0
 
     def add(self, name: str, frontier: int) -> int:
+        """Holds collection ``name`` back at ``frontier``; returns the token of the hold."""
         with self._lock:
             self._next += 1
             self._holds[self._next] = (name, frontier)
             return self._next
 
     def update(self, token: int, frontier: int) -> None:
+        """Moves hold ``token`` to ``frontier``."""
         with self._lock:
             name, _ = self._holds[token]
             self._holds[token] = (name, frontier)
 
     def remove(self, token: int) -> None:
+        """Releases hold ``token`` (idempotent)."""
         with self._lock:
             self._holds.pop(token, None)
 
     def frontier(self, name: str) -> int | None:
+        """The lowest hold on collection ``name``, or None if it has none."""
         with self._lock:
             fs = [f for n, f in self._holds.values() if n == name]
         return min(fs) if fs else None
@@ -591,10 +600,12 @@ class Runtime:
 
     @property
     def stopped(self) -> bool:
+        """True once the runtime thread has ended (stopped, or stopped itself)."""
         return self._stopped.is_set()
 
     @property
     def poisoned(self) -> BaseException | None:
+        """The error that made the runtime fail-stop, or None while it is healthy."""
         return self._poisoned
 
     def gauges(self) -> metrics.WriterGauges | None:
@@ -616,4 +627,5 @@ class Runtime:
         )
 
     def describe(self) -> dict[str, Any]:
+        """Counters of what the runtime did (commits, groups, maintenance), for diagnostics."""
         return dict(self.stats)
