@@ -428,7 +428,7 @@ class Indexed:
         """Registers ``name`` with its types, or checks them if it exists (create_or_load)."""
         if not isinstance(name, str) or not name:
             raise InvalidUsage(f"collection name must be a non-empty string, not {name!r}")
-        k, v = Codec.of(key_type), Codec.of(value_type)
+        k, v = Codec.of(key_type, "key"), Codec.of(value_type, "value")
         existing = self.state.collections.get(name)
         if existing is not None:
             check_types(existing, k, v)
@@ -576,9 +576,7 @@ def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> Col
 
 def check_types(c: CollectionMeta, k: Codec, v: Codec) -> None:
     have = Types.of(c)
-    if (have.key.arrow_type, have.key.name, have.value.arrow_type, have.value.name) != (
-        k.arrow_type, k.name, v.arrow_type, v.name
-    ):
+    if not (have.key.accepts(k) and have.value.accepts(v)):
         raise SchemaMismatch(
             f"collection {c.name!r} is registered as key {have.key.name or have.key.arrow_type}, "
             f"value {have.value.name or have.value.arrow_type}; asked for key "

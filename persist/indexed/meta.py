@@ -10,19 +10,32 @@ not grow with history or with the number of collections; rollups bound the repla
 
 Format versions: every record carries ``version``. A reader refuses a version newer than
 ``FORMAT_VERSION`` with :class:`IncompatibleFormat` and keeps reading every older one;
-``tests/golden/`` pins the bytes of version 1.
+``tests/golden/`` pins the bytes of versions 1 and 2.
+
+Version 2 is records (:mod:`persist.indexed.records`): a collection whose key or value type is
+not one of version 1's ten types, or a ``msgspec.Struct`` stored as an Arrow struct. A record
+is written as version 2 exactly when it carries such a collection (:func:`required_version`): a
+commit with a ``Register`` of one, a rollup holding one. Everything else stays version 1 byte
+for byte, so a location without records stays readable by a persist that predates them, and
+one with records is refused by it at the record that introduces them (every later record of
+that collection is only reachable through it).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, TypeAlias
 
 import msgspec
 
 from persist import layout
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
+from persist.indexed import columnar, records
 
-FORMAT_VERSION = 1
+#: The newest metadata format this persist reads (and writes for records).
+FORMAT_VERSION = 2
+#: The format of metadata records that carry no version-2 feature.
+BASE_FORMAT_VERSION = 1
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,7 +145,7 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     An empty ``ops`` is a fence: the new holder of the lock claiming the log.
     """
 
-    version: int = FORMAT_VERSION
+    version: int = BASE_FORMAT_VERSION
     seq: int
     epoch: int
     writer: str
@@ -152,7 +165,7 @@ class Retired(msgspec.Struct, frozen=True):
 class State(msgspec.Struct, frozen=True, kw_only=True):
     """The whole metadata state of a location as of ``seq`` (a rollup)."""
 
-    version: int = FORMAT_VERSION
+    version: int = BASE_FORMAT_VERSION
     seq: int = 0
     epoch: int = 0
     writer: str = ""
@@ -179,8 +192,37 @@ _OP_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {
 
 
 def encode(record: Commit | State) -> bytes:
-    """Returns the stored bytes of ``record`` (msgpack)."""
+    """Returns the stored bytes of ``record`` (msgpack), its ``version`` raised to
+    :func:`required_version` if it is lower."""
+    need = required_version(record)
+    if need > record.version:
+        record = msgspec.structs.replace(record, version=need)
     return _ENC.encode(record)
+
+
+def required_version(record: Commit | State) -> int:
+    """The lowest format version that can carry ``record``: 2 if it registers (a commit) or
+    holds (a rollup) a collection of version-2 types, else 1."""
+    if isinstance(record, Commit):
+        colls: Any = (op.collection for op in record.ops if isinstance(op, Register))
+    else:
+        colls = record.collections.values()
+    return max((collection_version(c) for c in colls), default=BASE_FORMAT_VERSION)
+
+
+def collection_version(c: CollectionMeta) -> int:
+    """2 for a collection of version-2 types (see the module docstring), else 1."""
+    v2 = _type_is_v2(c.key_type) or _type_is_v2(c.value_type)
+    return FORMAT_VERSION if v2 else BASE_FORMAT_VERSION
+
+
+@functools.lru_cache(maxsize=1024)
+def _type_is_v2(type_bytes: bytes) -> bool:
+    try:
+        t = columnar.deserialize_type(type_bytes)
+    except Corruption:
+        return False  # not a type at all: the reader reports that, not the version check
+    return records.is_v2_type(t)
 
 
 def check_op(op: Op) -> None:
@@ -211,7 +253,7 @@ def encode_commit_checked(key: str, commit: Commit) -> bytes:
         InvalidUsage: the record does not survive a round trip; it must not be written.
     """
     try:
-        data = _ENC.encode(commit)
+        data = encode(commit)
         again = _ENC.encode(decode_commit(key, data))
     except (TypeError, OverflowError, msgspec.EncodeError, Corruption) as e:
         raise InvalidUsage(f"refusing to write commit {key}: its record would not decode "

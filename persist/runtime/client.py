@@ -121,7 +121,7 @@ class Client:
         """
         if not isinstance(name, str) or not name:
             raise InvalidUsage(f"a collection name must be a non-empty str, not {name!r}")
-        k, v = Codec.of(key_type), Codec.of(value_type)
+        k, v = Codec.of(key_type, "key"), Codec.of(value_type, "value")
         if self._runtime is not None:
             forbid_in_event_loop("create_or_load()")
             self._runtime.submit(cmd.Register(name, k, v)).result()
