@@ -32,6 +32,7 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.indexed import Options
+from persist.indexed.records import arrow, decimal
 from persist.location import open
 from persist.runtime.client import (
     Client,
@@ -74,5 +75,7 @@ __all__ = [
     "UnknownCollection",
     "WriteHandle",
     "aio",
+    "arrow",
+    "decimal",
     "open",
 ]

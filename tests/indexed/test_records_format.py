@@ -24,13 +24,13 @@ UTC = datetime.UTC
 
 class Line(msgspec.Struct):
     sku: str
-    qty: Annotated[int, records.arrow(pa.int32())]
+    qty: Annotated[int, persist.arrow(pa.int32())]
     tags: list[str]
 
 
 class Order(msgspec.Struct):
     id: int
-    amount: Annotated[decimal.Decimal, records.decimal(12, 2)]
+    amount: Annotated[decimal.Decimal, persist.decimal(12, 2)]
     at: datetime.datetime
     day: datetime.date | None
     lines: list[Line]
