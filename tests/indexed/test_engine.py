@@ -106,7 +106,7 @@ def test_arrow_input_is_cast_vectorized_and_checked() -> None:
         ix.write({"c": t.set_column(2, "time", pa.array([-1, 3], pa.int64()))})
     # only widening within a kind is cast: pyarrow would parse "1" or truncate 1.5 silently
     for other in (pa.array(["1", "2"]), pa.array([1.0, 2.5]), pa.array([True, False])):
-        with pytest.raises(SchemaMismatch, match="'value' of type .* is not int64"):
+        with pytest.raises(SchemaMismatch, match=r"'value' of type .* is not int64"):
             ix.write({"c": t.set_column(1, "value", other)})
     with pytest.raises(SchemaMismatch, match="does not cast"):  # a uint64 beyond int64
         ix.write({"c": t.set_column(3, "diff", pa.array([2**64 - 1, 1], pa.uint64()))})
