@@ -48,8 +48,11 @@ class PersistDataSource(DataSource):
         NB: Spark calls this once, when the DataFrame is created; the newest sealed time is
         pinned here, so every action on one batch DataFrame reads the same definite snapshot.
         """
-        opts = ReadOptions.parse(self.options)
-        c = collection(load_state(opts.target).collections, opts.target.collection)
+        # NB: Spark calls schema() for batch and stream reads alike, before it says which:
+        # options of either are accepted here, and reader()/streamReader() check their own.
+        opts = ReadOptions.parse(self.options, "any-read")
+        c = collection(load_state(opts.target, must_exist=True).collections,
+                       opts.target.collection)
         if opts.as_of is None and c.upper > 0:
             self.pinned_as_of = c.upper - 1
         return CollectionTypes.of(c).spark_schema
@@ -62,7 +65,8 @@ class PersistDataSource(DataSource):
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
-        return PersistBatchReader(ReadOptions.parse(self.options), schema, self.pinned_as_of)
+        return PersistBatchReader(ReadOptions.parse(self.options, "read"), schema,
+                                  self.pinned_as_of)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A micro-batch reader of the collection's updates as its upper advances.
@@ -72,7 +76,7 @@ class PersistDataSource(DataSource):
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
-        return PersistStreamReader(ReadOptions.parse(self.options), schema)
+        return PersistStreamReader(ReadOptions.parse(self.options, "stream"), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer; creates the collection if it does not exist (taking the lock).

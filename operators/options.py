@@ -7,11 +7,19 @@ lower-cased (``maxRowsPerTrigger`` is ``maxrowspertrigger``): every lookup here 
 ``storage_options={name: value}`` ("true"/"false" become booleans).
 
 The location is the path given to ``load()``/``save()`` (or a ``path`` option).
+
+Every option is validated: a key that the mode (batch read, stream read, batch write, stream
+write) does not know is :class:`~persist.errors.InvalidUsage` naming it and listing the
+supported ones (:func:`check_keys`), so a misspelling never silently falls back to a default.
+Spark adds keys of its own, found by experiment (pyspark 4.3): ``path`` (the ``load``/``save``
+argument) everywhere; for a streaming write also ``checkpointLocation`` (when given as an
+option) and ``queryName`` (when the query is named). Those are accepted where Spark passes them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,6 +30,89 @@ from persist.errors import InvalidUsage
 STORAGE_PREFIX = "storage_options."
 
 Mode = Literal["consolidated", "raw"]
+
+#: Which options a mode accepts: a batch read, a stream read, either (``schema()`` runs
+#: before Spark says which), a batch write, a stream write.
+Kind = Literal["read", "stream", "any-read", "write", "stream-write"]
+
+#: Every mode: the location (Spark passes the ``load``/``save`` argument as ``path``) and the
+#: collection; ``storage_options.<name>`` keys are accepted on top of these.
+_COMMON = ("path", "collection")
+_BATCH_READ = ("as_of", "versionAsOf", "mode", "numPartitions", "partitionRows")
+_STREAM_READ = ("startingUpper", "maxRowsPerTrigger", "failOnDataLoss", "readHold",
+                "readHoldLockTimeout", "refreshInterval", "partitionRows")
+_WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout")
+#: Spark passes these to a streaming writer itself: ``checkpointLocation`` when the query's
+#: checkpoint is given as an option, ``queryName`` when the query is named.
+SPARK_STREAM_WRITE = ("checkpointLocation", "queryName")
+
+SUPPORTED: dict[Kind, tuple[str, ...]] = {
+    "read": _COMMON + _BATCH_READ,
+    "stream": _COMMON + _STREAM_READ,
+    "any-read": tuple(dict.fromkeys(_COMMON + _BATCH_READ + _STREAM_READ)),
+    "write": _COMMON + _WRITE + ("upper",),
+    "stream-write": _COMMON + _WRITE + ("sinkId",) + SPARK_STREAM_WRITE,
+}
+
+_WHAT: dict[Kind, str] = {
+    "read": "a persist batch read", "stream": "a persist stream read",
+    "any-read": "a persist read", "write": "a persist batch write",
+    "stream-write": "a persist stream write",
+}
+
+_CHANGE_FEED = (
+    "persist has no batch change feed (yet): a stream read (spark.readStream) delivers every "
+    "update with its time and diff, from the frontier startingUpper names"
+)
+
+#: Options other engines have that persist rejects with a reason, not just "unknown".
+_REJECTED = {
+    "timestampasof": (
+        "timestampAsOf is not supported: persist reads as of its own times, and it keeps no "
+        "durable map from wall-clock time to those times (the metadata log that records each "
+        "seal's wall clock is trimmed). Read as of a time with as_of (alias versionAsOf)"
+    ),
+    "readchangefeed": _CHANGE_FEED,
+    "startingversion": _CHANGE_FEED,
+    "endingversion": _CHANGE_FEED,
+    "startingtimestamp": _CHANGE_FEED,
+    "endingtimestamp": _CHANGE_FEED,
+    "paths": "persist reads one location: load() takes one URL, not a list",
+}
+
+
+def check_keys(options: Mapping[str, Any], kind: Kind) -> None:
+    """Every key of ``options`` is one that ``kind`` supports (case-insensitively), or a
+    ``storage_options.<name>``.
+
+    Raises:
+        InvalidUsage: naming the first unsupported key (with a close spelling if there is one)
+            and listing the supported ones.
+    """
+    supported = SUPPORTED[kind]
+    by_lower = {k.lower(): k for k in supported}
+    for key in sorted(str(k) for k in options):
+        low = key.lower()
+        if low in by_lower or (low.startswith(STORAGE_PREFIX) and len(low) > len(STORAGE_PREFIX)):
+            continue
+        listed = ", ".join(supported) + f", {STORAGE_PREFIX}<name>"
+        if low in _REJECTED:
+            what = _WHAT[kind]
+            raise InvalidUsage(f"option {key!r}: {_REJECTED[low]}. {what[0].upper()}{what[1:]} "
+                               f"supports: {listed}")
+        close = difflib.get_close_matches(low, list(by_lower), n=1, cutoff=0.75)
+        hint = f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+        where = _elsewhere(low, kind)
+        raise InvalidUsage(f"unknown option {key!r} for {_WHAT[kind]}{hint}{where}; "
+                           f"supported: {listed}")
+
+
+def _elsewhere(low: str, kind: Kind) -> str:
+    """`` (it applies to ...)`` when another mode supports ``low``."""
+    modes: Iterable[Kind] = ("read", "stream", "write", "stream-write")
+    others = [_WHAT[k].removeprefix("a persist ") for k in modes
+              if k != kind and low in {s.lower() for s in SUPPORTED[k]}]
+    return f" (it applies to {' and '.join(others)})" if others else ""
 
 
 def _get(options: Mapping[str, str], key: str) -> str | None:
@@ -140,14 +231,18 @@ class ReadOptions:
     refresh_interval: float | None
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
+    def parse(cls, options: Mapping[str, str], kind: Kind = "any-read") -> ReadOptions:
         """Parses and validates every read option (defaults: consolidated, earliest, 1 M
         partition rows, failOnDataLoss, a 10 s hold lock timeout; a 0 timeout means 10 s).
 
+        ``kind`` is ``"read"`` (batch), ``"stream"``, or ``"any-read"`` (either: what
+        ``DataSource.schema()`` sees, before Spark says which).
+
         Raises:
-            InvalidUsage: a missing target, a malformed or out-of-range value, or ``as_of``
-                and ``versionAsOf`` that disagree.
+            InvalidUsage: an option ``kind`` does not support, a missing target, a malformed
+                or out-of-range value, or ``as_of`` and ``versionAsOf`` that disagree.
         """
+        check_keys(options, kind)
         target = Target.parse(options)
         as_of = _int(options, "as_of")
         version = _int(options, "versionAsOf")
@@ -191,22 +286,27 @@ class WriteOptions:
     value_type: pa.DataType | None
     #: Batch: the upper to seal to (None: max time + 1).
     upper: int | None
-    #: Streaming: names this sink's progress record (default: the collection's name).
-    sink_id: str
+    #: Streaming: names this sink's progress record (None: derived from the streaming query's
+    #: id, so one per checkpoint; see :mod:`operators.sink`).
+    sink_id: str | None
     #: The writer lock's reentrance id (None: one per write job, retries in it re-enter).
     reentrance_id: str | None
     lock_timeout: float
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+    def parse(cls, options: Mapping[str, str], kind: Kind = "write") -> WriteOptions:
         """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s).
 
+        ``kind`` is ``"write"`` (batch) or ``"stream-write"``.
+
         Raises:
-            InvalidUsage: a missing target, a malformed value, or a ``key_type``/``value_type``
-                that is not an Arrow type persist stores and Spark reads.
+            InvalidUsage: an option ``kind`` does not support, a missing target, a malformed
+                value, or a ``key_type``/``value_type`` that is not an Arrow type persist
+                stores and Spark reads.
         """
         from operators.schema import parse_arrow_type
 
+        check_keys(options, kind)
         target = Target.parse(options)
         key_alias, value_alias = _get(options, "key_type"), _get(options, "value_type")
         sink_id = _get(options, "sinkId")
@@ -217,7 +317,7 @@ class WriteOptions:
             value_type=(parse_arrow_type(value_alias, option="value_type")
                         if value_alias else None),
             upper=_int(options, "upper"),
-            sink_id=sink_id.strip() if sink_id and sink_id.strip() else target.collection,
+            sink_id=sink_id.strip() if sink_id and sink_id.strip() else None,
             reentrance_id=rid.strip() if rid and rid.strip() else None,
             lock_timeout=_float(options, "lockTimeout") or 60.0,
         )

@@ -32,7 +32,7 @@ from operators import buckets
 from operators.options import Target
 from operators.schema import CollectionTypes, to_spark
 from persist.blob.base import BlobRead
-from persist.errors import InvalidUsage
+from persist.errors import InvalidUsage, MissingResource
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, PartReader, read_part_at
@@ -149,13 +149,27 @@ def _reader(target: Target) -> PartReader:
     return PartReader(blob_of(target), cache_bytes=0)
 
 
-def load_state(target: Target) -> State:
-    """The location's current metadata, read from its log (no lock, no threads)."""
-    return Machine(blob_of(target)).load()
+def load_state(target: Target, *, must_exist: bool = False) -> State:
+    """The location's current metadata, read from its log (no lock, no threads).
+
+    Args:
+        must_exist: a read: nothing ever committed at the URL (``seq == 0``, most likely a
+            mistyped URL) is an error, not an empty location. Writes create locations.
+
+    Raises:
+        MissingResource: ``must_exist`` and no location exists at ``target.url``.
+    """
+    state = Machine(blob_of(target)).load()
+    if must_exist and state.seq == 0:
+        raise MissingResource(
+            f"no persist location at {target.url!r}: nothing was ever committed there (a "
+            f"mistyped URL?), so it has no collection {target.collection!r}"
+        )
+    return state
 
 
 def _fresh(target: Target) -> CollectionMeta:
-    return collection(load_state(target).collections, target.collection)
+    return collection(load_state(target, must_exist=True).collections, target.collection)
 
 
 def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:
@@ -213,6 +227,16 @@ def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
                 ) from None
             parts = snapshot_parts(c, p.as_of)
     yield from _batches(to_spark(table, p.types.arrow_schema, time=p.as_of))
+
+
+def bucket_snapshot(p: BucketPartition) -> pa.Table:
+    """The consolidated contents of ``p`` (its bucket, as of ``as_of``) in the part schema,
+    read on the calling process (the overwrite's retraction, :mod:`operators.sink`).
+
+    Raises:
+        PartMissing: GC removed a part.
+    """
+    return _bucket_table(p, p.parts)
 
 
 def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:

@@ -15,9 +15,21 @@ has them:
    ``Client.apply``: all of the job's updates land at once, or none do.
 
 A streaming sink also records, in the same atomic apply, the micro-batch's ``batchId`` in the
-collection ``__sink_progress`` (key: the ``sinkId``, value: the last committed batchId). A
+collection ``__sink_progress`` (key: the sink id, value: the last committed batchId). A
 replayed micro-batch whose batchId is not above the recorded one is dropped, so a batch lands
 exactly once however often Spark retries it.
+
+The sink id is, by default, ``<collection>@<query id>``: the streaming query's ``id``, which
+Spark keeps in the checkpoint (stable across restarts from it, new for a fresh one). A Python
+writer is not told the id, but every write task sees it as the Spark local property
+``sql.streaming.queryId`` (checked with pyspark 4.3), so each task returns it with its staged
+part. A fresh checkpoint is thereby a new sink whose batchIds start over at 0 and land. An
+explicit ``sinkId`` also records the query id (in ``__sink_queries``), so a query from another
+checkpoint whose batchIds go back under it fails loudly instead of being dropped as replays.
+
+``mode("overwrite")`` (batch only) replaces a collection's contents as a diff at one new time
+``T`` (its upper): the retraction of the snapshot as of ``T - 1`` plus the new rows, sealed in
+one apply (:meth:`PersistBatchWriter.commit`).
 """
 
 from __future__ import annotations
@@ -31,18 +43,19 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 import persist
 from operators.options import Target, WriteOptions
-from operators.partitions import blob_of, load_state
+from operators.partitions import BucketPartition, blob_of, bucket_snapshot, load_state
 from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema
 from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
 from persist.indexed import gc, meta, write
-from persist.indexed.columnar import Codec, from_updates
+from persist.indexed.columnar import Codec, constant_times, from_updates
 from persist.indexed.meta import AddPart, CollectionMeta, PartMeta
 from persist.location import resolve
 
@@ -58,6 +71,17 @@ log = logging.getLogger("persist.spark")
 #: The collection where streaming sinks record their last committed batchId.
 PROGRESS = "__sink_progress"
 
+#: The collection where a sink with an explicit ``sinkId`` records the streaming query (its
+#: ``id``, one per checkpoint) that last committed under it.
+QUERIES = "__sink_queries"
+
+#: The Spark local property that holds a streaming query's id in its write tasks.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+#: Overwrite: the retraction is consolidated in key-hash buckets of about this many rows, one
+#: at a time, so the driver never holds much more than one bucket of the old contents.
+RETRACT_ROWS_PER_BUCKET = 2_000_000
+
 #: Tasks' parts up to this size ride inline in the commit message (and the metadata commit);
 #: larger ones go to their own blob. Kept below the writer's default so that a job of many
 #: tasks does not make one huge metadata commit.
@@ -69,6 +93,17 @@ class Staged(WriterCommitMessage):
     """One task's data: a part stored (or inline) but referenced by no commit yet."""
 
     part: PartMeta | None
+    #: The streaming query's id, as the task saw it (None: a batch job, or not known).
+    query_id: str | None = None
+
+
+def _task_query_id() -> str | None:
+    """The id of the streaming query this task belongs to (None outside one)."""
+    ctx = TaskContext.get()
+    if ctx is None:
+        return None
+    qid = ctx.getLocalProperty(QUERY_ID_PROPERTY)
+    return qid or None
 
 
 # -- executors ------------------------------------------------------------------------------
@@ -79,8 +114,13 @@ def _writable(url: str, storage: tuple[tuple[str, object], ...]) -> Blob:
     return resolve(url, storage_options=dict(storage)).blob
 
 
-def stage(target: Target, types: CollectionTypes, batches: Iterator[Any]) -> Staged:
-    """Encodes a task's rows as one part and stores it (a Spark task's whole job)."""
+def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
+          at: int | None = None) -> Staged:
+    """Encodes a task's rows as one part and stores it (a Spark task's whole job).
+
+    ``at``: every row's time is set to it (an overwrite lands at one time).
+    """
+    qid = _task_query_id()
     tables: list[pa.Table] = []
     rows: list[dict[str, Any]] = []
     for b in batches:
@@ -92,8 +132,12 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any]) -> Sta
     if rows:  # pragma: no cover
         tables.append(pa.Table.from_pylist(rows))
     if not tables:
-        return Staged(None)
+        return Staged(None, qid)
     table = pa.concat_tables(tables, promote_options="permissive")
+    if at is not None:
+        i = table.schema.get_field_index("time")
+        if i >= 0:
+            table = table.set_column(i, "time", pa.repeat(pa.scalar(at, pa.int64()), len(table)))
     schema = types.part_schema
     updates = from_updates(table, schema, Codec(schema.field("key").type),
                            Codec(schema.field("value").type))
@@ -101,7 +145,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any]) -> Sta
                        value_type=types.value_type)
     part = write.new_part(_writable(target.url, target.storage), c, updates,
                           inline_threshold=INLINE_BYTES, consolidated=False, staged=True)
-    return Staged(part)
+    return Staged(part, qid)
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -223,20 +267,33 @@ def _added_since(target: Target, client: persist.Client, seq: int, ids: set[str]
 
 
 class PersistBatchWriter(DataSourceArrowWriter):
-    """``df.write.format("persist")``: one atomic apply of every task's part plus the seal."""
+    """``df.write.format("persist")``: one atomic apply of every task's part plus the seal.
+
+    ``mode("append")`` adds the DataFrame's updates at their times. ``mode("overwrite")``
+    replaces the collection's contents, as a diff at one new time ``T`` (the collection's upper
+    when the write starts): the DataFrame's rows land at ``T`` (their ``time`` column is not
+    used), together with the retraction of the snapshot as of ``T - 1``, and the seal — one
+    apply, so readers see the old contents or the new ones, and history before ``T`` stays
+    readable.
+    """
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
-        if overwrite:
-            raise InvalidUsage(
-                "persist collections are append-only: write with mode('append'), and express "
-                "deletions as updates with negative diffs"
-            )
-        self.opts = WriteOptions.parse(options)
+        self.opts = WriteOptions.parse(options, "write")
         # NB: one reentrance id per write job, chosen on the driver and pickled to the commit:
         # a retried commit of this job re-enters the lock at once instead of waiting for the
         # lease of a crashed attempt to lapse.
         self.rid = self.opts.reentrance_id or f"persist-spark-write:{uuid.uuid4().hex}"
         self.types = prepare(self.opts, schema, self.rid)
+        #: Overwrite: the one time everything lands at (None: append).
+        self.at: int | None = None
+        if overwrite:
+            target = self.opts.target
+            self.at = load_state(target).collections[target.collection].upper
+            if self.opts.upper is not None and self.opts.upper <= self.at:
+                raise InvalidUsage(
+                    f"overwrite of {target.collection!r} lands at its upper {self.at}: option "
+                    f"upper={self.opts.upper} must be above it"
+                )
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Staged:
         """A task: stages its rows as one part (see :func:`stage`); nothing is visible yet.
@@ -245,30 +302,81 @@ class PersistBatchWriter(DataSourceArrowWriter):
             SchemaMismatch, InvalidUsage: rows that do not fit the collection.
             ExternalError: storing the part failed.
         """
-        return stage(self.opts.target, self.types, iterator)
+        return stage(self.opts.target, self.types, iterator, at=self.at)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """The driver: one apply of every staged part plus a seal to the ``upper`` option
-        (default: max time + 1); no rows and no ``upper`` commits nothing.
+        (default: max time + 1); no rows and no ``upper`` commits nothing. An overwrite also
+        retracts the current contents and seals to ``T + 1`` by default, rows or not.
 
         Raises:
             PersistError: the commit failed (InvalidUsage: a time below upper, an ``upper``
-                below the current one); the staged parts are deleted.
+                below the current one, an overwrite that another write overtook); the staged
+                parts are deleted.
         """
         parts = _parts(messages)
         name = self.opts.target.collection
         upper = self.opts.upper
+        if self.at is not None and upper is None:
+            upper = self.at + 1
         if upper is None and parts:
             upper = max(p.max_time for p in parts) + 1
         if upper is None:
             return  # no rows, no upper: nothing to do
+        seal = upper
+        # NB: commit_once discards this list on failure: the retraction's staged parts are
+        # appended to it as they are stored, so they are cleaned up with the job's own.
+        staged = list(parts)
 
         def plan(client: persist.Client) -> dict[str, Any]:
-            return {"parts": {name: parts}, "seals": {name: upper}}
+            if self.at is not None:
+                staged.extend(self._retraction(client))
+            return {"parts": {name: staged}, "seals": {name: seal}}
 
         ids = {p.id for p in parts}
-        commit_once(self.opts.target, self.rid, self.opts.lock_timeout, parts, plan,
-                    lambda client, seq: _added_since(self.opts.target, client, seq, ids))
+        commit_once(self.opts.target, self.rid, self.opts.lock_timeout, staged, plan,
+                    lambda client, seq: _added_since(self.opts.target, client, seq,
+                                                     ids | {p.id for p in staged}))
+
+    def _retraction(self, client: persist.Client) -> list[PartMeta]:
+        """Overwrite: the snapshot as of ``T - 1`` with its diffs negated, at time ``T``, as
+        staged parts, built one key-hash bucket at a time (so the driver holds about one
+        bucket of the old contents, not all of it).
+
+        NB: runs under the writer lock (the client is the writer), so no other write moves the
+        collection meanwhile; its own background compaction may replace parts, but replaced
+        parts outlive their replacement by the GC grace period.
+
+        Raises:
+            InvalidUsage: another write moved the collection's upper past ``T`` since the
+                overwrite started (run it again).
+        """
+        assert self.at is not None
+        target, at = self.opts.target, self.at
+        c = client.state.collections[target.collection]
+        if c.upper != at:
+            raise InvalidUsage(
+                f"overwrite of {c.name!r} planned at its upper {at}, but another write moved "
+                f"the upper to {c.upper} meanwhile: nothing was written; run the overwrite again"
+            )
+        if at == 0:
+            return []
+        old = tuple(p for p in c.parts if p.rows)
+        n = max(1, -(-sum(p.rows for p in old) // RETRACT_ROWS_PER_BUCKET))
+        meta_c = CollectionMeta(id=self.types.cid, name=self.types.name,
+                                key_type=self.types.key_type, value_type=self.types.value_type)
+        blob = _writable(target.url, target.storage)
+        out: list[PartMeta] = []
+        for b in range(n):
+            snap = bucket_snapshot(BucketPartition(target, self.types, at - 1, old, b, n))
+            if len(snap) == 0:
+                continue
+            negated = pa.Table.from_arrays(
+                [snap.column("key"), snap.column("value"), constant_times(at, len(snap)),
+                 pc.negate(snap.column("diff"))], schema=snap.schema)
+            out.append(write.new_part(blob, meta_c, negated, inline_threshold=INLINE_BYTES,
+                                      consolidated=False, staged=True))
+        return out
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """The job failed: deletes its staged blobs that no commit references."""
@@ -281,66 +389,130 @@ class PersistStreamWriter(_StreamWriterBase):
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
-            raise InvalidUsage("persist collections are append-only: use outputMode('append')")
-        self.opts = WriteOptions.parse(options)
-        # NB: the sink id names one logical writer, so it is also the default reentrance id: a
-        # restarted query re-enters the lock its crashed predecessor held.
-        self.rid = self.opts.reentrance_id or f"persist-spark-sink:{self.opts.sink_id}"
-        self.types = prepare(self.opts, schema, self.rid)
+            raise InvalidUsage(
+                "a persist stream only appends (outputMode('append')); to replace a "
+                "collection's contents use a batch write with mode('overwrite')"
+            )
+        self.opts = WriteOptions.parse(options, "stream-write")
+        self.types = prepare(self.opts, schema,
+                             self.opts.reentrance_id or f"persist-spark-create:{uuid.uuid4().hex}")
 
     def write(self, iterator: Iterator[Any]) -> Staged:
-        """A task: stages its share of the micro-batch as one part, as the batch writer does."""
+        """A task: stages its share of the micro-batch as one part, as the batch writer does,
+        with the query's id."""
         return stage(self.opts.target, self.types, iterator)
+
+    def sink_for(self, query_id: str | None) -> str:
+        """The sink id: the ``sinkId`` option, else ``<collection>@<query id>``.
+
+        Raises:
+            InvalidUsage: no ``sinkId`` and the tasks did not see a query id.
+        """
+        if self.opts.sink_id is not None:
+            return self.opts.sink_id
+        if query_id is None:
+            raise InvalidUsage(
+                f"the persist sink of {self.opts.target.collection!r} could not learn its "
+                f"streaming query's id (Spark local property {QUERY_ID_PROPERTY!r}), which "
+                f"names its progress record by default: set option sinkId, one per checkpoint"
+            )
+        return f"{self.opts.target.collection}@{query_id}"
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """The driver: one apply of the staged parts, a seal to their max time + 1 and
-        ``batchId`` in ``__sink_progress``; a batchId already recorded is dropped (its staged
-        parts deleted), so a replayed micro-batch lands once.
+        ``batchId`` in ``__sink_progress``; a batchId already recorded by the same query is
+        dropped (its staged parts deleted), so a replayed micro-batch lands once.
 
         Raises:
+            InvalidUsage: an explicit ``sinkId`` that another query (another checkpoint)
+                already committed a batchId at or above ``batchId`` under.
             PersistError: the commit definitely failed; the staged parts are deleted.
         """
+        staged = [m for m in messages if isinstance(m, Staged)]
+        if not staged:
+            return  # no tasks ran: nothing to land, and nothing a replay could duplicate
+        queries = {m.query_id for m in staged if m.query_id is not None}
+        if len(queries) > 1:
+            raise InvalidUsage(f"one micro-batch's tasks saw several query ids: {queries}")
+        query = next(iter(queries), None)
         parts = _parts(messages)
-        name, sink = self.opts.target.collection, self.opts.sink_id
+        name, sink = self.opts.target.collection, self.sink_for(query)
+        explicit = self.opts.sink_id is not None
+        rid = self.opts.reentrance_id or f"persist-spark-sink:{sink}"
 
         def plan(client: persist.Client) -> dict[str, Any] | None:
             last = progress(client, sink)
+            before = sink_query(client, sink) if explicit else None
             if last is not None and batchId <= last:
+                if explicit and query is not None and before is not None and before != query:
+                    raise InvalidUsage(
+                        f"persist sink {sink!r} (option sinkId) already committed micro-batch "
+                        f"{last} for streaming query {before}, and this query {query} (another "
+                        f"checkpoint) is at micro-batch {batchId}: its batches would be dropped "
+                        f"as replays. Give each checkpoint its own sinkId, or leave sinkId "
+                        f"unset (the default is one per checkpoint); or restart the original "
+                        f"query from its own checkpoint. Nothing of batch {batchId} was written"
+                    )
                 log.warning("persist sink %r: micro-batch %d was already committed (last %d); "
                             "dropping the replay", sink, batchId, last)
                 return None
             client.create_or_load(PROGRESS, key_type=pa.string(), value_type=pa.int64())
             t = client.state.collections[PROGRESS].upper
-            rows: list[tuple[tuple[str, int], int, int]] = [((sink, batchId), t, 1)]
+            rows: list[tuple[tuple[str, Any], int, int]] = [((sink, batchId), t, 1)]
             if last is not None:
                 rows.append(((sink, last), t, -1))
+            writes: dict[str, Any] = {PROGRESS: rows}
             seals = {PROGRESS: t + 1}
+            # NB: since follows upper on the bookkeeping collections, so compaction cancels
+            # each retraction against its addition: one row per sink.
+            sinces = {PROGRESS: t}
+            if explicit and query is not None and query != before:
+                client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
+                tq = client.state.collections[QUERIES].upper
+                qrows: list[tuple[tuple[str, Any], int, int]] = [((sink, query), tq, 1)]
+                if before is not None:
+                    qrows.append(((sink, before), tq, -1))
+                writes[QUERIES] = qrows
+                seals[QUERIES] = tq + 1
+                sinces[QUERIES] = tq
             if parts:
                 seals[name] = max(p.max_time for p in parts) + 1
-            # NB: since follows upper on the progress collection, so compaction cancels each
-            # retraction against its addition and the collection stays one row per sink.
-            return {"parts": {name: parts} if parts else None, "writes": {PROGRESS: rows},
-                    "seals": seals, "sinces": {PROGRESS: t}}
+            return {"parts": {name: parts} if parts else None, "writes": writes,
+                    "seals": seals, "sinces": sinces}
 
         def landed(client: persist.Client, seq: int) -> bool:
             last = progress(client, sink)
             return last is not None and last >= batchId
 
-        commit_once(self.opts.target, self.rid, self.opts.lock_timeout, parts, plan, landed)
+        commit_once(self.opts.target, rid, self.opts.lock_timeout, parts, plan, landed)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """The micro-batch failed: deletes its staged blobs that no commit references."""
         discard(self.opts.target, _parts(messages))
 
 
-def progress(client: persist.Client, sink_id: str) -> int | None:
-    """The last batchId streaming sink ``sink_id`` committed at ``client``'s location."""
-    c = client.state.collections.get(PROGRESS)
+def _latest(client: persist.Client, name: str, value_type: pa.DataType,
+            sink_id: str) -> pa.Table | None:
+    c = client.state.collections.get(name)
     if c is None or c.upper == 0:
         return None
-    _, read = client.create_or_load(PROGRESS, key_type=pa.string(), value_type=pa.int64())
+    _, read = client.create_or_load(name, key_type=pa.string(), value_type=value_type)
     t = read.snapshot(c.upper - 1).to_arrow()
-    mine = t.filter(pc.equal(t.column("key"), pa.scalar(sink_id, pa.string())))
-    if len(mine) == 0:
+    return t.filter(pc.equal(t.column("key"), pa.scalar(sink_id, pa.string())))
+
+
+def progress(client: persist.Client, sink_id: str) -> int | None:
+    """The last batchId streaming sink ``sink_id`` committed at ``client``'s location."""
+    mine = _latest(client, PROGRESS, pa.int64(), sink_id)
+    if mine is None or len(mine) == 0:
         return None
     return int(pc.max(mine.column("value")).as_py())
+
+
+def sink_query(client: persist.Client, sink_id: str) -> str | None:
+    """The streaming query that last committed under explicit sink ``sink_id`` (None: not
+    recorded, e.g. by a persist before query ids were recorded)."""
+    mine = _latest(client, QUERIES, pa.string(), sink_id)
+    if mine is None or len(mine) == 0:
+        return None
+    return str(mine.column("value")[0].as_py())

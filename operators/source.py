@@ -114,7 +114,7 @@ class PersistBatchReader(DataSourceReader):
 
     def __init__(self, opts: ReadOptions, schema: StructType, pinned_as_of: int | None) -> None:
         target = opts.target
-        c = collection(load_state(target).collections, target.collection)
+        c = collection(load_state(target, must_exist=True).collections, target.collection)
         self.types = _types_for(c, schema)
         as_of = opts.as_of if opts.as_of is not None else pinned_as_of
         if as_of is None:
@@ -230,7 +230,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.target = opts.target
-        c = collection(load_state(self.target).collections, self.target.collection)
+        c = collection(load_state(self.target, must_exist=True).collections,
+                       self.target.collection)
         self.types = _types_for(c, schema)
         self._watch: _Watch | None = None
         #: Trigger.AvailableNow: the upper to stop at.

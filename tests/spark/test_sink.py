@@ -69,9 +69,6 @@ def test_batch_write_is_all_or_nothing(spark: Any, tmp_path: Path) -> None:
         referenced = {p.blob_key for p in c.parts if p.blob_key}
     assert canon(expected_updates(url, "out", 0, 5)) == canon(before)
     assert data_blobs(tmp_path) <= {k.removeprefix("data/") for k in referenced}  # cleaned up
-    with pytest.raises(Exception, match="append-only"):
-        spark.createDataFrame(rows(range(5, 6)), SCHEMA).write.format("persist") \
-            .mode("overwrite").option("collection", "out").save(url)
     with pytest.raises(Exception, match="reads its key as string"):
         write(spark.createDataFrame([(1, 1, 9, 1)], SCHEMA.replace("key string", "key long")),
               url, "out")
@@ -84,15 +81,16 @@ def test_stream_sink_replayed_batch_lands_once(spark: Any, tmp_path: Path) -> No
     src, dst, ckpt = location(tmp_path, "src"), location(tmp_path, "loc"), tmp_path / "ckpt"
     fill(src, "events", range(4))
 
-    def run() -> None:
+    def run() -> str:
         q = (spark.readStream.format("persist").option("collection", "events")
              .option("maxRowsPerTrigger", 80).load(src)
              .writeStream.format("persist").option("collection", "copy")
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(dst))
         q.awaitTermination(120)
         assert q.exception() is None
+        return str(q.id)
 
-    run()
+    query = run()
     want = canon(expected_updates(src, "events", 0, 4))
     assert canon(expected_updates(dst, "copy", 0, 4)) == want
     commits = sorted((ckpt / "commits").iterdir(), key=lambda p: int(p.name)
@@ -101,11 +99,11 @@ def test_stream_sink_replayed_batch_lands_once(spark: Any, tmp_path: Path) -> No
     assert int(last.name) >= 1  # 160 rows, 80 per trigger: several batches
     last.unlink()  # Spark will run this batch again on restart
     (ckpt / "commits" / f".{last.name}.crc").unlink(missing_ok=True)
-    run()
+    assert run() == query  # the same checkpoint: the same query id, so the same sink
     assert last.exists()  # Spark did run the batch again
     assert canon(expected_updates(dst, "copy", 0, 4)) == want
     with persist.open(dst, read_only=True) as client:
-        assert progress(client, "copy") == int(last.name)
+        assert progress(client, f"copy@{query}") == int(last.name)  # the default sink id
         assert client.state.collections[PROGRESS].upper == int(last.name) + 1
         assert client.state.collections["copy"].upper == 4
 

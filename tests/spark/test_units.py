@@ -82,7 +82,7 @@ def test_options_are_read_lower_cased_and_checked() -> None:
         with pytest.raises(InvalidUsage, match=match):
             ReadOptions.parse(bad)
     w = WriteOptions.parse({"path": "p", "collection": "c", "key_type": "large_string"})
-    assert (w.key_type, w.sink_id) == (pa.large_string(), "c")
+    assert (w.key_type, w.sink_id) == (pa.large_string(), None)  # None: from the query id
     with pytest.raises(InvalidUsage, match="not an Arrow type"):
         WriteOptions.parse({"path": "p", "collection": "c", "value_type": "decimal"})
     with pytest.raises(InvalidUsage, match="not a persist offset"):
