@@ -61,7 +61,8 @@ class PersistDataSource(DataSource):
         """A batch reader as of the ``as_of`` option, else the time :meth:`schema` pinned.
 
         Raises:
-            InvalidUsage: bad options, or ``as_of`` outside ``[since, upper)``.
+            InvalidUsage: bad or unknown options, or ``as_of`` outside ``[since, upper)``.
+            MissingResource: nothing was ever committed at the URL.
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
@@ -72,7 +73,8 @@ class PersistDataSource(DataSource):
         """A micro-batch reader of the collection's updates as its upper advances.
 
         Raises:
-            InvalidUsage: bad options.
+            InvalidUsage: bad or unknown options.
+            MissingResource: nothing was ever committed at the URL.
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
@@ -80,9 +82,11 @@ class PersistDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer; creates the collection if it does not exist (taking the lock).
+        ``overwrite`` replaces the contents as a diff at one new time (see
+        :class:`~operators.sink.PersistBatchWriter`).
 
         Raises:
-            InvalidUsage: ``overwrite`` (collections are append-only), or bad options.
+            InvalidUsage: bad or unknown options.
             SchemaMismatch: the DataFrame does not fit the collection.
             LockHeld: creating the collection, the writer lock stayed busy.
         """
@@ -90,7 +94,8 @@ class PersistDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """A streaming writer that lands each micro-batch once; creates the collection if it
-        does not exist. Raises as :meth:`writer` does."""
+        does not exist. Raises as :meth:`writer` does, and InvalidUsage for ``overwrite``
+        (a stream only appends)."""
         return PersistStreamWriter(self.options, schema, overwrite)
 
 
