@@ -27,8 +27,8 @@ def follow_persist(root: Path, warm: int, expect: int, *, push: bool) -> dict[in
 
     seen: dict[int, float] = {}
     url = PersistSystem(root).url
-    client = (persist.open(url, read_only=True, notify=True) if push
-              else persist.open(url, read_only=True))
+    # NB: missing_ok: the follower may start before the writer's first commit.
+    client = persist.open(url, read_only=True, missing_ok=True, notify=push)
     try:
         _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
         listener = read.listen(0)

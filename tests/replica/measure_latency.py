@@ -76,7 +76,7 @@ def writer_role(a: argparse.Namespace) -> None:
 
 
 def replica_role(a: argparse.Namespace) -> None:
-    client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    client, _, r = open_events(a.url, read_only=True, missing_ok=True, notify=a.notify)
     seen: list[tuple[int, float]] = []
     listening = threading.Event()
     listening.set()
