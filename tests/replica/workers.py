@@ -24,6 +24,7 @@ import pyarrow as pa
 
 import persist
 from persist.indexed.indexed import Options
+from tests import knobs
 
 NAME = "events"
 
@@ -164,7 +165,7 @@ def check_snapshots(r: Any, until: Until, churn: int, deadline: float) -> dict[s
 def listener(a: argparse.Namespace) -> None:
     """Listens from the start until ``--until`` (or ``until N`` on stdin); with ``--snapshots``
     also checks snapshots in a second thread the whole time (continuous reads)."""
-    client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    client, _, r = open_events(a.url, read_only=True, missing_ok=True, notify=a.notify)
     until = Until(a.until)
     deadline = time.monotonic() + a.timeout
     checked: dict[str, Any] = {}
@@ -201,7 +202,7 @@ def listener(a: argparse.Namespace) -> None:
 
 def reader(a: argparse.Namespace) -> None:
     """Only the snapshot checks, until ``--until``."""
-    client, _, r = open_events(a.url, read_only=True, notify=a.notify)
+    client, _, r = open_events(a.url, read_only=True, missing_ok=True, notify=a.notify)
     try:
         r.snapshot(0, timeout=30)
         checked = check_snapshots(r, Until(a.until), a.churn, time.monotonic() + a.timeout)
@@ -212,7 +213,7 @@ def reader(a: argparse.Namespace) -> None:
 
 def replica_probe(a: argparse.Namespace) -> None:
     """A replica that reads everything it can and tries every kind of write."""
-    client, w, r = open_events(a.url, read_only=True)
+    client, w, r = open_events(a.url, read_only=True, missing_ok=True)
     try:
         upper = r.upper
         rows = len(r.snapshot(upper - 1).to_python())
@@ -267,4 +268,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    # NB: the parent test runs under a knob set (tests/knobs.py); so does this process (not
+    # when imported by a test: the test's own set is active then).
+    knobs.activate_from_env()
     main()
