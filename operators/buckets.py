@@ -10,6 +10,11 @@ The hash must agree across processes and machines (Python's ``hash`` is salted p
 be vectorized (no Python per row) and never split keys that Arrow's ``group_by`` treats as
 equal. It may *merge* keys group_by tells apart (``-0.0`` and ``0.0``, NaN payloads, null and
 the zero value): that only puts two groups in one bucket, never one group in two.
+
+Records (struct and list keys or values) and the other version-2 types (decimals, dates,
+timestamps, ...) are hashed through the engine's canonical row encoding
+(:func:`persist.indexed.records.row_bytes`): equal records, by the engine's record equality
+(the one consolidation groups by), have equal bytes and so one hash, whatever their chunking.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.indexed.columnar import constant_times
+from persist.indexed import records
+from persist.indexed.columnar import constant_times, sum_by_key_value
 
 _U = np.uint64
 _Hashes = npt.NDArray[np.uint64]
@@ -76,7 +82,12 @@ def _hash_array(arr: pa.Array) -> _Hashes:
         return np.concatenate([
             _hash_var_width(arr.slice(i, _BLOCK)) for i in range(0, len(arr), _BLOCK)
         ])
-    raise TypeError(f"cannot hash keys of type {t}")  # pragma: no cover - types are checked
+    # NB: records, decimals, dates, timestamps: their canonical bytes, equal iff the values are
+    # equal as the engine groups them (a null record, a null field and an empty list differ).
+    return np.concatenate([
+        _hash_var_width(records.row_bytes(arr.slice(i, _BLOCK)))
+        for i in range(0, len(arr), _BLOCK)
+    ])
 
 
 def _hash_var_width(arr: pa.Array) -> _Hashes:
@@ -130,7 +141,9 @@ def consolidate(table: pa.Table, as_of: int, *, key_hashes: _Hashes | None = Non
          alone.column("diff")], schema=schema)]
     if shared.any():
         rest = table.filter(pa.array(shared))
-        agg = rest.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
+        # NB: the engine's grouping: hash-grouping for flat types, record equality (field by
+        # field) for structs and lists, which group_by cannot take as keys.
+        agg = sum_by_key_value(rest)
         agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
         pieces.append(pa.Table.from_arrays(
             [agg.column("key"), agg.column("value"), constant_times(as_of, len(agg)),

@@ -50,7 +50,7 @@ from pyspark.sql.types import StructType
 import persist
 from operators.options import Target, WriteOptions
 from operators.partitions import BucketPartition, blob_of, bucket_snapshot, load_state
-from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema
+from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema, from_spark
 from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
@@ -138,6 +138,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
         i = table.schema.get_field_index("time")
         if i >= 0:
             table = table.set_column(i, "time", pa.repeat(pa.scalar(at, pa.int64()), len(table)))
+    table = from_spark(table, types)
     schema = types.part_schema
     updates = from_updates(table, schema, Codec(schema.field("key").type),
                            Codec(schema.field("value").type))

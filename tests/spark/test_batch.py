@@ -104,13 +104,19 @@ class Point(msgspec.Struct, frozen=True):
     y: int
 
 
+class Tagged(msgspec.Struct, frozen=True):
+    tags: dict[str, int]  # a dict field does not map to Arrow: stored as msgpack
+
+
 def test_types_and_exact_arrow_schema(spark: Any, tmp_path: Path) -> None:
     url = location(tmp_path)
     with persist.open(url) as client:
         w, _ = client.create_or_load("u", key_type=pa.uint64(), value_type=pa.large_string())
         w.append([((2**63 - 1, "a"), 0, 1), ((7, None), 0, 2)], upper=1).result()
-        w2, _ = client.create_or_load("p", key_type=Point, value_type=pa.binary())
-        w2.append([((Point(1, 2), b"\x00\xff"), 0, 1)], upper=1).result()
+        w2, _ = client.create_or_load("p", key_type=Tagged, value_type=pa.binary())
+        w2.append([((Tagged({"a": 1}), b"\x00\xff"), 0, 1)], upper=1).result()
+        w4, _ = client.create_or_load("s", key_type=Point, value_type=pa.binary())
+        w4.append([((Point(1, 2), b"\x00"), 0, 1)], upper=1).result()
         w3, _ = client.create_or_load("big", key_type=pa.uint64(), value_type=pa.int64())
         w3.append([((2**63, 1), 0, 1)], upper=1).result()
     df = read(spark, url, "u")
@@ -120,12 +126,15 @@ def test_types_and_exact_arrow_schema(spark: Any, tmp_path: Path) -> None:
          {"key": 7, "value": None, "time": 0, "diff": 2}], key=str)
     got = read(spark, url, "p").toArrow()
     assert got.column("key").type == pa.binary()
-    assert msgspec.msgpack.decode(got.column("key")[0].as_py(), type=Point) == Point(1, 2)
+    assert msgspec.msgpack.decode(got.column("key")[0].as_py(), type=Tagged) == Tagged({"a": 1})
+    # a msgspec.Struct that maps is stored as an Arrow struct and read as a Spark struct
+    assert read(spark, url, "s").schema["key"].dataType.simpleString() == "struct<x:bigint,y:bigint>"
+    assert read(spark, url, "s").toArrow().column("key").to_pylist() == [{"x": 1, "y": 2}]
     with pytest.raises(Exception, match="does not fit Spark's long"):
         read(spark, url, "big").toArrow()
     # the batches we yield must match what Spark derives from the declared schema, exactly
     with persist.open(url, read_only=True) as client:
-        for name in ("u", "p"):
+        for name in ("u", "p", "s"):
             types = CollectionTypes.of(client.state.collections[name])
             assert to_arrow_schema(types.spark_schema).equals(types.arrow_schema)
 
