@@ -117,9 +117,12 @@ def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
 
 
 def _type_name(type_bytes: bytes, codec: str | None) -> str:
-    if codec is not None:
+    arrow_type = columnar.deserialize_type(type_bytes)
+    if codec is None:
+        return str(arrow_type)
+    if arrow_type == pa.binary():
         return f"{codec} (msgpack)"
-    return str(columnar.deserialize_type(type_bytes))
+    return f"{codec} ({arrow_type})"  # a msgspec Struct stored as the matching Arrow struct
 
 
 def _lock_dict(rec: LockRecord | None) -> dict[str, Any] | None:
@@ -165,7 +168,7 @@ def describe(loc: Location) -> dict[str, Any]:
         })
     return {
         "url": loc.url,
-        "format_version": state.version,
+        "format_version": meta.required_version(state),
         "reads_up_to_format_version": meta.FORMAT_VERSION,
         "envelope_version": ENVELOPE_VERSION,
         "seq": state.seq,

@@ -135,7 +135,7 @@ def test_inspect(loc: Path) -> None:
     by_name = {c["name"]: c for c in info["collections"]}
     events, points = by_name["events"], by_name["points"]
     assert (events["key_type"], events["value_type"]) == ("string", "int64")
-    assert points["key_type"].endswith("test_cli:Point (msgpack)")
+    assert points["key_type"].endswith("test_cli:Point (struct<x: int64 not null, y: int64 not null>)")
     assert (events["since"], events["upper"]) == (2, 6)
     assert (points["since"], points["effective_since"], points["upper"]) == (0, 0, 2)
     assert points["holds"] == {"reader-a": 1}
@@ -144,7 +144,7 @@ def test_inspect(loc: Path) -> None:
     assert events["rows"] > 0
     assert events["bytes"] == events["inline_bytes"] + events["blob_bytes"]
     text = run("inspect", f"file://{loc}").stdout
-    for needle in ("format:     metadata v1", "events", "points", "lock:       free",
+    for needle in ("format:     metadata v2", "events", "points", "lock:       free",
                    "reader-a at 1"):
         assert needle in text, text
 
