@@ -133,7 +133,7 @@ def main() -> None:
 
         for name, blob_opts in (("native", options), ("dynamodb", dyn)):
             loc = resolve(f"s3://{bucket}/engine-{name}", storage_options=blob_opts)
-            engine = Indexed(loc.blob, epoch=1, writer="w")
+            engine = Indexed.open(loc.blob, epoch=1, writer="w")
             engine.fence()
             engine.register("c", pa.string(), pa.int64())
 
