@@ -505,8 +505,15 @@ class Indexed:
     ) -> ReplaceParts:
         """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread."""
         c = state.collections[name]
+        opts = self.options
+        # NB: a merged part of the flush size or more goes to a blob whatever the inline
+        # threshold: with a threshold above the flush size (say the largest one), the merge
+        # that flushes inline parts made one inline part again, which the next round merged
+        # with the next small part, rewriting all of the collection's inline data each round
+        # (found while adding the knob set inline-max to the matrix).
+        threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
         return compact.merge(self._blob(), self.reader, c, parts,
-                             inline_threshold=self.options.inline_threshold, frontier=frontier)
+                             inline_threshold=threshold, frontier=frontier)
 
     def maintain(self) -> int:
         """Runs compaction, GC and rollups until none has work left (synchronous use).

@@ -19,6 +19,13 @@ Writers and replicas are opened either with ``persist.open`` or through the test
 :class:`~persist.lock.unreliable.UnreliableLock`. All unreliable handles of a run share one
 fault plan per kind, so an outage takes the "service" down for every handle at once.
 
+Knobs (``tests/knobs.py``): every open uses ``Config.knobs`` applied on top of ``OPTIONS``
+(and, for a file location, that set's ``map_min_bytes``). With ``Config.agitate`` an *agitator*
+thread picks a random knob set (seeded) every 100 ms for the whole run and applies it to the
+live writer with ``Client.set_options``; later opens (restarts, takeovers, replicas) use the
+newest set, storage options included, which is how what cannot change live still changes.
+Options are behaviour-preserving, so the validator needs to know nothing about them.
+
 Everything is recorded in a :class:`~tests.nemesis.history.History`; after the run a clean
 writer seals every collection past every write, reads the final state, and
 :func:`tests.nemesis.validate.validate` checks the history against it.
@@ -55,6 +62,8 @@ from persist.lock.unreliable import LOCK_OPS, UnreliableLock
 from persist.runtime.client import Client, ListenUpdates, ReadHandle, WriteHandle
 from persist.runtime.replica import open_replica
 from persist.runtime.runtime import Runtime
+from tests import knobs
+from tests.knobs import KnobSet
 from tests.nemesis.history import (
     FrontierRecord,
     History,
@@ -74,15 +83,18 @@ NAMES = ("c0", "c1", "c2")
 KEY_TYPE, VALUE_TYPE = pa.string(), pa.int64()
 
 #: Small thresholds so a short run exercises blob parts, compaction, rollups, GC and trimming.
-OPTIONS = Options(
-    inline_threshold=1000,
-    rollup_every=6,
-    gc_grace_seconds=0.25,
-    compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=8192),
-    # NB: short enough that op_verify_live's sweep (VERIFY_GRACE) runs against it, long enough
-    # that a loaded CI machine rarely trips it (a tripped commit is a definite failure).
-    commit_deadline_seconds=1.0,
-)
+#: NB: built with no knob set active (this module is imported while the session's set is): a
+#: run's set goes on top of these (``KnobSet.apply``), so "default" means exactly these.
+with knobs.using(None):
+    OPTIONS = Options(
+        inline_threshold=1000,
+        rollup_every=6,
+        gc_grace_seconds=0.25,
+        compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=8192),
+        # NB: short enough that op_verify_live's sweep (VERIFY_GRACE) runs against it, long enough
+        # that a loaded CI machine rarely trips it (a tripped commit is a definite failure).
+        commit_deadline_seconds=1.0,
+    )
 #: Short, so a lapsed lease is taken over within a second (``op_lapse``).
 LEASE_SECONDS = 0.5
 
@@ -118,6 +130,11 @@ class Config:
     keep_contents: bool = True
     #: A safety net for CI: stop issuing operations after this long (the report says so).
     max_seconds: float = 90.0
+    #: The knob set (tests/knobs.py) applied on top of OPTIONS; None: the session's.
+    knobs: str | None = None
+    #: Flip knob sets on the live writer every ``agitate_interval`` seconds.
+    agitate: bool = False
+    agitate_interval: float = 0.1
 
 
 @dataclass
@@ -150,10 +167,14 @@ class Report:
     counts: dict[str, int]
     injected: dict[str, int]
     notes: list[str] = field(default_factory=list)
+    knobs: str = "default"
+    #: Knob sets applied to a live writer by the agitator (``set_options`` acknowledged).
+    flips: int = 0
 
     def summary(self) -> str:
         writes = self.counts.get("write.acked", 0)
-        return (f"nemesis seed={self.seed} url={self.url}: {self.ops} ops in {self.seconds:.1f}s, "
+        return (f"nemesis seed={self.seed} url={self.url} knobs={self.knobs}: {self.ops} ops in "
+                f"{self.seconds:.1f}s, {self.flips} knob flips, "
                 f"{writes} writes acked, faults injected {sum(self.injected.values())} "
                 f"({dict(sorted(self.injected.items()))}), counts {dict(sorted(self.counts.items()))}")
 
@@ -215,6 +236,45 @@ class Nemesis:
         self._swept: dict[str, float] = {}
         self._failure: BaseException | None = None
         self._deadline = 0.0
+        active = knobs.active()
+        self.knobs: KnobSet = (knobs.KNOB_SETS[cfg.knobs] if cfg.knobs is not None
+                               else active if active is not None else knobs.KNOB_SETS["default"])
+        #: The set the next open uses: the run's, then whatever the agitator flipped to last.
+        self._current = self.knobs
+        self.flips = 0
+
+    # -- knobs ----------------------------------------------------------------------------------
+
+    def _options(self) -> Options:
+        return self._current.apply(OPTIONS)
+
+    def _storage_options(self) -> dict[str, Any]:
+        return self._current.storage_options(self.cfg.url)
+
+    def _fresh_blob(self) -> Blob:
+        """The location's store as an open under the current set would make it (a file
+        location's map threshold is chosen when it is opened)."""
+        return resolve(self.cfg.url, storage_options=self._storage_options(),
+                       lease_seconds=LEASE_SECONDS).blob
+
+    def _agitate(self) -> None:
+        """Every ``agitate_interval``, a random knob set onto the live writer."""
+        rng = random.Random(f"{self.cfg.seed}/agitator")
+        sets = list(knobs.KNOB_SETS.values())
+        while not self._stop.wait(self.cfg.agitate_interval):
+            ks = rng.choice(sets)
+            self._current = ks
+            w = self.writer
+            if w is None:
+                continue
+            try:
+                w.client.set_options(ks.apply(OPTIONS)).result(timeout=30)
+            except (PersistError, concurrent.futures.TimeoutError) as e:
+                # a writer that stopped itself, or was replaced: the next one opens with ks
+                self.h.count(f"knobs.flip_failed.{type(e).__name__}")
+                continue
+            self.flips += 1
+            self.h.count(f"knobs.set.{ks.name}")
 
     # -- running ----------------------------------------------------------------------------
 
@@ -225,11 +285,18 @@ class Nemesis:
             self.writer = self._open_writer("plain")
         workers = [threading.Thread(target=self._worker, args=(i,), name=f"nemesis-{i}")
                    for i in range(self.cfg.threads)]
+        agitator = None
+        if self.cfg.agitate:
+            agitator = threading.Thread(target=self._agitate, name="nemesis-agitator",
+                                        daemon=True)
+            agitator.start()
         for t in workers:
             t.start()
         for t in workers:
             t.join()
         self._stop.set()
+        if agitator is not None:
+            agitator.join(60)
         for t in list(self.listeners):
             t.join(10)
         self._close_all()
@@ -248,7 +315,9 @@ class Nemesis:
         injected.update({f"lock.{k}": n for k, n in self.lock_plan.injected.items()})
         self._count_outcomes()
         return Report(self.cfg.seed, self.cfg.url, self._done, time.monotonic() - started,
-                      problems, dict(self.h.counts), injected, list(self.h.notes))
+                      problems, dict(self.h.counts), injected, list(self.h.notes),
+                      knobs=self.knobs.name + ("+agitator" if self.cfg.agitate else ""),
+                      flips=self.flips)
 
     def _take(self) -> bool:
         with self._mutex:
@@ -267,7 +336,7 @@ class Nemesis:
             (self.op_observe, 4), (self.op_restart, 0.8), (self.op_takeover, 0.8),
             (self.op_intruder, 0.4), (self.op_outage, 1.2 if self.cfg.faults else 0),
             (self.op_lapse, 0.05 if self.cfg.faults else 0), (self.op_verify_live, 0.15),
-            (self.op_replica_open, 1), (self.op_replica_close, 0.5),
+            (self.op_replica_open, 1), (self.op_replica_close, 0.5), (self.op_maintain, 0.3),
         ]
         fns = [f for f, _ in ops]
         weights = [w for _, w in ops]
@@ -297,13 +366,15 @@ class Nemesis:
             client: Client | None = None
             try:
                 if mode == "plain":
-                    client = persist.open(self.cfg.url, reentrance_id=rid, options=OPTIONS,
+                    client = persist.open(self.cfg.url, reentrance_id=rid,
+                                          options=self._options(),
+                                          storage_options=self._storage_options(),
                                           lease_seconds=LEASE_SECONDS)
                 else:
-                    blob = UnreliableBlob(self.loc.blob, plan=self.blob_plan)
+                    blob = UnreliableBlob(self._fresh_blob(), plan=self.blob_plan)
                     lock = UnreliableLock(self.loc.lock(), plan=self.lock_plan)
                     client = open_writer_with(self.cfg.url, blob, lock, reentrance_id=rid,
-                                              options=OPTIONS)
+                                              options=self._options())
                 handles = {n: client.create_or_load(n, key_type=KEY_TYPE, value_type=VALUE_TYPE)
                            for n in NAMES}
             except PersistError as e:
@@ -492,6 +563,17 @@ class Nemesis:
         fut = self._submit(rec, lambda: w.handles[name][0].allow_compaction(s))
         if fut is not None:
             self._await(w, [(rec, fut)], rng)
+
+    def op_maintain(self, rng: random.Random) -> None:
+        """An explicit ``Client.maintain()`` (compaction, GC, rollup) racing the background
+        round; with background compaction off (a knob) it is the only thing that merges."""
+        w = self._writer()
+        try:
+            w.client.maintain()
+        except PersistError as e:
+            self.h.error("maintain", e)
+            return
+        self.h.count("maintain.ok")
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -706,7 +788,9 @@ class Nemesis:
             rec = OpenRecord(gen, "intruder", self.h.stamp())
             try:
                 intruder = persist.open(self.cfg.url, reentrance_id=f"intruder-{gen}",
-                                        options=OPTIONS, lease_seconds=LEASE_SECONDS)
+                                        options=self._options(),
+                                        storage_options=self._storage_options(),
+                                        lease_seconds=LEASE_SECONDS)
             except LockHeld as e:
                 rec.error = type(e)
                 self.h.count("intruder.refused")
@@ -772,10 +856,12 @@ class Nemesis:
         name = f"replica-{next(self._replica_ids)}"
         try:
             if self.cfg.faults and rng.random() < 0.5:
-                blob = UnreliableBlob(self.loc.blob, plan=self.blob_plan)
-                client = open_replica_with(self.cfg.url, blob.read_only(), options=OPTIONS)
+                blob = UnreliableBlob(self._fresh_blob(), plan=self.blob_plan)
+                client = open_replica_with(self.cfg.url, blob.read_only(),
+                                           options=self._options())
             else:
-                client = persist.open(self.cfg.url, read_only=True, options=OPTIONS,
+                client = persist.open(self.cfg.url, read_only=True, options=self._options(),
+                                      storage_options=self._storage_options(),
                                       poll_interval=(0.002, 0.05))
             handles = {n: client.create_or_load(n, key_type=KEY_TYPE, value_type=VALUE_TYPE)
                        for n in NAMES}
@@ -808,7 +894,8 @@ class Nemesis:
         final: dict[str, FinalCollection] = {}
         rid = self.writer.rid if self.writer is not None else RID
         # NB: the last writer may have stopped itself without releasing the lock: same id.
-        with persist.open(self.cfg.url, reentrance_id=rid, options=OPTIONS) as client, \
+        with persist.open(self.cfg.url, reentrance_id=rid, options=self._options(),
+                          storage_options=self._storage_options()) as client, \
                 persist.open(self.cfg.url, read_only=True) as replica:
             for name in NAMES:
                 wh, rh = client.create_or_load(name, key_type=KEY_TYPE, value_type=VALUE_TYPE)

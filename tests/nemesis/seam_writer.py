@@ -21,6 +21,9 @@ import persist
 from persist.indexed.compact import CompactionPolicy
 
 RID = "seam-writer"
+# NB: pinned, not under the session's knob set (tests/knobs.py): the crash-point tests arm
+# each seam at a count this exact workload reaches (the 4th merge, the 5th rollup), which
+# other knobs would move or remove (no background compaction never merges).
 OPTIONS = persist.Options(
     inline_threshold=1500,
     rollup_every=3,

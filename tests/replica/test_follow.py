@@ -14,7 +14,9 @@ from persist.runtime.replica import Follower
 from tests.replica.helpers import append_times, events, eventually, file_tree, listened_rows
 from tests.replica.workers import aggressive_options, key, updates_at
 
-BLOBS = Options(inline_threshold=0)
+# NB: pins background compaction on (the knob matrix turns it off): tests below wait for a
+# merge, or for GC of merged parts, to happen in the writer's background
+BLOBS = Options(inline_threshold=0, background_compaction=True)
 
 
 def test_replica_follows_upper_and_since(loc: str) -> None:

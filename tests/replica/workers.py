@@ -52,7 +52,10 @@ def expected_keys(as_of: int, churn: int) -> list[str]:
 
 def aggressive_options() -> Options:
     """Everything in blobs, rollups every few commits, GC with no grace at all."""
-    return Options(gc_grace_seconds=0, rollup_every=4, inline_threshold=0)
+    # NB: pins background compaction on (the knob matrix turns it off): the tests using these
+    # wait for merged parts to be collected under their readers
+    return Options(gc_grace_seconds=0, rollup_every=4, inline_threshold=0,
+                   background_compaction=True)
 
 
 #: ``--storage-options`` of this process (JSON), passed to every open.

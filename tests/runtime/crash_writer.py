@@ -16,6 +16,10 @@ import pyarrow as pa
 
 import persist
 from persist.indexed.compact import CompactionPolicy
+from tests import knobs
+
+# NB: the parent test runs under a knob set (tests/knobs.py); so does this process.
+knobs.activate_from_env()
 
 OPTIONS = persist.Options(
     inline_threshold=512,

@@ -88,7 +88,8 @@ def test_ordering_holds_across_threads() -> None:
 
 
 def test_group_commit_batches_concurrent_writers(tmp_path: Path) -> None:
-    with persist.open(tmp_path) as client:
+    # NB: pins group commit on: it counts groups, and the knob matrix turns grouping off
+    with persist.open(tmp_path, options=persist.Options(group_commit=True)) as client:
         w, _r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         n_threads, per_thread = 16, 30
         barrier = threading.Barrier(n_threads)

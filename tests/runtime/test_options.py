@@ -141,3 +141,27 @@ def test_a_new_compaction_policy_replans_unchanged_collections(url: str) -> None
                                    compaction=CompactionPolicy(
                                        fanin=2, inline_flush_bytes=1 << 30))).result()
         assert [name for name, _ in ix.plan_compaction(client.state)] == ["c"]
+
+
+def test_inline_parts_are_flushed_to_a_blob_even_when_the_threshold_would_keep_them() -> None:
+    """With an inline threshold above the flush size (the knob set inline-max), the merge that
+    flushes inline parts used to produce one inline part again: every later round merged it
+    with the next small part and rewrote the collection's whole inline data, in a commit (and
+    every rollup) carrying all of it."""
+    from persist.indexed.indexed import Indexed
+
+    # NB: pins the knobs it is about: the largest inline threshold, a small flush size, no
+    # level merges, and parts of 20 rows not yet final
+    ix = Indexed.open(MemoryBlob(uuid.uuid4().hex), epoch=1, writer="w", options=Options(
+        inline_threshold=MAX_INLINE_THRESHOLD,
+        compaction=CompactionPolicy(fanin=1 << 30, final_rows=1 << 19, inline_flush_bytes=2048)))
+    ix.fence()
+    ix.register("c", pa.string(), pa.int64())
+    for t in range(12):
+        ix.write({"c": [((f"key-{t}-{i:04d}", i), t, 1) for i in range(20)]})
+    assert all(p.inline is not None for p in ix.state.collections["c"].parts)
+    ix.maintain()
+    parts = ix.state.collections["c"].parts
+    assert [p.inline is None for p in parts] == [True]  # flushed into one blob part
+    ix.write({"c": [(("late", 1), 12, 1)]})
+    assert ix.maintain() == 0  # one blob and one small inline part: nothing to rewrite
