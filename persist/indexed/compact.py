@@ -55,6 +55,7 @@ class CompactionPolicy:
 
 
 def level(p: PartMeta) -> int:
+    """The size tier of ``p``: ``floor(log4(rows))`` (an empty part is level 0)."""
     return int(math.log(max(p.rows, 1), FANIN))
 
 

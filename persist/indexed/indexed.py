@@ -117,6 +117,7 @@ class Txn:
 
     @property
     def empty(self) -> bool:
+        """True if nothing was staged: committing it would change nothing."""
         return not self.ops and not self.writes
 
 
@@ -305,6 +306,7 @@ class Indexed:
 
     @property
     def writable(self) -> bool:
+        """False for an engine opened on a read-only view (a replica)."""
         return isinstance(self.blob, Blob)
 
     def _blob(self) -> Blob:
@@ -446,21 +448,47 @@ class Indexed:
         return self.commit(txn)
 
     def seal(self, name: str, upper: int) -> State:
+        """Advances ``name``'s upper to ``upper`` in one commit; returns the new state.
+
+        Raises:
+            InvalidUsage: ``upper`` is not a time or below the current upper.
+            UnknownCollection: no such collection.
+        """
         txn = Txn(self.state)
         txn.stage(Seal(name=name, upper=upper))
         return self.commit(txn)
 
     def allow_compaction(self, name: str, since: int) -> State:
+        """Advances ``name``'s since to ``since`` in one commit; returns the new state.
+
+        Raises:
+            InvalidUsage: ``since`` is not a time, below the current since, or beyond upper.
+            UnknownCollection: no such collection.
+        """
         txn = Txn(self.state)
         txn.stage(AllowCompaction(name=name, since=since))
         return self.commit(txn)
 
     def set_hold(self, name: str, hold_id: str, frontier: int | None) -> State:
+        """Sets (``frontier`` None: releases) the durable read hold ``hold_id`` on ``name`` in
+        one commit; returns the new state.
+
+        Raises:
+            InvalidUsage: the hold would move below the effective since.
+            UnknownCollection: no such collection.
+        """
         txn = Txn(self.state)
         txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
         return self.commit(txn)
 
     def normalize(self, name: str, updates: Any, state: State | None = None) -> pa.Table:
+        """``updates`` (tuples or an Arrow table) as a table of ``name``'s part schema, checked.
+
+        Raises:
+            SchemaMismatch: a value does not fit its type, or the input is malformed.
+            InvalidUsage: a time is not in ``[0, 2**64)``.
+            UnknownCollection: no such collection (in ``state``, default the newest).
+        """
         c = collection((state or self.state).collections, name)
         types = Types.of(c)
         return columnar.from_updates(updates, types.schema, types.key, types.value)
@@ -468,18 +496,28 @@ class Indexed:
     # -- reads -------------------------------------------------------------------------------
 
     def snapshot(self, name: str, as_of: int, state: State | None = None) -> Snapshot:
+        """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest).
+
+        Raises:
+            InvalidUsage: ``as_of`` is outside ``[since, upper)``.
+            UnknownCollection: no such collection.
+        """
         c = collection((state or self.state).collections, name)
         return Snapshot(c, as_of, self.reader)
 
     def updates_between(
         self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False
     ) -> Iterator[pa.Table]:
+        """The raw updates of ``name`` at times in ``[lo, hi)``, part by part (see
+        :func:`persist.indexed.read.updates_between`; ``held``: the caller holds compaction at
+        ``lo``, so forwarded times are exact)."""
         c = collection((state or self.state).collections, name)
         return updates_between(c, lo, hi, self.reader, held=held)
 
     # -- maintenance: compaction, rollups, GC ---------------------------------------------------
 
     def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
+        """The merges the compaction policy wants now: ``(collection, parts)`` pairs. Pure."""
         # NB: maintenance plans after every commit, but a commit changes few collections. The
         # plan is a pure function of a (frozen, immutable) CollectionMeta, so a collection
         # whose meta is the very object planned last time keeps its last plan: an identity
@@ -548,6 +586,12 @@ class Indexed:
         return commits
 
     def maybe_rollup(self, state: State | None = None) -> bool:
+        """Writes a rollup of ``state`` (default the newest) if ``rollup_every`` commits passed
+        since the last one; returns whether it did.
+
+        Raises:
+            ExternalError: the write failed (the next call tries again).
+        """
         state = state or self.state
         if state.seq - self._last_rollup_seq < self.options.rollup_every:
             return False
@@ -569,6 +613,8 @@ class Indexed:
 
 
 def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> CollectionMeta:
+    """The metadata of a new collection ``name`` with codecs ``k``/``v``, under an id that no
+    collection of ``state`` or of ``txn``'s working copy uses."""
     taken = {c.id for c in txn.collections.values()}
     cid = max([state.next_cid, *(i + 1 for i in taken)])
     return CollectionMeta(
@@ -582,6 +628,11 @@ def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> Col
 
 
 def check_types(c: CollectionMeta, k: Codec, v: Codec) -> None:
+    """Checks that ``c`` can be opened with key codec ``k`` and value codec ``v``.
+
+    Raises:
+        SchemaMismatch: it is registered with other types, naming both.
+    """
     have = Types.of(c)
     if not (have.key.accepts(k) and have.value.accepts(v)):
         raise SchemaMismatch(

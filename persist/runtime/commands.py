@@ -32,6 +32,7 @@ class PersistFuture(concurrent.futures.Future[Any]):
     """
 
     def cancel(self) -> bool:
+        """Always False: the command is ordered and will commit (or be refused) regardless."""
         # NB: asyncio.wrap_future cancels the wrapped future when the awaiting task is
         # cancelled (asyncio.wait_for's timeout, a TaskGroup failing). A cancelled future would
         # make the runtime's set_result raise InvalidStateError and stop the writer; and
@@ -39,17 +40,21 @@ class PersistFuture(concurrent.futures.Future[Any]):
         return False
 
     def result(self, timeout: float | None = None) -> Any:
+        """As ``Future.result``; blocking on an unresolved future inside a running asyncio
+        loop raises InvalidUsage instead of freezing the loop."""
         if not self.done():
             forbid_in_event_loop("Future.result()")
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """As ``Future.exception``, with the same event-loop guard as :meth:`result`."""
         if not self.done():
             forbid_in_event_loop("Future.exception()")
         return super().exception(timeout)
 
 
 def forbid_in_event_loop(what: str) -> None:
+    """Raises InvalidUsage, naming ``what``, if called from inside a running asyncio loop."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -79,6 +84,8 @@ class Apply:
 
 @dataclass(frozen=True, eq=False)
 class Register:
+    """Register collection ``name`` with these codecs, or check them if it exists."""
+
     name: str
     key: Codec
     value: Codec
@@ -109,6 +116,8 @@ class SetOptions:
 
 @dataclass(frozen=True, eq=False)
 class Stop:
+    """Commit what was queued before, refuse what comes after, and end the runtime thread."""
+
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
