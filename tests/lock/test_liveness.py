@@ -9,7 +9,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,27 +18,13 @@ import pytest
 
 import persist
 from persist.errors import LockHeld
+from tests.support.bounded import within
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Runs ``fn`` in a daemon thread; returns its result or the exception it raised, and
-    fails the test if it is still running after ``seconds`` (it may be blocked for good)."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:
-            out.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"still blocked after {seconds:g}s")
-    return out[0]
+    return within(seconds, fn, what='still blocked')
 
 
 def _state(pid: int) -> str:

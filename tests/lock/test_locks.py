@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from persist.lock.file import FileLock
 from persist.lock.memory import MemoryLock
 from persist.lock.unreliable import UnreliableLock
 from tests.lock.conformance import LockConformance, MakeLock
+from tests.support.bounded import within
 
 
 class TestMemoryLock(LockConformance):
@@ -42,21 +42,7 @@ class TestFileLock(LockConformance):
 
 
 def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Returns what ``fn`` returned or raised; fails if it still runs after ``seconds``."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:
-            out.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"still running after {seconds:g}s")
-    return out[0]
+    return within(seconds, fn)
 
 
 def _lost_writes() -> UnreliableLock:

@@ -4,7 +4,6 @@ the store's own ``500 InternalError`` (over the wire: boto3, HTTP, the real erro
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 
 import persist
 from persist.errors import ExternalError
+from tests.support.bounded import within
 from tests.support.faulty_proxy import FaultyProxy, dynamodb_put_items, s3_puts
 
 pytestmark = pytest.mark.s3
@@ -22,21 +22,7 @@ SLACK = 3.0
 
 
 def _within(seconds: float, fn: Callable[[], Any]) -> Any:
-    """Returns what ``fn`` returned or raised; fails if it still runs after ``seconds``."""
-    out: list[Any] = []
-
-    def run() -> None:
-        try:
-            out.append(fn())
-        except BaseException as e:
-            out.append(e)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    t.join(seconds)
-    if t.is_alive():
-        pytest.fail(f"persist.open still blocked after {seconds:g}s")
-    return out[0]
+    return within(seconds, fn, what='persist.open still blocked')
 
 
 def _open_fails_in_time(url: str, options: dict[str, Any]) -> ExternalError:
