@@ -500,8 +500,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=None, metavar="SECONDS",
                    help="how long a blob must stay leaked before deletion (default: the "
                         f"engine's GC grace, {Options().gc_grace_seconds:g}s); must exceed the "
-                        "writers' commit deadline, "
-                        f"{Options().commit_deadline_seconds:g}s by default")
+                        "writers' commit deadline (Options.commit_deadline_seconds, "
+                        f"{Options().commit_deadline_seconds:g}s unless configured)")
     p.add_argument("--jobs", type=int, default=0, help="parallel reads (default: 2 local, "
                    "16 remote)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

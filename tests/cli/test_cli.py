@@ -26,7 +26,7 @@ from persist import cli, layout
 from persist.blob.file import FileBlob
 from persist.indexed import meta
 from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Txn
+from persist.indexed.indexed import Indexed, Options, Txn
 from persist.indexed.machine import Machine
 from persist.indexed.read import Types
 from persist.indexed.verify import verify
@@ -101,8 +101,17 @@ def test_help_documents_exit_codes() -> None:
         assert f"\n  {code}" in out
     assert "inspect" in out
     assert "verify" in out
-    run("verify", "--help")
     assert run("--version").stdout.startswith("persist ")
+
+
+def test_verify_help_states_one_default_for_grace() -> None:
+    """It used to print two different "(default ...)" for --grace (the commit deadline's and
+    the GC grace's)."""
+    text = " ".join(run("verify", "--help").stdout.split())
+    start = text.index("--grace SECONDS how")
+    grace = text[start:text.index("--jobs", start)]
+    assert grace.count("default") == 1, grace
+    assert f"default: the engine's GC grace, {Options().gc_grace_seconds:g}s" in grace
 
 
 def test_usage_errors_are_one_line(tmp_path: Path) -> None:
