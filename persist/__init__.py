@@ -31,6 +31,7 @@ from persist.errors import (
     Timeout,
     UnknownCollection,
 )
+from persist.indexed.filter import Filter, col
 from persist.indexed.indexed import Options
 from persist.indexed.records import arrow, decimal
 from persist.location import open
@@ -56,6 +57,7 @@ __all__ = [
     "Determinate",
     "ExternalError",
     "Fenced",
+    "Filter",
     "IncompatibleFormat",
     "Indeterminate",
     "InvalidUsage",
@@ -76,6 +78,7 @@ __all__ = [
     "WriteHandle",
     "aio",
     "arrow",
+    "col",
     "decimal",
     "open",
 ]

@@ -38,6 +38,7 @@ from persist.errors import (
 )
 from persist.indexed import columnar, compact, gc
 from persist.indexed.columnar import Codec
+from persist.indexed.filter import Filter
 from persist.indexed.machine import Machine
 from persist.indexed.meta import (
     AddPart,
@@ -495,15 +496,18 @@ class Indexed:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def snapshot(self, name: str, as_of: int, state: State | None = None) -> Snapshot:
-        """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest).
+    def snapshot(self, name: str, as_of: int, state: State | None = None, *,
+                 filter: Filter | None = None) -> Snapshot:
+        """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest);
+        with ``filter``, exactly its rows that match it (:mod:`persist.indexed.filter`).
 
         Raises:
-            InvalidUsage: ``as_of`` is outside ``[since, upper)``.
+            InvalidUsage: ``as_of`` is outside ``[since, upper)``; ``filter`` is not a filter.
+            SchemaMismatch: ``filter`` does not fit the collection's types.
             UnknownCollection: no such collection.
         """
         c = collection((state or self.state).collections, name)
-        return Snapshot(c, as_of, self.reader)
+        return Snapshot(c, as_of, self.reader, filter=filter)
 
     def updates_between(
         self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False

@@ -19,6 +19,7 @@ from persist.blob.base import BlobRead
 from persist.errors import Determinate, InvalidUsage
 from persist.indexed import columnar
 from persist.indexed.columnar import Codec
+from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.meta import CollectionMeta, PartMeta
 from persist.indexed.state import check_time, effective_since
 
@@ -117,14 +118,29 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
 
 
 class Snapshot:
-    """The contents of a collection as of one time in ``[since, upper)``: definite."""
+    """The contents of a collection as of one time in ``[since, upper)``: definite.
 
-    def __init__(self, c: CollectionMeta, as_of: int, reader: PartReader) -> None:
+    With a ``filter`` (:mod:`persist.indexed.filter`), exactly the rows of the unfiltered
+    snapshot that match it.
+    """
+
+    def __init__(self, c: CollectionMeta, as_of: int, reader: PartReader, *,
+                 filter: Filter | None = None) -> None:
+        """Checks ``as_of`` (and ``filter`` against ``c``'s types); reads nothing yet.
+
+        Raises:
+            InvalidUsage: ``as_of`` is outside ``[since, upper)``, or ``filter`` is not one.
+            SchemaMismatch: ``filter`` names a field ``c`` lacks, or a literal does not fit.
+        """
         check_as_of(c, as_of)
         self.collection = c
         self.as_of = as_of
         self.types = Types.of(c)
         self._reader = reader
+        self.filter = filter
+        self.bound: Bound | None = None if filter is None else bind(
+            filter, self.types.key.arrow_type, self.types.value.arrow_type,
+            key_codec=c.key_codec, value_codec=c.value_codec)
 
     @property
     def schema(self) -> pa.Schema:
@@ -136,19 +152,37 @@ class Snapshot:
         """The parts holding every update at or before ``as_of`` (for planning parallel reads)."""
         return tuple(p for p in self.collection.parts if p.min_time <= self.as_of and p.rows)
 
+    def read_part(self, p: PartMeta) -> pa.Table:
+        """One part's raw updates at or before ``as_of`` that match the filter, times forwarded
+        to ``as_of``."""
+        t = read_part_at(self._reader, p, self.schema, self.as_of)
+        return self._matching(t)
+
+    def _matching(self, t: pa.Table) -> pa.Table:
+        # NB: filtering rows before consolidating them is exact. Consolidation sums the diffs
+        # of rows with equal (key, value), across parts; the filter is a function of (key,
+        # value) alone, and equal records (persist's equality: null = null, NaN = NaN, -0.0
+        # != 0.0) get the same answer from it (it compares -0.0 and 0.0 alike, but treats all
+        # NaNs as one and all nulls as one). So every group of rows that consolidates together
+        # is kept whole or dropped whole: the kept groups sum as they would unfiltered, and
+        # filtering the consolidated result drops exactly the groups dropped here.
+        if self.bound is None or not len(t):
+            return t
+        return t.filter(self.bound.mask(t))
+
     def batches(self) -> Iterator[pa.Table]:
-        """Raw updates, part by part (bounded memory), times forwarded to ``as_of``.
+        """Raw updates, part by part (bounded memory), times forwarded to ``as_of``, filtered.
 
         Their sum per (key, value) is the definite contents; the individual rows are not
         (compaction consolidates them), so use :meth:`to_arrow` where rows must match exactly.
         """
         for p in self.parts:
-            yield read_part_at(self._reader, p, self.schema, self.as_of)
+            yield self.read_part(p)
 
     def to_arrow(self) -> pa.Table:
         """The consolidated contents: one row per (key, value) with nonzero summed diff, sorted
-        by (key, value); ``time`` is ``as_of``."""
-        tables = [self._reader.read(p, self.schema) for p in self.parts]
+        by (key, value); ``time`` is ``as_of``. Filtered, if the snapshot has a filter."""
+        tables = [self._matching(self._reader.read(p, self.schema)) for p in self.parts]
         if not tables:
             return self.schema.empty_table()
         return columnar.contents_at(pa.concat_tables(tables), self.as_of)

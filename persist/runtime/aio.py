@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from persist.indexed.filter import Filter
 from persist.runtime import client as sync
 from persist.runtime.client import ListenEvent
 
@@ -153,14 +154,17 @@ class AsyncReadHandle:
         """Mirrors ``ReadHandle.upper``, as of the newest state this client knows."""
         return self.sync.upper
 
-    def snapshot(self, as_of: int) -> AsyncSnapshot:
+    def snapshot(self, as_of: int, *, filter: Filter | None = None) -> AsyncSnapshot:
         """Mirrors ``ReadHandle.snapshot`` (without ``timeout``; see :meth:`wait_for_upper`):
         checked at the call, like the sync one; awaiting its methods reads in a worker thread.
+        ``filter`` keeps exactly the matching rows (``ReadHandle.snapshot``).
 
         Raises:
-            InvalidUsage: ``as_of`` is not a time or lies outside ``[since, upper)``.
+            InvalidUsage: ``as_of`` is not a time or lies outside ``[since, upper)``, or
+                ``filter`` is not a filter.
+            SchemaMismatch: ``filter`` does not fit the collection's types (naming the field).
         """
-        return AsyncSnapshot(self.sync.snapshot(as_of))
+        return AsyncSnapshot(self.sync.snapshot(as_of, filter=filter))
 
     async def wait_for_upper(self, beyond: int, timeout: float | None = None) -> int:
         """Mirrors ``ReadHandle.wait_for_upper`` (waits in a worker thread): returns the upper

@@ -25,9 +25,10 @@ from persist.errors import (
     Timeout,
 )
 from persist.indexed.columnar import Codec
+from persist.indexed.filter import Filter
 from persist.indexed.indexed import Indexed, Options, check_types
 from persist.indexed.meta import CollectionMeta, PartMeta, State
-from persist.indexed.read import PartMissing, Snapshot, Types, read_part_at, updates_between
+from persist.indexed.read import PartMissing, Snapshot, Types, updates_between
 from persist.indexed.state import check_time, collection, effective_since
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
@@ -382,13 +383,20 @@ class ReadHandle(_Handle):
         """The Arrow schema of the collection's updates: ``key, value, time, diff``."""
         return Types.of(self._meta()).schema
 
-    def snapshot(self, as_of: int, *, timeout: float | None = None) -> ClientSnapshot:
+    def snapshot(self, as_of: int, *, timeout: float | None = None,
+                 filter: Filter | None = None) -> ClientSnapshot:
         """The definite contents as of ``as_of`` (``since <= as_of < upper``).
 
         With ``timeout``, an ``as_of`` not yet sealed is waited for up to that many seconds.
+        With ``filter`` (``persist.col("value.amount") > 10``, see
+        :mod:`persist.indexed.filter`), exactly the rows of the unfiltered snapshot that match
+        it; parts and record batches whose stats show they hold no match are not read.
 
         Raises:
-            InvalidUsage: ``as_of`` is below since, or (without a timeout) not below upper.
+            InvalidUsage: ``as_of`` is below since, or (without a timeout) not below upper;
+                ``filter`` is not a filter.
+            SchemaMismatch: ``filter`` names a field the collection lacks, or compares one with
+                a literal that does not fit it (naming the field).
             Timeout: ``upper`` did not pass ``as_of`` within ``timeout``.
         """
         check_time("snapshot as_of", as_of)
@@ -402,7 +410,7 @@ class ReadHandle(_Handle):
                     f"{self.name!r} did not seal past {as_of} within {timeout}s "
                     f"(upper is {self.upper})"
                 )
-        return ClientSnapshot(self, as_of)
+        return ClientSnapshot(self, as_of, filter=filter)
 
     def wait_for_upper(self, beyond: int, *, timeout: float | None = None) -> int:
         """Blocks until the collection's upper passes ``beyond``; returns the upper then.
@@ -442,14 +450,15 @@ class ClientSnapshot:
     ``[since, upper)`` has the same consolidated contents.
     """
 
-    def __init__(self, read: ReadHandle, as_of: int) -> None:
+    def __init__(self, read: ReadHandle, as_of: int, *, filter: Filter | None = None) -> None:
         self._read = read
         self.as_of = as_of
+        self.filter = filter
         self._snap = self._fresh()
 
     def _fresh(self) -> Snapshot:
         ix = self._read.client._ix
-        return Snapshot(self._read._meta(), self.as_of, ix.reader)
+        return Snapshot(self._read._meta(), self.as_of, ix.reader, filter=self.filter)
 
     @property
     def schema(self) -> pa.Schema:
@@ -493,9 +502,7 @@ class ClientSnapshot:
         PartMissing (the raw rows of a newer state differ, so this cannot retry silently).
         """
         forbid_in_event_loop("snapshot reads")
-        reader = self._read.client._ix.reader
-        for p in self._snap.parts:
-            yield read_part_at(reader, p, self._snap.schema, self.as_of)
+        yield from self._snap.batches()
 
 
 class Listener(Iterator[ListenEvent]):

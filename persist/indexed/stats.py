@@ -1,0 +1,317 @@
+"""Per-field statistics of a part: what a filtered read needs to skip parts and record batches.
+
+For every field of a part's ``key`` and ``value`` (struct fields flattened by dotted path:
+``key``, ``value.amount``, ``value.address.city``; see :func:`path_key`) a part records its
+null count and, for fields with an order, a lower and an upper bound of its non-null values.
+Kept inside :class:`persist.indexed.meta.PartMeta` (its optional ``stats`` field), so a reader
+decides what to fetch from the metadata it already holds.
+
+**Bounds, not values.** ``lo <= every non-null value <= hi`` in the field's order; a bound may
+be looser than the true minimum or maximum, never tighter, and a missing one (None) is
+unknown. That is what lets them be trimmed to a byte budget:
+
+- strings and binaries are compared bytewise (UTF-8 byte order is code point order, which is
+  Arrow's and Python's string order); ``lo`` is a prefix of the true minimum (a prefix is
+  never greater), ``hi`` the true maximum if it is short enough, else its prefix with the last
+  byte below 0xFF incremented (greater than every string with that prefix), or unknown when
+  the prefix is all 0xFF;
+- a decimal's bounds are its unscaled integers; one beyond msgpack's integer range is clamped
+  outward (``lo`` down, ``hi`` up) or, where no bound in range exists, unknown;
+- floats: NaN is not a bound. ``nans`` counts NaN values (a filter treats NaN as greater than
+  every number, see :mod:`persist.indexed.filter`), and ``-0.0`` equals ``0.0`` in bounds as
+  in comparisons;
+- lists (and every type without a sensible order) have a null count only; a struct node has
+  its own null count (a row whose struct, or a struct above it, is null counts as null for
+  every field below it, as a filter reads it).
+
+The representation (:func:`physical`): integers, bools (0/1), dates (days), timestamps (the
+stored integer in the column's unit) and decimals (unscaled) as ``int``, floats as ``float``,
+strings and binaries as ``bytes``; a filter's literal is turned into the same form to be
+compared.
+
+**Budget** (``Options.stats_bytes``, default 1 KiB of encoded msgpack per part). Part-level
+entries come first, key fields before value fields, depth first; a field whose bounds do not
+fit keeps its null count; once nothing fits the rest are unknown. Then, for a part of several
+Arrow record batches, per-batch bounds of as many ordered fields as fit (key fields first:
+compaction output is sorted by key, so each batch of a merged part covers a narrow key range)
+let a read decode only the batches that may match. Inline parts carry no stats (see
+:func:`persist.indexed.write.new_part`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TypeAlias
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: The default stats budget of a part: encoded bytes of its :class:`PartStats`.
+STATS_BYTES = 1024
+#: The largest stats budget ``Options.stats_bytes`` accepts (every rollup holds every part's).
+MAX_STATS_BYTES = 64 << 10
+#: Strings and binaries keep at most this many bytes of a part-level bound.
+PART_PREFIX_BYTES = 32
+#: ... and of a per-batch bound.
+BATCH_PREFIX_BYTES = 16
+
+#: A bound in its stored form (see the module docstring).
+Phys: TypeAlias = int | float | bytes
+_INT_MIN = -(1 << 63)
+_UINT_MAX = (1 << 64) - 1
+
+
+def path_key(segments: Sequence[str]) -> str:
+    """The stats name of a field: its path segments (``("value", "amount")``) joined by ``.``,
+    a ``.`` or ``\\`` inside a segment escaped with ``\\`` so that two fields never share a
+    name (a field literally named ``a.b`` is ``a\\.b``)."""
+    return ".".join(s.replace("\\", "\\\\").replace(".", "\\.") for s in segments)
+
+
+def orderable(t: pa.DataType) -> bool:
+    """True for the leaf types that have bounds: integers, floats, decimals, bools, strings,
+    binaries, dates and timestamps. Lists, structs and null have null counts only."""
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+                or pa.types.is_boolean(t) or _is_bytes(t) or pa.types.is_date32(t)
+                or pa.types.is_timestamp(t))
+
+
+def _is_bytes(t: pa.DataType) -> bool:
+    return bool(pa.types.is_string(t) or pa.types.is_large_string(t)
+                or pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
+def physical(s: pa.Scalar) -> Phys | None:
+    """A valid scalar of an :func:`orderable` type in the form bounds are stored and compared
+    in (see the module docstring); None for a null scalar.
+
+    NB: the exact stored value: a timestamp's integer in its own unit (``as_py`` would round
+    nanoseconds into a ``datetime``), a decimal's unscaled integer (exact at any precision).
+    """
+    if not s.is_valid:
+        return None
+    t = s.type
+    if pa.types.is_floating(t):
+        return float(s.as_py())
+    if pa.types.is_boolean(t):
+        return int(bool(s.as_py()))
+    if pa.types.is_integer(t):
+        return int(s.as_py())
+    if pa.types.is_decimal(t):
+        d = s.as_py()
+        return int(d.scaleb(t.scale))
+    if pa.types.is_date32(t):
+        return int(s.cast(pa.int32()).as_py())
+    if pa.types.is_timestamp(t):
+        return int(s.cast(pa.int64()).as_py())
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return bytes(s.as_py().encode())
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return bytes(s.as_py())
+    raise TypeError(f"{t} has no bounds")
+
+
+# -- the stored form --------------------------------------------------------------------------
+
+
+class LeafStats(msgspec.Struct, frozen=True, array_like=True):
+    """One field of a part: ``path`` (:func:`path_key`), its null count, its NaN count (0 for
+    other than floats), and bounds of its non-null, non-NaN values (None: unknown).
+
+    Invariant: ``lo <= v <= hi`` for every such value ``v`` (see the module docstring).
+    """
+
+    path: str
+    nulls: int
+    nans: int = 0
+    lo: int | float | bytes | None = None
+    hi: int | float | bytes | None = None
+
+
+class BatchStats(msgspec.Struct, frozen=True, array_like=True):
+    """Bounds of one field per Arrow record batch of the part (``lo[i]``/``hi[i]`` for batch
+    ``i``; None: unknown), under the same invariant as :class:`LeafStats`, NaN excluded."""
+
+    path: str
+    lo: tuple[int | float | bytes | None, ...]
+    hi: tuple[int | float | bytes | None, ...]
+
+
+class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A part's stats (stored in ``PartMeta.stats``): per-field entries, and, when the part has
+    several record batches, each batch's row count and per-batch bounds of some fields. A
+    field with no entry is unknown."""
+
+    leaves: tuple[LeafStats, ...] = ()
+    #: Rows of each Arrow record batch of the part's IPC stream, in order (empty: no batch
+    #: stats).
+    batch_rows: tuple[int, ...] = ()
+    batches: tuple[BatchStats, ...] = ()
+
+
+_ENC = msgspec.msgpack.Encoder()
+
+
+# -- what a filter reads ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What is known of one field over some rows (a part or one of its batches): ``rows``
+    rows, ``nulls`` of them null, ``nans`` NaN, the rest within ``[lo, hi]``. None: unknown.
+    """
+
+    rows: int
+    nulls: int | None
+    nans: int | None
+    lo: Phys | None
+    hi: Phys | None
+
+
+def part_bounds(stats: PartStats, rows: int) -> dict[str, Bounds]:
+    """The part-level :class:`Bounds` of every field ``stats`` has an entry for."""
+    return {s.path: Bounds(rows, s.nulls, s.nans, s.lo, s.hi) for s in stats.leaves}
+
+
+def batch_bounds(stats: PartStats) -> list[dict[str, Bounds]]:
+    """Per record batch (``stats.batch_rows``), the :class:`Bounds` the batch stats give
+    (null and NaN counts unknown). Empty when the part has no batch stats."""
+    out: list[dict[str, Bounds]] = [{} for _ in stats.batch_rows]
+    for b in stats.batches:
+        for i, (lo, hi) in enumerate(zip(b.lo, b.hi, strict=True)):
+            if i < len(out):
+                out[i][b.path] = Bounds(stats.batch_rows[i], None, None, lo, hi)
+    return out
+
+
+# -- computing them ---------------------------------------------------------------------------
+
+
+def _fields(col: pa.ChunkedArray, segments: tuple[str, ...]
+            ) -> Iterator[tuple[tuple[str, ...], pa.ChunkedArray]]:
+    """Every field of ``col`` depth first, itself first: ``(segments, values)`` with a struct's
+    nulls folded into its fields (``pc.struct_field``), as a filter reads them."""
+    yield segments, col
+    t = col.type
+    if pa.types.is_struct(t):
+        for i in range(t.num_fields):
+            name = t.field(i).name
+            yield from _fields(pc.struct_field(col, [i]), (*segments, name))
+
+
+def _lower(v: Phys | None, prefix: int) -> Phys | None:
+    if isinstance(v, bytes):
+        return v[:prefix]
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v < _INT_MIN:
+            return None
+        return min(v, _UINT_MAX)
+    return v
+
+
+def _upper(v: Phys | None, prefix: int) -> Phys | None:
+    if isinstance(v, bytes):
+        if len(v) <= prefix:
+            return v
+        head = v[:prefix].rstrip(b"\xff")
+        if not head:
+            return None  # every byte 0xFF: no short string is above it
+        return head[:-1] + bytes([head[-1] + 1])
+    if isinstance(v, int) and not isinstance(v, bool):
+        if v > _UINT_MAX:
+            return None
+        return max(v, _INT_MIN)
+    return v
+
+
+def _min_max(col: pa.ChunkedArray | pa.Array) -> tuple[Phys | None, Phys | None]:
+    mm = pc.min_max(col)
+    lo, hi = physical(mm["min"]), physical(mm["max"])
+    if isinstance(lo, float) and lo != lo:  # all NaN: min_max skips NaN unless nothing else
+        return None, None
+    return lo, hi
+
+
+def compute(table: pa.Table, batch_rows: Sequence[int], budget: int = STATS_BYTES
+            ) -> PartStats | None:
+    """The stats of a part holding ``table`` (columns ``key, value, time, diff``), written as
+    record batches of ``batch_rows`` rows, in at most ``budget`` encoded bytes (see the module
+    docstring for what comes first). None if not even one entry fits."""
+    if budget <= 0 or not len(table):
+        return None
+    used = 8  # the PartStats map header and its keys
+    leaves: list[LeafStats] = []
+    ordered: list[tuple[str, pa.ChunkedArray, int]] = []
+    for name in ("key", "value"):
+        for segments, col in _fields(table.column(name), (name,)):
+            path = path_key(segments)
+            nulls = col.null_count
+            t = col.type
+            entry = LeafStats(path, nulls)
+            if orderable(t) and nulls < len(col):
+                nans = 0
+                if pa.types.is_floating(t):
+                    nans = int(pc.sum(pc.is_nan(col)).as_py() or 0)
+                lo, hi = _min_max(col)
+                full = LeafStats(path, nulls, nans, _lower(lo, PART_PREFIX_BYTES),
+                                 _upper(hi, PART_PREFIX_BYTES))
+                size = len(_ENC.encode(full))
+                if used + size <= budget:
+                    leaves.append(full)
+                    used += size
+                    ordered.append((path, col, nans))
+                    continue
+                entry = LeafStats(path, nulls, nans)
+            size = len(_ENC.encode(entry))
+            if used + size > budget:
+                break
+            leaves.append(entry)
+            used += size
+        else:
+            continue
+        break
+    if not leaves:
+        return None
+    rows = tuple(batch_rows)
+    batches: list[BatchStats] = []
+    if len(rows) > 1 and ordered:
+        size = len(_ENC.encode(rows)) + 24
+        if used + size <= budget:
+            used += size
+            for path, col, nans in ordered:
+                estimate = len(path) + 4 + 2 * len(rows) * (BATCH_PREFIX_BYTES + 2)
+                if not _is_bytes(col.type):
+                    estimate = len(path) + 4 + 2 * len(rows) * 9
+                if used + estimate > budget:
+                    break
+                b = _batch_stats(path, col, rows, nan=nans > 0)
+                size = len(_ENC.encode(b))
+                if used + size > budget:
+                    break
+                batches.append(b)
+                used += size
+    if not batches:
+        rows = ()
+    return PartStats(leaves=tuple(leaves), batch_rows=rows, batches=tuple(batches))
+
+
+def _batch_stats(path: str, col: pa.ChunkedArray, rows: Sequence[int], *, nan: bool
+                 ) -> BatchStats:
+    los: list[Phys | None] = []
+    his: list[Phys | None] = []
+    at = 0
+    for n in rows:
+        lo, hi = _min_max(col.slice(at, n))
+        los.append(_lower(lo, BATCH_PREFIX_BYTES))
+        # NB: a float field with NaNs somewhere: a batch's upper bound is unknown (NaN is above
+        # every number, and finding which batches hold one would cost a pass per batch).
+        his.append(None if nan else _upper(hi, BATCH_PREFIX_BYTES))
+        at += n
+    return BatchStats(path, tuple(los), tuple(his))
+
+
+__all__ = ["BATCH_PREFIX_BYTES", "MAX_STATS_BYTES", "PART_PREFIX_BYTES", "STATS_BYTES",
+           "BatchStats", "Bounds", "LeafStats", "PartStats", "Phys", "batch_bounds",
+           "compute", "orderable", "part_bounds", "path_key", "physical"]
