@@ -51,14 +51,17 @@ def ratio(m: Metric, peer: str) -> float | None:
 
 
 def render_workload(w: WorkloadResult, systems: list[str]) -> str:
-    peers = [p for p in PEER_ORDER if p in systems]
+    # NB: a workload may add columns of its own after the systems' (W10's parquet), each
+    # with its ratio column like a peer's.
+    peers = [p for p in PEER_ORDER if p in systems] + list(w.extra)
+    shown = [*systems, *w.extra]
     # NB: a workload may head a system's column differently (W9 puts spark.read.parquet in
     # the floor's column); the ratio columns keep the system names.
-    head = ["metric", *(w.columns.get(s, s) for s in systems), *(f"p/{p}" for p in peers)]
+    head = ["metric", *(w.columns.get(s, s) for s in shown), *(f"p/{p}" for p in peers)]
     rows = [head]
     for m in w.metrics.values():
         arrow = {"higher": " ↑", "lower": " ↓"}.get(m.better or "", "")
-        row = [m.name + arrow, *(cell(m, s) for s in systems)]
+        row = [m.name + arrow, *(cell(m, s) for s in shown)]
         for p in peers:
             q = ratio(m, p) if m.better else None
             row.append("—" if q is None else f"{q:.2f}")
@@ -159,6 +162,24 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
                 lo, hi = min(sizes), max(sizes)
                 add(f"W6.{dim}", f"W6 persist median append latency, {hi:,} vs {lo:,} {dim}",
                     "<=", 1.5, med("W6", f"ratio {hi:,}/{lo:,} {dim}", "persist"))
+    if "W10" in ws:
+        def w10(metric: str, system: str = "persist") -> float | None:
+            return med("W10", metric, system)
+
+        for peer, thr in (("floor", 0.9), ("delta", 1.5)):
+            add(f"W10.write/{peer}", f"W10 records write records/s, persist/{peer}", ">=", thr,
+                _div(w10("write records/s"), w10("write records/s", peer)))
+        add("W10.read/floor", "W10 records raw read records/s, persist/floor", ">=", 0.9,
+            _div(w10("raw read records/s"), w10("raw read records/s", "floor")))
+        add("W10.lookup/parquet", "W10 point lookup ms, persist/Parquet (key-sorted, pushdown)",
+            "<=", 2.0, _div(w10("point lookup (ms)"), w10("point lookup (ms)", "parquet")))
+        add("W10.lookup/scan", "W10 persist point lookup speed-up over its full scan", ">=", 10.0,
+            w10("point lookup speed-up over a full scan"))
+        add("W10.consolidate", "W10 consolidate record / int64 value (distinct rows)", "<=", 2.0,
+            w10("consolidate record / int64"))
+        add("W10.consolidate-retractions",
+            "W10 consolidate record / int64 value (with retractions)", "<=", 2.0,
+            w10("consolidate with retractions, record / int64"))
     return out
 
 

@@ -7,7 +7,7 @@ JSON shape (``results.json``)::
                           "metrics": [{"name", "unit", "better": "higher"|"lower"|null,
                                        "values": {system: {"median","min","max","n","samples"}}}],
                           "notes": [str], "series": {...},
-                          "columns": {system: heading}}},
+                          "columns": {system: heading}, "extra": [column]}},
      "targets": [{"id", "description", "value", "threshold", "op", "met": bool | null}]}
 """
 
@@ -56,6 +56,9 @@ class WorkloadResult:
     #: Column headings that differ from the system name in this workload, e.g. W9 reports
     #: ``spark.read.parquet`` in the floor's column (explained in a note).
     columns: dict[str, str] = field(default_factory=dict)
+    #: Columns measured by this workload only, shown after the systems' with a ratio column
+    #: each (W10's ``parquet``: pyarrow.parquet files). They are not systems: no status.
+    extra: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     def metric(self, name: str, unit: str, better: Better) -> Metric:
@@ -66,6 +69,8 @@ class WorkloadResult:
 
     def add(self, name: str, unit: str, better: Better, system: str, value: float) -> None:
         self.metric(name, unit, better).add(system, value)
+        if system in self.extra:
+            return
         st = self.status.get(system)
         if st is None:
             self.status[system] = "ok"
@@ -96,5 +101,6 @@ class WorkloadResult:
             "notes": self.notes,
             "series": self.series,
             "columns": self.columns,
+            "extra": self.extra,
             "seconds": self.seconds,
         }

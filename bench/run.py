@@ -1,6 +1,6 @@
-"""The one command: ``python -m bench.run [--quick] [--out DIR] [sizes...]``.
+"""The one command: ``python -m bench.run [--quick] [--out DIR] [--workloads W10] [sizes...]``.
 
-Runs W1..W9 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
+Runs W1..W10 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
 table of median [min-max] over the repeats with the ratios persist/peer measured in this run,
 the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
 A system whose package is missing is skipped, with the reason recorded in every workload; so is
@@ -45,6 +45,8 @@ DEFAULTS: dict[str, Any] = {
     "w8_appends": 100, "w8_rows": 100, "w8_bulk": 5, "w8_bulk_rows": 200_000, "w8_repeats": 1,
     "w9_rows": 5_000_000, "w9_part_rows": 1_000_000, "w9_repeats": 3, "w9_seals": 20,
     "w9_gap": 1.0,
+    "w10_rows": 5_000_000, "w10_chunk_rows": 1_000_000, "w10_lookups": 5,
+    "w10_consolidate_rows": 1_000_000,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -57,6 +59,8 @@ QUICK: dict[str, Any] = {
     "w7_appends": 2, "w7_rows": 20_000, "w7_repeats": 1,
     "w8_appends": 10, "w8_rows": 100, "w8_bulk": 2, "w8_bulk_rows": 20_000, "w8_repeats": 1,
     "w9_rows": 20_000, "w9_part_rows": 10_000, "w9_repeats": 1, "w9_seals": 3, "w9_gap": 0.5,
+    "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
+    "w10_consolidate_rows": 20_000,
 }
 
 
@@ -77,7 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma-separated subset of: " + ", ".join(SYSTEMS))
     p.add_argument("--workloads", default=",".join(ALL_IDS),
-                   help="comma-separated subset of W1..W9 (W2 and W3 run together)")
+                   help="comma-separated subset of W1..W10 (W2 and W3 run together); "
+                        "e.g. --workloads W10 runs that one alone")
     g = p.add_argument_group("sizes (defaults in brackets: full run / --quick)")
 
     def opt(name: str, kind: Any, help_: str) -> None:
@@ -119,6 +124,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w9-repeats", int, "W9 rounds of the reads")
     opt("--w9-seals", int, "W9 seals timed to their micro-batch")
     opt("--w9-gap", float, "W9 seconds between seals")
+    opt("--w10-rows", int, "W10 (records) updates written and queried")
+    opt("--w10-chunk-rows", int, "W10 updates per append")
+    opt("--w10-lookups", int, "W10 point lookups per round (distinct keys; median)")
+    opt("--w10-consolidate-rows", int, "W10 rows of the consolidated part")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():
@@ -185,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             unavailable[name] = why
     systems = [s for s in SYSTEMS if s not in unavailable]
     ids = [w.strip().upper() for w in args.workloads.split(",") if w.strip()]
+    if unknown := [w for w in ids if w not in ALL_IDS]:
+        raise SystemExit(f"unknown workloads {unknown}; choose from {list(ALL_IDS)}")
     ctx = Context(args=args, work=work, systems=systems, unavailable=unavailable)
     for name, why in unavailable.items():
         ctx.log(f"skipping {name}: {why}")

@@ -1,6 +1,7 @@
 """The one small interface every system under test implements.
 
-A system stores one table of updates (``bench.common.SCHEMA``) under its own directory. Every
+A system stores one table of updates (``bench.common.SCHEMA`` unless given another schema of
+the same four columns, e.g. W10's records) under its own directory. Every
 ``append`` is *acknowledged* when it returns: durable for persist and the floor (fsync'd),
 committed for the peers (whatever their commit guarantees; delta-rs does not fsync locally).
 Reads always *open afresh* (a new handle, as another process would) and return the raw rows
@@ -17,6 +18,8 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from bench.common import SCHEMA
+
 
 class Skip(Exception):
     """A system cannot run (part of) a workload; the message is recorded as the reason."""
@@ -30,8 +33,10 @@ class System(ABC):
     #: One line on what an append guarantees when it returns.
     guarantee: ClassVar[str] = ""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, schema: pa.Schema = SCHEMA) -> None:
         self.root = root
+        #: The table's columns: ``key, value, time, diff`` (``time`` and ``diff`` int64).
+        self.schema = schema
 
     @classmethod
     def unavailable(cls) -> str | None:

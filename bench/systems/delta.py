@@ -24,15 +24,15 @@ class DeltaSystem(System):
     requires: ClassVar[tuple[str, ...]] = ("deltalake",)
     guarantee: ClassVar[str] = "committed to the log (no fsync locally)"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, schema: pa.Schema = SCHEMA) -> None:
+        super().__init__(root, schema=schema)
         self.path = str(root / "table")
         self.version = 0
 
     def create(self) -> None:
         from deltalake import DeltaTable
 
-        DeltaTable.create(self.path, schema=SCHEMA)
+        DeltaTable.create(self.path, schema=self.schema)
         self.version = 0
 
     def append(self, table: pa.Table, upper: int) -> Any:
@@ -85,7 +85,7 @@ class DeltaSystem(System):
         from deltalake import DeltaTable
 
         for i in range(n):
-            DeltaTable.create(str(self.root / f"other-{i:06d}"), schema=SCHEMA)
+            DeltaTable.create(str(self.root / f"other-{i:06d}"), schema=self.schema)
 
     def add_history(self, n: int) -> None:
         raise Skip("delta-rs has no data-less commit; W2 shows its latency after N appends")

@@ -55,8 +55,8 @@ class FloorSystem(System):
     name: ClassVar[str] = "floor"
     guarantee: ClassVar[str] = "durable (file and directory fsync'd)"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, schema: pa.Schema = SCHEMA) -> None:
+        super().__init__(root, schema=schema)
         self.dir = root / "table"
         self._uppers: list[int] = []  # upper after each append (version n -> _uppers[n-1])
         self._lock = threading.Lock()
@@ -92,7 +92,7 @@ class FloorSystem(System):
                 table = table.filter(pc.less_equal(table.column("time"), limit))
             return table
         tables = [read_file(p) for p in self._files(version)]
-        return pa.concat_tables(tables) if tables else SCHEMA.empty_table()
+        return pa.concat_tables(tables) if tables else self.schema.empty_table()
 
     def compact(self) -> str:
         files = self._files(None)
@@ -133,11 +133,11 @@ class FloorSystem(System):
 
     def add_history(self, n: int) -> None:
         # Prior appends: files already in the directory (written unsynced, then flushed once).
-        empty = SCHEMA.empty_table()
+        empty = self.schema.empty_table()
         for _ in range(n):
             i = next(self._counter)
             sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, SCHEMA, options=_OPTS) as w:
+            with pa.ipc.new_stream(sink, self.schema, options=_OPTS) as w:
                 w.write_table(empty)
             with open(self._name(i), "wb") as f:
                 f.write(sink.getvalue())

@@ -26,8 +26,8 @@ class IcebergSystem(System):
     requires: ClassVar[tuple[str, ...]] = ("pyiceberg", "sqlalchemy")
     guarantee: ClassVar[str] = "committed to the sqlite catalog (no fsync of data files)"
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, schema: pa.Schema = SCHEMA) -> None:
+        super().__init__(root, schema=schema)
         self.table: Any = None
         self.catalog: Any = None
 
@@ -45,7 +45,7 @@ class IcebergSystem(System):
     def create(self) -> None:
         self.catalog = self._catalog()
         self.catalog.create_namespace("bench")
-        self.table = self.catalog.create_table(IDENT, schema=SCHEMA)
+        self.table = self.catalog.create_table(IDENT, schema=self.schema)
 
     def append(self, table: pa.Table, upper: int) -> Any:
         self.table.append(table)
@@ -94,7 +94,7 @@ class IcebergSystem(System):
 
     def add_collections(self, n: int) -> None:
         for i in range(n):
-            self.catalog.create_table(f"bench.other_{i:06d}", schema=SCHEMA)
+            self.catalog.create_table(f"bench.other_{i:06d}", schema=self.schema)
 
     def add_history(self, n: int) -> None:
         raise Skip("pyiceberg has no data-less commit; W2 shows its latency after N appends")

@@ -35,8 +35,8 @@ class PersistSystem(System):
     name: ClassVar[str] = "persist"
     guarantee: ClassVar[str] = "durable (fsync'd data + metadata commit) and sealed"
 
-    def __init__(self, root: Path, *, notify: bool = False) -> None:
-        super().__init__(root)
+    def __init__(self, root: Path, *, notify: bool = False, schema: pa.Schema = SCHEMA) -> None:
+        super().__init__(root, schema=schema)
         self.url = str(root / "location")
         #: Serve push notifications to replicas (``persist.open(..., notify=True)``), for W5.
         self.notify = notify
@@ -47,8 +47,7 @@ class PersistSystem(System):
 
     def create(self) -> None:
         self.client = persist.open(self.url, notify=True) if self.notify else persist.open(self.url)
-        self.write, _ = self.client.create_or_load(NAME, key_type=pa.int64(),
-                                                   value_type=pa.int64())
+        self.write, _ = self.client.create_or_load(NAME, **self._types())
 
     def append(self, table: pa.Table, upper: int) -> Any:
         assert self.write is not None
@@ -56,9 +55,13 @@ class PersistSystem(System):
         self._next_time = upper
         return upper - 1
 
+    def _types(self) -> dict[str, pa.DataType]:
+        return {"key_type": self.schema.field("key").type,
+                "value_type": self.schema.field("value").type}
+
     def _open_read(self) -> tuple[persist.Client, persist.ReadHandle]:
         client = persist.open(self.url, read_only=True)
-        _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
+        _, read = client.create_or_load(NAME, **self._types())
         return client, read
 
     def read(self, version: Any = None) -> pa.Table:
@@ -74,7 +77,7 @@ class PersistSystem(System):
         """Raw rows read from the writer's already open client: no metadata to load, and blob
         parts decoded once stay in its part cache (persist's usual in-process read path)."""
         assert self.client is not None
-        _, read = self.client.create_or_load(NAME, key_type=pa.int64(), value_type=pa.int64())
+        _, read = self.client.create_or_load(NAME, **self._types())
         as_of = read.upper - 1 if version is None else int(version)
         snap = read.snapshot(as_of)
         return _concat(list(snap.batches()), snap.schema)
@@ -96,7 +99,7 @@ class PersistSystem(System):
         write = self.write
         assert write is not None
         lock = self._lock
-        field = SCHEMA.field(2)
+        field = self.schema.field(2)
 
         def append(table: pa.Table) -> int:
             n = len(table)

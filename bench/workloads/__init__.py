@@ -1,4 +1,4 @@
-"""The workloads W1..W9, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
+"""The workloads W1..W10, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from bench.workloads import (
     w7_memory,
     w8_s3,
     w9_spark,
+    w10_records,
 )
 
 #: W3 (time travel) runs inside W2's appends, so ``w2_small_appends`` produces both W2 and W3.
@@ -23,10 +24,11 @@ WORKLOADS: dict[str, ModuleType] = {
     "W5": w5_listen,
     "W6": w6_metadata,
     "W7": w7_memory,
-    # NB: W8 and W9 run last: the moto server and the JVM they start (and end) then compete
-    # with none of the local measurements.
+    # NB: W8, W9 and W10 run last: the moto server and the JVMs they start (and end) then
+    # compete with none of the local measurements (W10 starts its JVM at its very end).
     "W8": w8_s3,
     "W9": w9_spark,
+    "W10": w10_records,
 }
 
-ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
+ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10")

@@ -8,7 +8,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.common import fresh_dir, remove
+import pyarrow as pa
+
+from bench.common import SCHEMA, fresh_dir, remove
 from bench.systems import SYSTEMS, System
 
 
@@ -34,10 +36,10 @@ class Context:
         elapsed = time.monotonic() - self.started
         print(f"[{elapsed:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
-    def new_system(self, name: str, tag: str) -> System:
-        """A created, empty table of ``name`` in a fresh directory."""
+    def new_system(self, name: str, tag: str, *, schema: pa.Schema = SCHEMA) -> System:
+        """A created, empty table of ``name`` in a fresh directory, with columns ``schema``."""
         root = fresh_dir(self.work, f"{tag}-{name}")
-        s = SYSTEMS[name](root)
+        s = SYSTEMS[name](root, schema=schema)
         s.create()
         return s
 

@@ -95,8 +95,9 @@ def prepare(root: Path, rows: int, part_rows: int) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def spark_session(*, fast_start: bool) -> Iterator[Any]:
+def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> Iterator[Any]:
     """A ``local[2]`` SparkSession with the persist format registered; the JVM ends on exit.
+    ``conf``: more Spark settings (W10 turns on ``spark.sql.python.filterPushdown.enabled``).
 
     Raises:
         RuntimeError: the JVM did not start (the message says why).
@@ -126,6 +127,8 @@ def spark_session(*, fast_start: bool) -> Iterator[Any]:
         if fast_start:
             b = b.config("spark.driver.extraJavaOptions",
                          "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        for name, value in (conf or {}).items():
+            b = b.config(name, value)
         try:
             spark = b.getOrCreate()
         except Exception as e:  # py4j / pyspark raise assorted types when the JVM fails

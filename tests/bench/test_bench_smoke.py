@@ -3,7 +3,9 @@ a complete results.json. It asserts *nothing* about speed: absolute numbers on a
 machine mean nothing, and the ratios are for people to read.
 
 W8 (S3 on a moto server) and W9 (the Spark source) need optional packages (and Java for W9):
-where those are present they must run; where not, they must say why they were skipped.
+where those are present they must run; where not, they must say why they were skipped. W10
+(records) always runs its writes, reads and consolidation; its Spark rows need the same as W9,
+and its lookups persist's filter API, else a note says why they are missing.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {"persist", "floor", "delta", "iceberg"}
-WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9"}
+WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10"}
 #: Workloads that run only where optional packages are installed (else skipped with a reason).
 OPTIONAL = {"W8", "W9"}
 
@@ -75,10 +77,34 @@ def test_quick_mode_covers_every_workload_and_system(tmp_path: Path) -> None:
         assert w["metrics"], wid
     for name, info in doc["systems"].items():
         assert info["available"] or info["reason"], name
+    _check_w10(doc["workloads"]["W10"], spark=_can_run("W9"))
     assert doc["targets"], "the targets are reported (met or not: not asserted)"
+    assert any(t["id"].startswith("W10.") for t in doc["targets"])
     assert (out / "table.txt").read_text().strip()
     assert "Targets" in proc.stdout
     assert "p/floor" in proc.stdout
+
+
+def _check_w10(w10: dict[str, Any], *, spark: bool) -> None:
+    """W10 measured every store it writes (Parquet is its own column), consolidated, and ran
+    or explained each optional part."""
+    values = {m["name"]: m["values"] for m in w10["metrics"]}
+    assert w10["extra"] == ["parquet"]
+    assert w10["status"]["iceberg"].startswith("skipped: ")
+    for metric in ("write records/s", "raw read records/s"):
+        assert {"persist", "floor", "parquet"} <= set(values[metric]), (metric, values[metric])
+    for metric in ("full scan (ms)", "consolidate record / int64",
+                   "consolidate with retractions, record / int64"):
+        assert values[metric]["persist"]["n"] >= 1, metric
+    assert values["point lookup (ms)"]["parquet"]["n"] >= 1
+    notes = " ".join(w10["notes"])
+    if "persist" not in values["point lookup (ms)"]:
+        assert any(n.startswith("persist: ") and "filter" in n for n in w10["notes"]), \
+            "a persist lookup that did not run says why"
+    if spark:
+        assert values["Spark: point lookup (ms)"]["persist"]["n"] >= 1
+    else:
+        assert "Spark rows skipped: " in notes
 
 
 def test_missing_peer_packages_are_skipped_with_a_reason(tmp_path: Path) -> None:
@@ -96,10 +122,12 @@ def test_missing_peer_packages_are_skipped_with_a_reason(tmp_path: Path) -> None
 
 
 def test_w8_w9_without_their_packages_or_java_are_skipped_with_a_reason(tmp_path: Path) -> None:
-    args = ["--quick", "--workloads", "W8,W9", "--systems", "persist,floor"]
+    args = ["--quick", "--workloads", "W8,W9,W10", "--systems", "persist,floor"]
     proc = _run([*args, "--out", str(tmp_path / "blocked")], block=("boto3", "pyspark"))
     assert proc.returncode == 0, proc.stderr[-4000:]
     ws = _load(tmp_path / "blocked")["workloads"]
+    _check_w10(ws["W10"], spark=False)
+    assert "pyspark" in " ".join(ws["W10"]["notes"])
     for wid, missing in (("W8", "boto3"), ("W9", "pyspark")):
         for system in ("persist", "floor"):
             status = ws[wid]["status"][system]
