@@ -38,7 +38,6 @@ delta-rs).
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import statistics
 from collections.abc import Callable
@@ -234,35 +233,23 @@ def write_parquet(path: Path, table: pa.Table, **kwargs: Any) -> None:
 # -- persist queries --------------------------------------------------------------------------
 
 
-def filter_unsupported() -> str | None:
-    """Why this persist cannot run filtered snapshots (no ``persist.col`` or no
-    ``ReadHandle.snapshot(filter=...)`` yet), or None."""
-    if not hasattr(persist, "col"):
-        return ("persist has no filter API yet (persist.col, persist/indexed/filter.py): "
-                "lookups and range filters not measured")
-    if "filter" not in inspect.signature(persist.ReadHandle.snapshot).parameters:
-        return "ReadHandle.snapshot has no filter= yet: lookups and range filters not measured"
-    return None
-
-
-def key_is(k: int) -> Any:
+def key_is(k: int) -> persist.Filter:
     """``persist.col("key") == k``."""
-    return cast(Any, persist).col("key") == k
+    return persist.col("key") == k
 
 
-def amount_above(x: Decimal) -> Any:
+def amount_above(x: Decimal) -> persist.Filter:
     """``persist.col("value.amount") > x``."""
-    return cast(Any, persist).col("value.amount") > x
+    return persist.col("value.amount") > x
 
 
-def _snapshot_rows(read: persist.ReadHandle, flt: Any) -> pa.Table:
-    as_of = read.upper - 1
-    snap = read.snapshot(as_of) if flt is None else cast(Any, read).snapshot(as_of, filter=flt)
+def _snapshot_rows(read: persist.ReadHandle, flt: persist.Filter | None) -> pa.Table:
+    snap = read.snapshot(read.upper - 1, filter=flt)
     tables = list(snap.batches())
     return pa.concat_tables(tables) if tables else snap.schema.empty_table()
 
 
-def persist_query(url: str, flt: Any) -> pa.Table:
+def persist_query(url: str, flt: persist.Filter | None) -> pa.Table:
     """The raw rows matching ``flt`` (None: every row) as of the latest time, through a
     freshly opened read-only replica (opening is part of the cost, as for every read)."""
     client = persist.open(url, read_only=True)
@@ -447,17 +434,14 @@ def _queries(ctx: Context, res: WorkloadResult, kept: dict[str, System],
         f"default); each query opens afresh (persist: a read-only replica)")
     x = range_threshold()
     url = ps.url
-    why = filter_unsupported()
-    if why is not None:
-        res.skip("persist", why)
-    # NB: a point lookup answers from one key's rows: every lookup must find the same rows
-    # through both engines (checked once, outside the timings).
+    # NB: every query must find the same rows through both engines (checked once, outside
+    # the timings).
     for k in keys:
         want = pq.read_table(sorted_pq, filters=ds.field("key") == k).num_rows
-        if why is None and (got := persist_query(url, key_is(k)).num_rows) != want:
+        if (got := persist_query(url, key_is(k)).num_rows) != want:
             raise AssertionError(f"W10: persist lookup of key {k} gave {got} rows, Parquet {want}")
     want_range = pq.read_table(sorted_pq, filters=ds.field("value", "amount") > x).num_rows
-    if why is None and (got := persist_query(url, amount_above(x)).num_rows) != want_range:
+    if (got := persist_query(url, amount_above(x)).num_rows) != want_range:
         raise AssertionError(f"W10: persist range filter gave {got} rows, Parquet {want_range}")
     res.notes.append(f"range filter: value.amount > {x} ({want_range:,} of {rows:,} rows); "
                      f"point lookups: {len(keys)} keys per round, median of them")
@@ -476,14 +460,11 @@ def _queries(ctx: Context, res: WorkloadResult, kept: dict[str, System],
         (PARQUET, f"range value.amount > {x} (ms)",
          lambda: _ms(pq.read_table, sorted_pq, filters=ds.field("value", "amount") > x)),
         ("persist", SCAN, lambda: _ms(persist_query, url, None)),
+        ("persist", LOOKUP, persist_lookups),
+        ("persist", "point lookup, open replica (ms)", lambda: _open_lookups(url, keys)),
+        ("persist", f"range value.amount > {x} (ms)",
+         lambda: _ms(persist_query, url, amount_above(x))),
     ]
-    if why is None:
-        cases += [
-            ("persist", LOOKUP, persist_lookups),
-            ("persist", "point lookup, open replica (ms)", lambda: _open_lookups(url, keys)),
-            ("persist", f"range value.amount > {x} (ms)",
-             lambda: _ms(persist_query, url, amount_above(x))),
-        ]
     for r in range(ctx.repeats):
         for column, metric, f in rotate(cases, r):
             ctx.log(f"W10 queries round {r + 1}/{ctx.repeats}: {column}, {metric}")
@@ -550,9 +531,8 @@ def _spark(ctx: Context, res: WorkloadResult, ps: PersistSystem, sorted_pq: Path
     ctx.log("W10: starting Spark")
     with contextlib.ExitStack() as stack:
         try:
-            spark = stack.enter_context(w9_spark.spark_session(
-                fast_start=bool(ctx.args.quick),
-                conf={"spark.sql.python.filterPushdown.enabled": "true"}))
+            # NB: the session turns spark.sql.python.filterPushdown.enabled on
+            spark = stack.enter_context(w9_spark.spark_session(fast_start=bool(ctx.args.quick)))
         except RuntimeError as e:
             res.notes.append(f"Spark rows skipped: {e}")
             return

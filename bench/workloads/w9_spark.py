@@ -97,7 +97,7 @@ def prepare(root: Path, rows: int, part_rows: int) -> tuple[str, str]:
 @contextlib.contextmanager
 def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> Iterator[Any]:
     """A ``local[2]`` SparkSession with the persist format registered; the JVM ends on exit.
-    ``conf``: more Spark settings (W10 turns on ``spark.sql.python.filterPushdown.enabled``).
+    ``conf``: more Spark settings.
 
     Raises:
         RuntimeError: the JVM did not start (the message says why).
@@ -123,7 +123,10 @@ def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> It
              .config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")
              .config("spark.driver.host", "127.0.0.1")
-             .config("spark.driver.bindAddress", "127.0.0.1"))
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             # NB: a Python source that implements pushFilters (the persist source does, or
+             # will) fails every read unless this is on (pyspark 4.1+)
+             .config("spark.sql.python.filterPushdown.enabled", "true"))
         if fast_start:
             b = b.config("spark.driver.extraJavaOptions",
                          "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
