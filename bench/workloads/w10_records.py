@@ -95,6 +95,11 @@ _YEAR_US = 366 * 86_400 * 1_000_000
 #: The peers W10 writes to (the floor and delta-rs through their adapters; Parquet is W10's).
 STORES = ("persist", "floor", "delta")
 PARQUET = "parquet"
+#: Where the key-sorted Parquet files are written (under the scratch directory).
+SORTED_DIR = "w10-parquet-sorted"
+#: Row groups of the second key-sorted Parquet file: as many rows as a record batch of a
+#: persist part (the unit its per-batch stats let a filtered read skip).
+FINE_ROW_GROUP = 1 << 16
 
 WRITE, WRITE_MIB = "write records/s", "write MiB/s (Arrow bytes)"
 READ, READ_MIB = "raw read records/s", "raw read MiB/s"
@@ -261,8 +266,9 @@ def persist_query(url: str, flt: persist.Filter | None) -> pa.Table:
 
 
 def compact_for_queries(s: PersistSystem, rows: int) -> tuple[float, int, list[int]]:
-    """Compacts the collection with ``Client.maintain()`` (``final_rows`` raised above
-    ``rows`` so the appended parts are merged at all), then stops the writer.
+    """Compacts the collection with ``Client.maintain()``, then stops the writer. For that
+    step ``final_rows`` is raised above ``rows`` (the appended parts are merged at all) and
+    ``fanin`` is 2 (any two of them are merged, not only four of one level).
 
     Returns:
         (seconds the maintain() calls took, parts before, rows of each part after).
@@ -276,8 +282,8 @@ def compact_for_queries(s: PersistSystem, rows: int) -> tuple[float, int, list[i
 
     before = len(parts())
     opts = client.options
-    client.set_options(replace(opts, compaction=replace(opts.compaction,
-                                                        final_rows=rows + 1))).result()
+    client.set_options(replace(opts, compaction=replace(opts.compaction, final_rows=rows + 1,
+                                                        fanin=2))).result()
     with timed() as t:
         # NB: until no appended (unconsolidated) part is left, at most 5 rounds: with
         # final_rows raised, compaction's own (consolidated) output could be planned again
@@ -327,6 +333,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
     finally:
         for s in kept.values():
             ctx.dispose(s)
+        remove(ctx.work / SORTED_DIR)
     res.notes.append("write: acknowledged appends of the same Arrow tables (persist: durable "
                      "and sealed; floor and Parquet: file and directory fsync'd; delta-rs: no "
                      "fsync); one untimed warm-up round per store first")
@@ -418,20 +425,25 @@ def _queries(ctx: Context, res: WorkloadResult, kept: dict[str, System],
     keys = [int(full.column("key")[int(i)].as_py())
             for i in rng.integers(0, len(full), a.w10_lookups)]
     ctx.log(f"W10: writing the key-sorted Parquet file ({group_rows:,} rows per row group)")
-    sorted_dir = ps.root.parent / "w10-parquet-sorted"
-    remove(sorted_dir)
-    sorted_dir.mkdir()
-    sorted_pq = sorted_dir / "sorted.parquet"
-    write_parquet(sorted_pq, full.sort_by("key"), row_group_size=group_rows)
+    sorted_dir = fresh_dir(ctx.work, SORTED_DIR)
+    sorted_pq, fine_pq = sorted_dir / "sorted.parquet", sorted_dir / "fine.parquet"
+    by_key = full.sort_by("key")
     del full
+    write_parquet(sorted_pq, by_key, row_group_size=group_rows)
+    # NB: persist skips record batches of a part too (per-batch stats); the same rows with
+    # row groups of that size show what Parquet's pushdown makes of the same granularity.
+    write_parquet(fine_pq, by_key, row_group_size=FINE_ROW_GROUP)
+    del by_key
     res.add("parts (persist) / row groups (Parquet) queried", "n", None, PARQUET,
             pq.ParquetFile(sorted_pq).num_row_groups)
     res.notes.append(
         f"queries: persist after Client.maintain() with final_rows raised above {rows:,} rows "
+        f"and fanin 2 "
         f"({before} parts before, {len(sizes)} after, {min(sizes, default=0):,}-"
         f"{max(sizes, default=0):,} rows each); Parquet: the same rows sorted by key in one "
         f"file, row groups of {group_rows:,} rows (persist's median part, at most pyarrow's "
-        f"default); each query opens afresh (persist: a read-only replica)")
+        f"default), and again with row groups of {FINE_ROW_GROUP:,} rows (a persist part's "
+        f"record batch); each query opens afresh (persist: a read-only replica)")
     x = range_threshold()
     url = ps.url
     # NB: every query must find the same rows through both engines (checked once, outside
@@ -456,6 +468,8 @@ def _queries(ctx: Context, res: WorkloadResult, kept: dict[str, System],
     cases: list[tuple[str, str, Callable[[], float]]] = [
         (PARQUET, LOOKUP, lambda: pq_lookups(sorted_pq)),
         (PARQUET, "point lookup, Parquet as appended (ms)", lambda: pq_lookups(appended)),
+        (PARQUET, f"point lookup, Parquet row groups of {FINE_ROW_GROUP:,} rows (ms)",
+         lambda: pq_lookups(fine_pq)),
         (PARQUET, SCAN, lambda: _ms(pq.read_table, sorted_pq)),
         (PARQUET, f"range value.amount > {x} (ms)",
          lambda: _ms(pq.read_table, sorted_pq, filters=ds.field("value", "amount") > x)),
