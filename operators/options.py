@@ -41,7 +41,7 @@ _COMMON = ("path", "collection")
 _BATCH_READ = ("as_of", "versionAsOf", "mode", "numPartitions", "partitionRows")
 _STREAM_READ = ("startingUpper", "maxRowsPerTrigger", "failOnDataLoss", "readHold",
                 "readHoldLockTimeout", "refreshInterval", "partitionRows")
-_WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout")
+_WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout", "mergeSchema")
 #: Spark passes these to a streaming writer itself: ``checkpointLocation`` when the query's
 #: checkpoint is given as an option, ``queryName`` when the query is named.
 SPARK_STREAM_WRITE = ("checkpointLocation", "queryName")
@@ -292,10 +292,13 @@ class WriteOptions:
     #: The writer lock's reentrance id (None: one per write job, retries in it re-enter).
     reentrance_id: str | None
     lock_timeout: float
+    #: Evolve the collection's schema first when the DataFrame adds nullable struct fields.
+    merge_schema: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "write") -> WriteOptions:
-        """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s).
+        """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s;
+        mergeSchema false).
 
         ``kind`` is ``"write"`` (batch) or ``"stream-write"``.
 
@@ -320,4 +323,5 @@ class WriteOptions:
             sink_id=sink_id.strip() if sink_id and sink_id.strip() else None,
             reentrance_id=rid.strip() if rid and rid.strip() else None,
             lock_timeout=_float(options, "lockTimeout") or 60.0,
+            merge_schema=_bool(options, "mergeSchema", False),
         )

@@ -185,7 +185,7 @@ def read_snapshot(p: SnapshotPartition) -> Iterator[pa.RecordBatch]:
         InvalidUsage: a value does not fit Spark's long.
     """
     reader = _reader(p.target)
-    schema, target = p.types.part_schema, p.types.arrow_schema
+    schema, target = p.types.reads, p.types.arrow_schema
     for part in p.parts:
         try:
             t = read_part_at(reader, part, schema, p.as_of)
@@ -241,13 +241,13 @@ def bucket_snapshot(p: BucketPartition) -> pa.Table:
 
 def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
     reader = _reader(p.target)
-    schema = p.types.part_schema
+    schema = p.types.reads
     as_of = pa.scalar(p.as_of, pa.uint64())
     n, me = np.uint64(p.buckets), np.uint64(p.bucket)
     tables: list[pa.Table] = []
     hashes: list[npt.NDArray[np.uint64]] = []
     for part in parts:
-        t = reader.read(part, schema)
+        t = schema.read(reader, part)
         if part.max_time > p.as_of:
             t = t.filter(pc.less_equal(t.column("time"), as_of))
         h = buckets.hash_keys(t.column("key"))
@@ -259,7 +259,7 @@ def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
         tables.append(t)
         hashes.append(h)
     if not tables:
-        return schema.empty_table()
+        return schema.schema.empty_table()
     return buckets.consolidate(pa.concat_tables(tables), p.as_of,
                                key_hashes=np.concatenate(hashes))
 
@@ -289,10 +289,9 @@ def read_range(p: RangePartition) -> Iterator[pa.RecordBatch]:
 
 def _range_tables(p: RangePartition, parts: tuple[PartMeta, ...]) -> Iterator[pa.Table]:
     reader = _reader(p.target)
-    schema = p.types.part_schema
     lo, hi = pa.scalar(p.lo, pa.uint64()), pa.scalar(p.hi, pa.uint64())
     for part in parts:
-        t = reader.read(part, schema)
+        t = p.types.read(reader, part)
         if part.min_time < p.lo or part.max_time >= p.hi:
             tc = t.column("time")
             t = t.filter(pc.and_(pc.greater_equal(tc, lo), pc.less(tc, hi)))

@@ -63,8 +63,8 @@ from pyspark.sql.types import (
 )
 
 from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import columnar, records
-from persist.indexed.meta import CollectionMeta
+from persist.indexed import columnar, evolve, records
+from persist.indexed.meta import CollectionMeta, PartMeta
 
 #: The largest time (or uint64 key/value) Spark's signed ``long`` can hold.
 MAX_LONG = 2**63 - 1
@@ -170,17 +170,44 @@ class CollectionTypes:
     Python-object codecs are deliberately not resolved here: Spark sees their msgpack bytes as
     ``binary`` and executors never import the user's classes (a ``msgspec.Struct`` stored as an
     Arrow struct reads as that struct).
+
+    The types are the collection's current schema version; parts written with older versions
+    are migrated to it when read (:meth:`read`, :mod:`persist.indexed.evolve`).
     """
 
     name: str
     cid: int
     key_type: bytes
     value_type: bytes
+    #: Every schema version of the collection, to migrate parts (None: only these types).
+    view: evolve.View | None = None
 
     @classmethod
     def of(cls, c: CollectionMeta) -> CollectionTypes:
-        """``c``'s name, id and stored types (codecs left unresolved)."""
-        return cls(c.name, c.id, c.key_type, c.value_type)
+        """``c``'s name, id and current stored types (codecs left unresolved)."""
+        return cls(c.name, c.id, c.key_type, c.value_type, evolve.View.of(c))
+
+    @property
+    def schema_id(self) -> int:
+        """The schema version these types are (the parts a sink stages are tagged with it)."""
+        return self.reads.target
+
+    @property
+    def reads(self) -> evolve.View:
+        """Reads of the collection's parts as these types (``persist.indexed.read``'s
+        ``read_part_at`` takes it in place of a schema)."""
+        if self.view is not None:
+            return self.view
+        return evolve.View(evolve.Schemas(((self.key, self.value),)), 0, self.name)
+
+    def read(self, reader: evolve.PartSource, part: PartMeta) -> pa.Table:
+        """``part`` decoded and migrated to these types (see ``evolve.View.read``).
+
+        Raises:
+            Corruption: the part is not what its metadata says.
+            PartMissing, ExternalError: reading it failed.
+        """
+        return self.reads.read(reader, part)
 
     @property
     def key(self) -> pa.DataType:
@@ -451,6 +478,46 @@ def parse_arrow_type(alias: str, *, option: str) -> pa.DataType:
     return t
 
 
+def merged_types(schema: StructType, types: CollectionTypes) -> tuple[pa.DataType, pa.DataType]:
+    """The key and value types a ``mergeSchema`` write evolves the collection to: its stored
+    types with the struct fields the DataFrame adds (at any depth, where the DataFrame has
+    them), each nullable and of the Arrow type that reads back as its Spark type. Nothing else
+    is merged: a DataFrame that lacks a stored field, orders the stored fields differently or
+    has another type for one leaves that struct as stored (:func:`check_sink_schema` then
+    says what differs).
+
+    Raises:
+        SchemaMismatch: a new field of a Spark type persist cannot store.
+    """
+    fields = {f.name: f.dataType for f in schema.fields}
+    return (_merged(types.key, fields["key"], "key"),
+            _merged(types.value, fields["value"], "value"))
+
+
+def _merged(stored: pa.DataType, have: DataType, path: str) -> pa.DataType:
+    if pa.types.is_struct(stored) and isinstance(have, StructType):
+        names = [f.name for f in stored]
+        if [n for n in have.names if n in names] != names:
+            return stored
+        out = []
+        for f in have.fields:
+            i = stored.get_field_index(f.name)
+            where = f"{path}.{f.name}"
+            if i < 0:
+                out.append(pa.field(f.name, arrow_type_for(f.dataType, column=where),
+                                    nullable=True))
+            else:
+                out.append(stored.field(i).with_type(_merged(stored.field(i).type, f.dataType,
+                                                             where)))
+        return pa.struct(out)
+    if (pa.types.is_list(stored) or pa.types.is_large_list(stored)) and \
+            isinstance(have, ArrayType):
+        item = stored.value_field
+        merged = item.with_type(_merged(item.type, have.elementType, f"{path}[]"))
+        return pa.large_list(merged) if pa.types.is_large_list(stored) else pa.list_(merged)
+    return stored
+
+
 def _fits(have: DataType, want: DataType) -> bool:
     """True if a DataFrame column of ``have`` writes into a collection reading as ``want``:
     the same type up to nullability (a null in a non-nullable field fails the write)."""
@@ -491,5 +558,6 @@ def check_sink_schema(schema: StructType, types: CollectionTypes | None) -> None
                 not isinstance(have, NullType):
             raise SchemaMismatch(
                 f"collection {types.name!r} reads its {col} as {want[col].dataType.simpleString()}"
-                f", but the DataFrame's {col} is {fields[col].simpleString()}"
+                f", but the DataFrame's {col} is {fields[col].simpleString()} (option "
+                f"mergeSchema=true adds the DataFrame's new struct fields to the collection)"
             )

@@ -50,11 +50,17 @@ from pyspark.sql.types import StructType
 import persist
 from operators.options import Target, WriteOptions
 from operators.partitions import BucketPartition, blob_of, bucket_snapshot, load_state
-from operators.schema import CollectionTypes, arrow_type_for, check_sink_schema, from_spark
+from operators.schema import (
+    CollectionTypes,
+    arrow_type_for,
+    check_sink_schema,
+    from_spark,
+    merged_types,
+)
 from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
-from persist.indexed import gc, meta, write
+from persist.indexed import evolve, gc, meta, write
 from persist.indexed.columnar import Codec, constant_times, from_updates
 from persist.indexed.meta import AddPart, CollectionMeta, PartMeta
 from persist.location import resolve
@@ -146,7 +152,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
                        value_type=types.value_type)
     part = write.new_part(_writable(target.url, target.storage), c, updates,
                           inline_threshold=INLINE_BYTES, consolidated=False, staged=True)
-    return Staged(part, qid)
+    return Staged(evolve.tag(part, types.schema_id), qid)
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -161,10 +167,13 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     """Loads the collection written to, creating it if it does not exist yet.
 
     A new collection gets the ``key_type``/``value_type`` options, else the Arrow types of the
-    DataFrame's key/value columns.
+    DataFrame's key/value columns. With ``mergeSchema``, an existing collection whose key or
+    value lacks struct fields the DataFrame has is evolved first (``Client.evolve_schema``,
+    compare-and-set on the version read here): those fields are added, nullable.
 
     Raises:
-        SchemaMismatch: the DataFrame does not fit the collection.
+        SchemaMismatch: the DataFrame does not fit the collection (or, with mergeSchema, the
+            evolution it needs is not allowed, or another evolution came first).
     """
     target = opts.target
     check_sink_schema(schema, None)
@@ -183,6 +192,18 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
             raise SchemaMismatch(
                 f"option {opt}={want}, but collection {c.name!r} exists with {opt} {have}"
             )
+    if opts.merge_schema:
+        key, value = merged_types(schema, types)
+        if (key, value) != (types.key, types.value):
+            with _open(target, rid, opts.lock_timeout) as client:
+                client.evolve_schema(
+                    target.collection, key_type=None if key == types.key else key,
+                    value_type=None if value == types.value else value,
+                    expect_version=types.schema_id).result()
+                c = client.state.collections[target.collection]
+            log.info("mergeSchema: evolved %r to schema version %d", c.name,
+                     evolve.version(c))
+            types = CollectionTypes.of(c)
     check_sink_schema(schema, types)
     return types
 
@@ -360,6 +381,11 @@ class PersistBatchWriter(DataSourceArrowWriter):
                 f"overwrite of {c.name!r} planned at its upper {at}, but another write moved "
                 f"the upper to {c.upper} meanwhile: nothing was written; run the overwrite again"
             )
+        if evolve.version(c) != self.types.schema_id:
+            raise InvalidUsage(
+                f"overwrite of {c.name!r} planned with schema version {self.types.schema_id}, "
+                f"but the collection was evolved to {evolve.version(c)} meanwhile: nothing was "
+                f"written; run the overwrite again")
         if at == 0:
             return []
         old = tuple(p for p in c.parts if p.rows)
@@ -375,8 +401,10 @@ class PersistBatchWriter(DataSourceArrowWriter):
             negated = pa.Table.from_arrays(
                 [snap.column("key"), snap.column("value"), constant_times(at, len(snap)),
                  pc.negate(snap.column("diff"))], schema=snap.schema)
-            out.append(write.new_part(blob, meta_c, negated, inline_threshold=INLINE_BYTES,
-                                      consolidated=False, staged=True))
+            out.append(evolve.tag(write.new_part(blob, meta_c, negated,
+                                                 inline_threshold=INLINE_BYTES,
+                                                 consolidated=False, staged=True),
+                                  self.types.schema_id))
         return out
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:

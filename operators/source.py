@@ -59,6 +59,7 @@ from operators.partitions import (
 )
 from operators.schema import MAX_LONG, CollectionTypes
 from persist.errors import InvalidUsage, SchemaMismatch
+from persist.indexed import evolve
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta
 from persist.indexed.read import PartReader, check_as_of
@@ -96,8 +97,10 @@ def _types_for(c: CollectionMeta, schema: StructType) -> CollectionTypes:
     types = CollectionTypes.of(c)
     if schema != types.spark_schema:
         raise SchemaMismatch(
-            f"collection {c.name!r} reads as {types.spark_schema.simpleString()}; a user-given "
-            f"schema must be exactly that, not {schema.simpleString()}"
+            f"collection {c.name!r} reads as {types.spark_schema.simpleString()} (schema "
+            f"version {types.schema_id}); a user-given schema must be exactly that, not "
+            f"{schema.simpleString()}, and a DataFrame created before an evolution of the "
+            f"collection's schema must be created again"
         )
     return types
 
@@ -332,7 +335,6 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _rows_per_time(self, c: CollectionMeta, lo: int, target: int) -> Counter[int]:
         counts: Counter[int] = Counter()
         assert self._watch is not None
-        schema = self.types.part_schema
         lo_s, hi_s = pa.scalar(lo, pa.uint64()), pa.scalar(target, pa.uint64())
         for p in range_parts(c, lo, target):
             if p.min_time == p.max_time:
@@ -341,7 +343,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # NB: a part spanning several times (a multi-time append, or compaction output)
             # is read to count its rows per time; the driver's part cache keeps it for the
             # polls that follow, and the micro-batch reads it anyway.
-            tc = self._watch.reader.read(p, schema).column("time")
+            tc = self.types.read(self._watch.reader, p).column("time")
             tc = tc.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))
             vc = pc.value_counts(tc)
             for t, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(),
@@ -368,6 +370,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Raises:
             InvalidUsage: a malformed offset, ``end`` beyond the collection's upper (a
                 checkpoint of another location), or lost data with failOnDataLoss.
+            SchemaMismatch: the collection's schema evolved since the query started (restart
+                it to read the new schema, as Delta asks).
         """
         lo, hi = _upper(start), _upper(end)
         if lo >= hi:
@@ -380,6 +384,11 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"micro-batch [{lo}, {hi}) of {c.name!r} ends beyond its upper {c.upper}: "
                     f"the checkpoint belongs to another location or collection"
                 )
+        if evolve.version(c) != self.types.schema_id:
+            raise SchemaMismatch(
+                f"the schema of {c.name!r} evolved to version {evolve.version(c)} since this "
+                f"stream started with version {self.types.schema_id}: restart the query (from "
+                f"its checkpoint) to read the new schema")
         if self._holding_below(lo - 1) and lo - 1 >= effective_since(c):
             # NB: Spark plans a batch only once the one before it committed (a replay after a
             # restart starts where the last committed batch ended), so nothing below lo is

@@ -44,7 +44,7 @@ from persist.errors import (
     MissingResource,
     PersistError,
 )
-from persist.indexed import columnar, meta
+from persist.indexed import columnar, evolve, meta
 from persist.indexed.indexed import Options
 from persist.indexed.machine import Machine
 from persist.indexed.read import PartMissing, Snapshot, Types
@@ -154,6 +154,7 @@ def describe(loc: Location) -> dict[str, Any]:
             "id": c.id,
             "key_type": _type_name(c.key_type, c.key_codec),
             "value_type": _type_name(c.value_type, c.value_codec),
+            "schema_version": evolve.version(c),
             "since": c.since,
             "effective_since": effective_since(c),
             "upper": c.upper,

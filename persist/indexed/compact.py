@@ -22,9 +22,9 @@ import pyarrow as pa
 from persist import crashpoints
 from persist.blob.base import Blob
 from persist.errors import InvalidUsage
-from persist.indexed import columnar
+from persist.indexed import columnar, evolve
 from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
-from persist.indexed.read import PartReader, Types
+from persist.indexed.read import PartReader
 from persist.indexed.state import effective_since
 from persist.indexed.write import new_part
 
@@ -82,16 +82,17 @@ def merge(
     *, inline_threshold: int, frontier: int | None = None,
 ) -> ReplaceParts:
     """Merges ``parts`` of ``c`` into at most one new part (written to ``blob``), forwarding
-    times to ``frontier`` (default and maximum: the effective since)."""
+    times to ``frontier`` (default and maximum: the effective since). Parts written with
+    older schema versions are migrated to the current one, which the new part is."""
     since = effective_since(c)
     frontier = since if frontier is None else min(frontier, since)
-    schema = Types.of(c).schema
-    table = pa.concat_tables([reader.read(p, schema) for p in parts])
+    view = evolve.View.of(c)
+    table = pa.concat_tables([view.read(reader, p) for p in parts])
     merged = columnar.consolidate(columnar.forward(table, frontier))
     added: tuple[PartMeta, ...] = ()
     if len(merged):
-        added = (new_part(blob, c, merged, inline_threshold=inline_threshold,
-                          consolidated=True),)
+        added = (evolve.tag(new_part(blob, c, merged, inline_threshold=inline_threshold,
+                                     consolidated=True), view.target),)
     crashpoints.hit("compact.part_written")
     return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=added,
                         frontier=frontier)

@@ -34,9 +34,8 @@ from persist.errors import (
     InvalidUsage,
     PersistError,
     ReadOnly,
-    SchemaMismatch,
 )
-from persist.indexed import columnar, compact, gc
+from persist.indexed import columnar, compact, evolve, gc
 from persist.indexed.columnar import Codec
 from persist.indexed.filter import Filter
 from persist.indexed.machine import Machine
@@ -44,6 +43,7 @@ from persist.indexed.meta import (
     AddPart,
     AllowCompaction,
     CollectionMeta,
+    EvolveSchema,
     Op,
     Register,
     ReplaceParts,
@@ -86,6 +86,10 @@ class Txn:
         InvalidUsage and changes nothing."""
         if isinstance(op, Register) and not op.collection.name:
             raise InvalidUsage("a collection name must be a non-empty string")
+        if isinstance(op, EvolveSchema) and not self.empty:
+            raise InvalidUsage("a schema evolution commits alone: stage it in a commit of "
+                               "its own")
+        self._not_after_evolution()
         try:
             check(self.collections, op)  # the rules, with their own messages
         except TypeError:  # a field of a type the rules cannot even compare: name it
@@ -95,10 +99,14 @@ class Txn:
         apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
         self.ops.append(op)
 
-    def stage_write(self, name: str, table: pa.Table) -> None:
-        """Stages updates (already normalized to the collection's schema)."""
+    def stage_write(self, name: str, table: pa.Table, schema_id: int | None = None) -> None:
+        """Stages updates (already normalized to the collection's schema version
+        ``schema_id``, None: its current one; migrated to the current one, see
+        :func:`persist.indexed.evolve.for_write`)."""
         c = collection(self.collections, name)
         if len(table):
+            self._not_after_evolution()
+            table = evolve.for_write(c, table, schema_id)
             lo = columnar.min_time(table.column("time"))
             if lo < c.upper:
                 raise InvalidUsage(
@@ -106,6 +114,14 @@ class Txn:
                     f"times below upper are sealed"
                 )
             self.writes.setdefault(name, []).append(table)
+
+    def _not_after_evolution(self) -> None:
+        # NB: a commit lists the parts of its writes before its other ops (so that its seals
+        # follow them), which would put them before an evolution staged ahead of them; an
+        # evolution is therefore alone in its commit (the runtime commits it on its own).
+        if self.ops and isinstance(self.ops[0], EvolveSchema):
+            raise InvalidUsage("a schema evolution commits alone: nothing may follow it in "
+                               "its commit")
 
     def wrote_blobs(self, at: float) -> None:
         """Notes that a data blob this commit will reference was written at ``at``."""
@@ -350,9 +366,9 @@ class Indexed:
             c = txn.collections[name]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             started = time.monotonic()
-            part = new_part(blob, c, table,
-                                    inline_threshold=self.options.inline_threshold,
-                                    consolidated=False)
+            part = evolve.tag(new_part(blob, c, table,
+                                       inline_threshold=self.options.inline_threshold,
+                                       consolidated=False), evolve.version(c))
             if part.blob_key is not None:
                 txn.wrote_blobs(started)
                 written.append(part.blob_key)
@@ -440,6 +456,27 @@ class Indexed:
         txn.stage(Register(new_collection(self.state, txn, name, k, v)))
         return self.commit(txn).collections[name]
 
+    def evolve_schema(self, name: str, key_type: Any = None, value_type: Any = None, *,
+                      expect: int | None = None) -> int:
+        """Evolves ``name``'s schema to ``key_type``/``value_type`` (None: keep that one) in one
+        commit; returns the new schema version (the current one if nothing changes).
+
+        Raises:
+            SchemaMismatch: a change :mod:`persist.indexed.evolve` does not allow, an
+                unsupported type, or ``expect`` is not the current version; nothing changed.
+            UnknownCollection: no such collection.
+        """
+        k = None if key_type is None else Codec.of(key_type, "key")
+        v = None if value_type is None else Codec.of(value_type, "value")
+        c = collection(self.state.collections, name)
+        op = evolve.plan(c, k, v, expect)
+        if op is None:
+            return evolve.version(c)
+        txn = Txn(self.state)
+        txn.stage(op)
+        self.commit(txn)
+        return op.schema.id
+
     def write(self, updates: Mapping[str, Any]) -> State:
         """Writes updates to one or more collections atomically (all or nothing)."""
         txn = Txn(self.state)
@@ -482,8 +519,10 @@ class Indexed:
         txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
         return self.commit(txn)
 
-    def normalize(self, name: str, updates: Any, state: State | None = None) -> pa.Table:
-        """``updates`` (tuples or an Arrow table) as a table of ``name``'s part schema, checked.
+    def normalize(self, name: str, updates: Any, state: State | None = None,
+                  schema_id: int | None = None) -> pa.Table:
+        """``updates`` (tuples or an Arrow table) as a table of ``name``'s part schema (of its
+        schema version ``schema_id``, None: the current one), checked.
 
         Raises:
             SchemaMismatch: a value does not fit its type, or the input is malformed.
@@ -491,13 +530,13 @@ class Indexed:
             UnknownCollection: no such collection (in ``state``, default the newest).
         """
         c = collection((state or self.state).collections, name)
-        types = Types.of(c)
+        types = Types.of(c, schema_id)
         return columnar.from_updates(updates, types.schema, types.key, types.value)
 
     # -- reads -------------------------------------------------------------------------------
 
     def snapshot(self, name: str, as_of: int, state: State | None = None, *,
-                 filter: Filter | None = None) -> Snapshot:
+                 filter: Filter | None = None, schema_id: int | None = None) -> Snapshot:
         """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest);
         with ``filter``, exactly its rows that match it (:mod:`persist.indexed.filter`).
 
@@ -507,16 +546,17 @@ class Indexed:
             UnknownCollection: no such collection.
         """
         c = collection((state or self.state).collections, name)
-        return Snapshot(c, as_of, self.reader, filter=filter)
+        return Snapshot(c, as_of, self.reader, filter=filter, schema_id=schema_id)
 
     def updates_between(
-        self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False
+        self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False,
+        schema_id: int | None = None,
     ) -> Iterator[pa.Table]:
         """The raw updates of ``name`` at times in ``[lo, hi)``, part by part (see
         :func:`persist.indexed.read.updates_between`; ``held``: the caller holds compaction at
-        ``lo``, so forwarded times are exact)."""
+        ``lo``, so forwarded times are exact; ``schema_id``: as that schema version)."""
         c = collection((state or self.state).collections, name)
-        return updates_between(c, lo, hi, self.reader, held=held)
+        return updates_between(c, lo, hi, self.reader, held=held, schema_id=schema_id)
 
     # -- maintenance: compaction, rollups, GC ---------------------------------------------------
 
@@ -631,19 +671,14 @@ def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> Col
     )
 
 
-def check_types(c: CollectionMeta, k: Codec, v: Codec) -> None:
-    """Checks that ``c`` can be opened with key codec ``k`` and value codec ``v``.
+def check_types(c: CollectionMeta, k: Codec, v: Codec) -> int:
+    """Checks that ``c`` can be opened with key codec ``k`` and value codec ``v``: they are
+    one of its schema versions. Returns that version (the newest one if several match).
 
     Raises:
         SchemaMismatch: it is registered with other types, naming both.
     """
-    have = Types.of(c)
-    if not (have.key.accepts(k) and have.value.accepts(v)):
-        raise SchemaMismatch(
-            f"collection {c.name!r} is registered as key {have.key.name or have.key.arrow_type}, "
-            f"value {have.value.name or have.value.arrow_type}; asked for key "
-            f"{k.name or k.arrow_type}, value {v.name or v.arrow_type}"
-        )
+    return evolve.schema_id_for(c, k, v)
 
 
 __all__ = ["MAX_INLINE_THRESHOLD", "Indeterminate", "Indexed", "Options", "Txn"]

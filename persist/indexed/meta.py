@@ -19,6 +19,14 @@ commit with a ``Register`` of one, a rollup holding one. Everything else stays v
 for byte, so a location without records stays readable by a persist that predates them, and
 one with records is refused by it at the record that introduces them (every later record of
 that collection is only reachable through it).
+
+Version 3 is schema evolution (:mod:`persist.indexed.evolve`): an :class:`EvolveSchema` op
+registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
+history (``schemas``) and whose parts record the version they were written with
+(``PartMeta.schema_id``). A persist that predates it would read such a collection's parts with
+one schema and misread them, so a commit carrying ``EvolveSchema`` and a rollup holding an
+evolved collection are version 3 (refused by older readers); every other record keeps its
+version-1 or version-2 bytes (the new fields are ``UNSET`` until an evolution sets them).
 """
 
 from __future__ import annotations
@@ -32,10 +40,14 @@ from persist import layout
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
 from persist.indexed import columnar, records
 
-#: The newest metadata format this persist reads (and writes for records).
-FORMAT_VERSION = 2
-#: The format of metadata records that carry no version-2 feature.
+#: The newest metadata format this persist reads (and writes for evolved collections).
+FORMAT_VERSION = 3
+#: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
+#: The format of records carrying a collection of records (version-2 types).
+RECORDS_FORMAT_VERSION = 2
+#: The format of records carrying a schema evolution or an evolved collection.
+EVOLUTION_FORMAT_VERSION = 3
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -54,6 +66,20 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     consolidated: bool = False
     blob_key: str | None = None
     inline: bytes | None = None
+    #: The schema version (``SchemaVersion.id``) of the collection the part was written with;
+    #: UNSET is version 0 (every part before the collection's first evolution).
+    schema_id: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class SchemaVersion(msgspec.Struct, frozen=True, kw_only=True):
+    """One registered schema of a collection: its key and value types (as in
+    :class:`CollectionMeta`) under the version number ``id``."""
+
+    id: int
+    key_type: bytes
+    value_type: bytes
+    key_codec: str | None = None
+    value_codec: str | None = None
 
 
 class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +102,10 @@ class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
     upper: int = 0
     parts: tuple[PartMeta, ...] = ()
     holds: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Every schema version registered, oldest first (``schemas[i].id == i``), the last one
+    #: equal to ``key_type``/``value_type`` and their codecs. UNSET until the first evolution:
+    #: the collection then has one version, 0, its registered types.
+    schemas: tuple[SchemaVersion, ...] | msgspec.UnsetType = msgspec.UNSET
 
 
 # -- the operations a commit carries --------------------------------------------------------
@@ -134,7 +164,18 @@ class Forget(msgspec.Struct, frozen=True, tag="forget"):
     keys: tuple[str, ...]
 
 
-Op: TypeAlias = Register | AddPart | Seal | AllowCompaction | ReplaceParts | SetHold | Forget
+class EvolveSchema(msgspec.Struct, frozen=True, tag="evolve"):
+    """Registers ``schema`` as collection ``name``'s newest schema version: its id is one more
+    than the current version's (compare-and-set: an evolution planned against another version
+    is refused), and the change from the current types is one that
+    :func:`persist.indexed.evolve.problems` allows."""
+
+    name: str
+    schema: SchemaVersion
+
+
+Op: TypeAlias = (Register | AddPart | Seal | AllowCompaction | ReplaceParts | SetHold | Forget
+                 | EvolveSchema)
 
 
 class Commit(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,7 +228,7 @@ _VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
 
 _OP_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {
     t: msgspec.msgpack.Decoder(t) for t in (Register, AddPart, Seal, AllowCompaction,
-                                            ReplaceParts, SetHold, Forget)
+                                            ReplaceParts, SetHold, Forget, EvolveSchema)
 }
 
 
@@ -201,9 +242,12 @@ def encode(record: Commit | State) -> bytes:
 
 
 def required_version(record: Commit | State) -> int:
-    """The lowest format version that can carry ``record``: 2 if it registers (a commit) or
+    """The lowest format version that can carry ``record``: 3 if it evolves a schema (a
+    commit) or registers or holds an evolved collection, else 2 if it registers (a commit) or
     holds (a rollup) a collection of version-2 types, else 1."""
     if isinstance(record, Commit):
+        if any(isinstance(op, EvolveSchema) for op in record.ops):
+            return EVOLUTION_FORMAT_VERSION
         colls: Any = (op.collection for op in record.ops if isinstance(op, Register))
     else:
         colls = record.collections.values()
@@ -211,9 +255,12 @@ def required_version(record: Commit | State) -> int:
 
 
 def collection_version(c: CollectionMeta) -> int:
-    """2 for a collection of version-2 types (see the module docstring), else 1."""
+    """3 for an evolved collection, 2 for one of version-2 types (see the module docstring),
+    else 1."""
+    if c.schemas is not msgspec.UNSET:
+        return EVOLUTION_FORMAT_VERSION
     v2 = _type_is_v2(c.key_type) or _type_is_v2(c.value_type)
-    return FORMAT_VERSION if v2 else BASE_FORMAT_VERSION
+    return RECORDS_FORMAT_VERSION if v2 else BASE_FORMAT_VERSION
 
 
 @functools.lru_cache(maxsize=1024)

@@ -17,8 +17,9 @@ import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
 from persist.errors import Determinate, InvalidUsage
-from persist.indexed import columnar
+from persist.indexed import columnar, evolve
 from persist.indexed.columnar import Codec
+from persist.indexed.evolve import View
 from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.meta import CollectionMeta, PartMeta
 from persist.indexed.state import check_time, effective_since
@@ -38,10 +39,15 @@ class Types:
     schema: pa.Schema
 
     @classmethod
-    def of(cls, c: CollectionMeta) -> Types:
-        """The codecs and part schema ``c``'s metadata records (see ``Codec.from_meta``)."""
-        k = Codec.from_meta(c.key_type, c.key_codec)
-        v = Codec.from_meta(c.value_type, c.value_codec)
+    def of(cls, c: CollectionMeta, schema_id: int | None = None) -> Types:
+        """The codecs and part schema ``c``'s metadata records (see ``Codec.from_meta``) for
+        its schema version ``schema_id`` (None: the current one; an index into
+        ``evolve.history(c)``)."""
+        if schema_id is None or schema_id == evolve.version(c):
+            k = Codec.from_meta(c.key_type, c.key_codec)
+            v = Codec.from_meta(c.value_type, c.value_codec)
+        else:
+            k, v = evolve.codecs(evolve.history(c)[schema_id])
         return cls(k, v, columnar.part_schema(k.arrow_type, v.arrow_type))
 
 
@@ -121,26 +127,30 @@ class Snapshot:
     """The contents of a collection as of one time in ``[since, upper)``: definite.
 
     With a ``filter`` (:mod:`persist.indexed.filter`), exactly the rows of the unfiltered
-    snapshot that match it.
+    snapshot that match it. With a ``schema_id``, as that schema version of the collection
+    (:mod:`persist.indexed.evolve`: parts migrated to the current version, consolidated, and
+    migrated back).
     """
 
     def __init__(self, c: CollectionMeta, as_of: int, reader: PartReader, *,
-                 filter: Filter | None = None) -> None:
+                 filter: Filter | None = None, schema_id: int | None = None) -> None:
         """Checks ``as_of`` (and ``filter`` against ``c``'s types); reads nothing yet.
 
         Raises:
-            InvalidUsage: ``as_of`` is outside ``[since, upper)``, or ``filter`` is not one.
+            InvalidUsage: ``as_of`` is outside ``[since, upper)``, ``filter`` is not one, or
+                ``schema_id`` is not a schema version of ``c``.
             SchemaMismatch: ``filter`` names a field ``c`` lacks, or a literal does not fit.
         """
         check_as_of(c, as_of)
         self.collection = c
         self.as_of = as_of
-        self.types = Types.of(c)
+        self.view = View.of(c, schema_id)
+        self.types = Types.of(c, self.view.target)
         self._reader = reader
         self.filter = filter
         self.bound: Bound | None = None if filter is None else bind(
             filter, self.types.key.arrow_type, self.types.value.arrow_type,
-            key_codec=c.key_codec, value_codec=c.value_codec)
+            key_codec=self.types.key.name, value_codec=self.types.value.name)
 
     @property
     def schema(self) -> pa.Schema:
@@ -155,7 +165,7 @@ class Snapshot:
     def read_part(self, p: PartMeta) -> pa.Table:
         """One part's raw updates at or before ``as_of`` that match the filter, times forwarded
         to ``as_of``."""
-        t = read_part_at(self._reader, p, self.schema, self.as_of)
+        t = read_part_at(self._reader, p, self.view, self.as_of)
         return self._matching(t)
 
     def _matching(self, t: pa.Table) -> pa.Table:
@@ -182,10 +192,24 @@ class Snapshot:
     def to_arrow(self) -> pa.Table:
         """The consolidated contents: one row per (key, value) with nonzero summed diff, sorted
         by (key, value); ``time`` is ``as_of``. Filtered, if the snapshot has a filter."""
-        tables = [self._matching(self._reader.read(p, self.schema)) for p in self.parts]
+        if not self.view.current:
+            return self._matching(self._to_arrow_as_older())
+        tables = [self._matching(self.view.read(self._reader, p)) for p in self.parts]
         if not tables:
             return self.schema.empty_table()
         return columnar.contents_at(pa.concat_tables(tables), self.as_of)
+
+    def _to_arrow_as_older(self) -> pa.Table:
+        # NB: consolidated at the current version, then migrated back and consolidated again
+        # (dropping a field may make two records equal). Consolidating first is what makes a
+        # read as of an older version definite: a record that cancels out never has to fit
+        # the older version, and compaction (which migrates to the current one) cannot change
+        # what this returns.
+        tables = [self.view.read_current(self._reader, p) for p in self.parts]
+        if not tables:
+            return self.schema.empty_table()
+        current = columnar.contents_at(pa.concat_tables(tables), self.as_of)
+        return columnar.contents_at(self.view.from_current(current), self.as_of)
 
     def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
         """``to_arrow`` as ``((key, value), time, diff)`` tuples, Python-object codecs decoded."""
@@ -196,18 +220,29 @@ class Snapshot:
                 zip(keys, values, t.column("diff").to_pylist(), strict=True)]
 
 
-def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema, as_of: int) -> pa.Table:
-    """One part's raw updates at or before ``as_of``, times forwarded to ``as_of``."""
-    t = reader.read(p, schema)
+def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema | View,
+                 as_of: int) -> pa.Table:
+    """One part's raw updates at or before ``as_of``, times forwarded to ``as_of``.
+
+    ``schema``: the part's own schema, or a :class:`~persist.indexed.evolve.View` that
+    migrates the part to its schema version.
+    """
+    if isinstance(schema, View):
+        t = schema.read(reader, p)
+        schema = schema.schema
+    else:
+        t = reader.read(p, schema)
     if p.max_time > as_of:
         t = t.filter(pc.less_equal(t.column("time"), pa.scalar(as_of, pa.uint64())))
     return t.set_column(2, schema.field(2), columnar.constant_times(as_of, len(t)))
 
 
 def updates_between(
-    c: CollectionMeta, lo: int, hi: int, reader: PartReader, *, held: bool = False
+    c: CollectionMeta, lo: int, hi: int, reader: PartReader, *, held: bool = False,
+    schema_id: int | None = None,
 ) -> Iterator[pa.Table]:
-    """Every update with ``lo <= time < hi``, with original times, part by part.
+    """Every update with ``lo <= time < hi``, with original times, part by part, as schema
+    version ``schema_id`` of ``c`` (None: the current one).
 
     Raises:
         InvalidUsage: ``lo - 1`` is below the collection's since: updates before ``lo`` may
@@ -219,12 +254,12 @@ def updates_between(
             f"updates of {c.name!r} from {lo} are no longer exact: since is "
             f"{effective_since(c)} (history was compacted past {lo - 1})"
         )
-    schema = Types.of(c).schema
+    view = View.of(c, schema_id)
     lo_s, hi_s = pa.scalar(lo, pa.uint64()), pa.scalar(hi, pa.uint64())
     for p in c.parts:
         if not p.rows or p.max_time < lo or p.min_time >= hi:
             continue
-        t = reader.read(p, schema)
+        t = view.read(reader, p)
         if p.min_time < lo or p.max_time >= hi:
             tc = t.column("time")
             t = t.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))

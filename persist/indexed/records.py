@@ -596,3 +596,111 @@ def canonical(x: Any) -> Any:
     if isinstance(x, (_decimal.Decimal, datetime.date, datetime.datetime)):
         return (type(x).__name__, str(x))
     return x
+
+
+# -- schema evolution: which changes of a type are allowed -------------------------------------
+
+_SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
+_UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
+_ALLOWED = ("add a nullable field, drop a field, make a field nullable, widen int8->16->32->64 "
+            "(uint likewise), float32->float64, string->large_string, binary->large_binary, "
+            "list->large_list, or a decimal's precision up with the same scale")
+
+
+def evolution_problems(old: pa.DataType, new: pa.DataType, path: str = "value") -> list[str]:
+    """Why a key or value of type ``old`` may not evolve to ``new`` (``[]``: it may). Pure.
+
+    Allowed, at any depth: adding a nullable struct field (anywhere among the others),
+    dropping a field (a struct keeps at least one of its fields), making a field or list item
+    nullable, and widening a type: int8 -> int16 -> int32 -> int64 and uint8 -> ... -> uint64
+    (any number of steps), float32 -> float64, string -> large_string, binary ->
+    large_binary, list -> large_list, decimal128(p, s) -> decimal128(q, s) with ``q >= p``.
+    Every value of ``old`` then has exactly one value of ``new`` (a dropped field aside), which
+    is what reading old parts as the new type relies on.
+
+    Refused, each naming the field path (``value.items[].qty``) and why: narrowing a type,
+    any other type change (primitive <-> struct or list included), a new non-nullable field,
+    making a field or item non-nullable, reordering the fields a struct keeps, and dropping
+    every field of a struct.
+    """
+    out: list[str] = []
+    _evolution(old, new, path, out)
+    return out
+
+
+def _evolution(old: pa.DataType, new: pa.DataType, path: str, out: list[str]) -> None:
+    # NB: Arrow's type equality ignores list item names, and so does this: a list read as a
+    # list of the same items is the same type, whatever its item is called.
+    if old == new:
+        return
+    if pa.types.is_struct(old) and pa.types.is_struct(new):
+        _struct_evolution(old, new, path, out)
+        return
+    if _is_list(old) and _is_list(new):
+        if pa.types.is_large_list(old) and pa.types.is_list(new):
+            out.append(f"{path}: {old} cannot narrow to {new} (a large_list's offsets may not "
+                       f"fit a list's)")
+        if old.value_field.nullable and not new.value_field.nullable:
+            out.append(f"{path}[]: list items cannot become non-nullable (items written "
+                       f"before may be null)")
+        _evolution(old.value_type, new.value_type, f"{path}[]", out)
+        return
+    if widens(old, new):
+        return
+    if widens(new, old):
+        out.append(f"{path}: {old} cannot narrow to {new} (values written as {old} may not "
+                   f"fit); allowed: {_ALLOWED}")
+        return
+    kind = ""
+    if pa.types.is_struct(new) != pa.types.is_struct(old) or _is_list(new) != _is_list(old):
+        kind = " (a record's shape cannot change between primitive, struct and list)"
+    out.append(f"{path}: {old} cannot change to {new}{kind}; allowed: {_ALLOWED}")
+
+
+def _struct_evolution(old: pa.StructType, new: pa.StructType, path: str,
+                      out: list[str]) -> None:
+    old_names = [f.name for f in old]
+    new_names = [f.name for f in new]
+    kept = [n for n in new_names if n in old_names]
+    if not kept:
+        out.append(f"{path}: every field ({', '.join(old_names)}) would be dropped: a struct "
+                   f"keeps at least one of its fields across an evolution (this is a new "
+                   f"type: register a new collection)")
+        return
+    if kept != [n for n in old_names if n in new_names]:
+        out.append(f"{path}: the fields it keeps change order ({', '.join(kept)}; were "
+                   f"{', '.join(n for n in old_names if n in new_names)}): fields may be "
+                   f"added anywhere and dropped, not reordered")
+    for f in new:
+        where = f"{path}.{f.name}"
+        i = old.get_field_index(f.name)
+        if i < 0:
+            if not f.nullable:
+                out.append(f"{where}: a new field must be nullable (records written before "
+                           f"it have no value for it)")
+            continue
+        was = old.field(i)
+        if was.nullable and not f.nullable:
+            out.append(f"{where}: a field cannot become non-nullable (records written before "
+                       f"may hold nulls)")
+        _evolution(was.type, f.type, where, out)
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
+def widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """True if every value of primitive ``old`` is exactly one value of ``new`` and ``new`` is
+    one of the widenings :func:`evolution_problems` allows (``old != new``)."""
+    if old == new:
+        return False
+    for chain in (_SIGNED, _UNSIGNED):
+        if old in chain and new in chain:
+            return chain.index(old) < chain.index(new)
+    if (old, new) in ((pa.float32(), pa.float64()), (pa.string(), pa.large_string()),
+                      (pa.binary(), pa.large_binary())):
+        return True
+    if pa.types.is_decimal128(old) and pa.types.is_decimal128(new):
+        return bool(old.scale == new.scale and new.precision > old.precision)
+    return False

@@ -14,12 +14,14 @@ import msgspec
 
 from persist import layout
 from persist.errors import Corruption, Fenced, InvalidUsage, UnknownCollection
+from persist.indexed import evolve
 from persist.indexed.columnar import MAX_TIME
 from persist.indexed.meta import (
     AddPart,
     AllowCompaction,
     CollectionMeta,
     Commit,
+    EvolveSchema,
     Forget,
     Op,
     Register,
@@ -75,6 +77,8 @@ def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
                     f"write to {name!r} at time {p.min_time} is below its upper {c.upper}: "
                     f"times below upper are sealed"
                 )
+            if evolve.part_version(p) != evolve.version(c):  # (compared first: cheap)
+                evolve.check_writer(c, evolve.part_version(p), f"part {p.id}")
         case Seal(name=name, upper=u):
             check_time("seal frontier", u)
             c = collection(collections, name)
@@ -105,6 +109,10 @@ def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
                 raise InvalidUsage(
                     f"compaction of {name!r} forwarded to {f} beyond since {effective_since(c)}"
                 )
+            newer = [p.id for p in op.added if evolve.part_version(p) > evolve.version(c)]
+            if newer:
+                raise InvalidUsage(f"compaction of {name!r} adds parts of a schema version it "
+                                   f"does not have: {newer}")
         case SetHold(name=name, frontier=f):
             c = collection(collections, name)
             if f is not None and f < effective_since(c):
@@ -113,6 +121,8 @@ def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
                 )
         case Forget():
             pass
+        case EvolveSchema(name=name):
+            evolve.check(collection(collections, name), op)
 
 
 def apply_op(
@@ -155,6 +165,8 @@ def apply_op(
         case Forget(keys=keys):
             drop = set(keys)
             retired[:] = [r for r in retired if r.key not in drop]
+        case EvolveSchema(name=name, schema=schema):
+            collections[name] = evolve.evolved(collections[name], schema)
 
 
 def apply(state: State, commit: Commit) -> State:

@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import msgspec
+import pyarrow as pa
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, IncompatibleFormat, MissingResource, PersistError
-from persist.indexed import columnar, gc, meta
+from persist.indexed import columnar, evolve, gc, meta
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, Commit, PartMeta, State
-from persist.indexed.read import Types
 from persist.indexed.state import apply
 
 log = logging.getLogger("persist.verify")
@@ -132,13 +132,25 @@ def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[st
         blob_keys[p.blob_key] = c.name
 
 
+class _Data:
+    """The stored bytes of one part, read as an ``evolve.PartSource``."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
+        """Decodes the bytes as ``part``, checked against ``schema``."""
+        return columnar.decode_part(part.blob_key or f"inline part {part.id}", self.data,
+                                    schema)
+
+
 def _check_part_data(name: str, c: CollectionMeta, p: PartMeta, data: bytes) -> list[str]:
     where = p.blob_key or f"inline part {p.id}"
     problems: list[str] = []
     if len(data) != p.nbytes:
         problems.append(f"{name}: {where} holds {len(data)} bytes, metadata says {p.nbytes}")
     try:
-        table = columnar.decode_part(where, data, Types.of(c).schema)
+        table = evolve.View.of(c).stored(_Data(data), p)
     except Corruption as e:
         return [*problems, f"{name}: {e}"]
     if len(table) != p.rows:

@@ -87,6 +87,26 @@ class AsyncClient:
         )
         return seq
 
+    async def evolve_schema(self, name: str, *, key_type: Any = None, value_type: Any = None,
+                            expect_version: int | None = None) -> int:
+        """Mirrors ``Client.evolve_schema``: evolves ``name``'s schema without rewriting data,
+        linearized like a write. Cancelling the await does not cancel the evolution.
+
+        Returns:
+            The new schema version, once durable (the current one if nothing changes).
+
+        Raises:
+            ReadOnly: a replica.
+            SchemaMismatch: a change that is not allowed, an unsupported type, or a current
+                version other than ``expect_version``; nothing changed.
+            InvalidUsage: ``expect_version`` is not a version number.
+            UnknownCollection: no such collection.
+            Fenced, RuntimeShutdown, ExternalError: the commit failed as the future reports.
+        """
+        version: int = await asyncio.wrap_future(self.sync.evolve_schema(
+            name, key_type=key_type, value_type=value_type, expect_version=expect_version))
+        return version
+
     async def stop(self) -> None:
         """Mirrors ``Client.stop`` (commit or fail what is queued, stop, release the lock), run
         in a worker thread. Idempotent."""
@@ -111,6 +131,11 @@ class AsyncWriteHandle:
     def __init__(self, handle: sync.WriteHandle) -> None:
         self.sync = handle
         self.name = handle.name
+
+    @property
+    def schema_version(self) -> int:
+        """Mirrors ``WriteHandle.schema_version``: the schema version it writes as."""
+        return self.sync.schema_version
 
     async def write(self, updates: Any) -> int:
         """Mirrors ``WriteHandle.write``: adds updates at times >= upper."""
@@ -143,6 +168,11 @@ class AsyncReadHandle:
     def __init__(self, handle: sync.ReadHandle) -> None:
         self.sync = handle
         self.name = handle.name
+
+    @property
+    def schema_version(self) -> int:
+        """Mirrors ``ReadHandle.schema_version``: the schema version it reads as."""
+        return self.sync.schema_version
 
     @property
     def since(self) -> int:

@@ -22,8 +22,10 @@ from persist.errors import (
     InvalidUsage,
     ReadOnly,
     RuntimeShutdown,
+    SchemaMismatch,
     Timeout,
 )
+from persist.indexed import evolve
 from persist.indexed.columnar import Codec
 from persist.indexed.filter import Filter
 from persist.indexed.indexed import Indexed, Options, check_types
@@ -116,8 +118,12 @@ class Client:
         ``key_type``/``value_type`` are pyarrow types (string, binary, int64, float64, ...) or
         a msgspec-encodable Python type such as a ``msgspec.Struct`` subclass (stored as msgpack).
 
+        An evolved collection (:meth:`evolve_schema`) opens with the types of any of its schema
+        versions: the handles then read and write as that version (``schema_version``), every
+        part migrated to it (see :mod:`persist.indexed.evolve`).
+
         Raises:
-            SchemaMismatch: it exists with other types.
+            SchemaMismatch: it exists with other types (none of its schema versions').
             UnknownCollection: on a replica, when the writer has not created it.
         """
         if not isinstance(name, str) or not name:
@@ -126,11 +132,50 @@ class Client:
         if self._runtime is not None:
             forbid_in_event_loop("create_or_load()")
             self._runtime.submit(cmd.Register(name, k, v)).result()
-        else:
-            if name not in self.state.collections:
-                self._sync()
-            check_types(collection(self.state.collections, name), k, v)
-        return WriteHandle(self, name, k, v), ReadHandle(self, name, k, v)
+        elif name not in self.state.collections:
+            self._sync()
+        sid = check_types(collection(self.state.collections, name), k, v)
+        return WriteHandle(self, name, k, v, sid), ReadHandle(self, name, k, v, sid)
+
+    def evolve_schema(self, name: str, *, key_type: Any = None, value_type: Any = None,
+                      expect_version: int | None = None) -> PersistFuture:
+        """Evolves collection ``name``'s schema to ``key_type``/``value_type`` (None: keep that
+        one), atomically, without rewriting any data.
+
+        Allowed (at any depth): adding a nullable field, dropping a field, making a field
+        nullable, widening int8->16->32->64 (uint likewise), float32->float64,
+        string->large_string, binary->large_binary, list->large_list, and a decimal's
+        precision up with the same scale (``persist.indexed.records.evolution_problems``).
+        Linearized like a write: what was submitted before commits under the old schema, what
+        comes after under the new one. Handles keep the version they were opened with; open
+        the collection again with the new types to read and write as the new version.
+
+        Args:
+            key_type, value_type: as for :meth:`create_or_load`.
+            expect_version: compare-and-set: evolve only if this is still the current version.
+
+        Returns:
+            A future resolved with the new schema version once it is durable (the current
+            version, with nothing committed, if the types are already the current ones). It
+            fails with SchemaMismatch (nothing changed) for a change that is not allowed
+            (naming each field and why) or a version other than ``expect_version``, and with
+            UnknownCollection for a name not registered.
+
+        Raises:
+            ReadOnly: a replica.
+            SchemaMismatch: a type persist does not store.
+            InvalidUsage: ``expect_version`` is not a version number.
+        """
+        runtime = self._writer()
+        if not isinstance(name, str) or not name:
+            raise InvalidUsage(f"a collection name must be a non-empty str, not {name!r}")
+        if expect_version is not None and (isinstance(expect_version, bool) or not isinstance(
+                expect_version, int) or expect_version < 0):
+            raise InvalidUsage(f"expect_version must be a schema version (an int >= 0) or "
+                               f"None, not {expect_version!r}")
+        k = None if key_type is None else Codec.of(key_type, "key")
+        v = None if value_type is None else Codec.of(value_type, "value")
+        return runtime.submit(cmd.EvolveSchema(name, k, v, expect_version))
 
     def apply(
         self,
@@ -161,16 +206,36 @@ class Client:
             InvalidUsage: a part that is neither inline nor under ``data/`` (the future fails
                 instead for anything decided against the state: times below upper, ...).
         """
+        return self._apply(writes=writes, seals=seals, sinces=sinces, parts=parts, holds=holds)
+
+    def _apply(
+        self,
+        *,
+        writes: Mapping[str, Any] | None = None,
+        seals: Mapping[str, int] | None = None,
+        sinces: Mapping[str, int] | None = None,
+        parts: Mapping[str, Sequence[PartMeta]] | None = None,
+        holds: Mapping[str, Mapping[str, int | None]] | None = None,
+        versions: Mapping[str, int] | None = None,
+    ) -> PersistFuture:
+        """:meth:`apply`, with the writes of the collections ``versions`` names normalized to
+        those schema versions (a handle's) instead of the current ones."""
         runtime = self._writer()
         state = self.state
-        tables = tuple(
-            (name, _normalize(state, name, updates)) for name, updates in (writes or {}).items()
-        )
+        tables = []
+        written: list[tuple[str, int]] = []
+        for name, updates in (writes or {}).items():
+            sid = (versions or {}).get(name)
+            if sid is None:
+                sid = evolve.version(collection(state.collections, name))
+            tables.append((name, _normalize(state, name, updates, sid)))
+            written.append((name, sid))
         staged = tuple((name, p) for name, ps in (parts or {}).items() for p in ps)
         for name, p in staged:
             _check_staged_part(name, p)
         return runtime.submit(cmd.Apply(
-            writes=tables,
+            writes=tuple(tables),
+            versions=tuple(written),
             seals=tuple((seals or {}).items()),
             sinces=tuple((sinces or {}).items()),
             parts=staged,
@@ -280,20 +345,28 @@ def _check_staged_part(name: str, p: PartMeta) -> None:
         raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {layout.DATA_PREFIX!r}")
 
 
-def _normalize(state: State, name: str, updates: Any) -> pa.Table:
+def _normalize(state: State, name: str, updates: Any, schema_id: int | None = None) -> pa.Table:
     c = collection(state.collections, name)
-    types = Types.of(c)
+    types = Types.of(c, schema_id)
     from persist.indexed.columnar import from_updates
 
     return from_updates(updates, types.schema, types.key, types.value)
 
 
 class _Handle:
-    def __init__(self, client: Client, name: str, key: Codec, value: Codec) -> None:
+    def __init__(self, client: Client, name: str, key: Codec, value: Codec,
+                 schema_id: int = 0) -> None:
         self.client = client
         self.name = name
         self.key_codec = key
         self.value_codec = value
+        self._schema_id = schema_id
+
+    @property
+    def schema_version(self) -> int:
+        """The schema version this handle reads and writes as: the one whose types it was
+        opened with (:meth:`Client.evolve_schema`; 0 for a collection never evolved)."""
+        return self._schema_id
 
     def _meta(self) -> CollectionMeta:
         return collection(self.client.state.collections, self.name)
@@ -312,7 +385,8 @@ class WriteHandle(_Handle):
         The returned future fails with InvalidUsage if a time is below upper when the write is
         applied (in call order), with RuntimeShutdown after stop.
         """
-        return self.client.apply(writes={self.name: updates})
+        return self.client._apply(writes={self.name: updates},
+                                  versions={self.name: self._schema_id})
 
     def seal(self, upper: int) -> PersistFuture:
         """Advances ``upper`` to ``upper``: every time below it becomes final (never backwards)."""
@@ -320,7 +394,8 @@ class WriteHandle(_Handle):
 
     def append(self, updates: Any, upper: int) -> PersistFuture:
         """``write`` then ``seal`` as one atomic, durable step."""
-        return self.client.apply(writes={self.name: updates}, seals={self.name: upper})
+        return self.client._apply(writes={self.name: updates}, seals={self.name: upper},
+                                  versions={self.name: self._schema_id})
 
     def allow_compaction(self, since: int) -> PersistFuture:
         """Advances ``since``: reads as of times below it are no longer needed (never backwards,
@@ -380,8 +455,9 @@ class ReadHandle(_Handle):
 
     @property
     def schema(self) -> pa.Schema:
-        """The Arrow schema of the collection's updates: ``key, value, time, diff``."""
-        return Types.of(self._meta()).schema
+        """The Arrow schema of the collection's updates as this handle's schema version reads
+        them: ``key, value, time, diff``."""
+        return Types.of(self._meta(), self._schema_id).schema
 
     def snapshot(self, as_of: int, *, timeout: float | None = None,
                  filter: Filter | None = None) -> ClientSnapshot:
@@ -458,7 +534,8 @@ class ClientSnapshot:
 
     def _fresh(self) -> Snapshot:
         ix = self._read.client._ix
-        return Snapshot(self._read._meta(), self.as_of, ix.reader, filter=self.filter)
+        return Snapshot(self._read._meta(), self.as_of, ix.reader, filter=self.filter,
+                        schema_id=self._read.schema_version)
 
     @property
     def schema(self) -> pa.Schema:
@@ -583,12 +660,19 @@ class Listener(Iterator[ListenEvent]):
                 # NB: the whole range is read before any of it is queued, so a retry on a newer
                 # state (GC removed a part under us) never repeats an update.
                 tables = list(updates_between(c, lo, c.upper, reader,
-                                              held=self._token is not None))
+                                              held=self._token is not None,
+                                              schema_id=self._read.schema_version))
                 break
             except PartMissing:
                 if attempt == _READ_ATTEMPTS - 1:
                     raise
                 state = self._read.client._sync(full=True)
+            except SchemaMismatch as e:
+                # An update that does not fit this listener's (older) schema version: it
+                # cannot be delivered, and skipping it would be silent loss.
+                self._failed = e
+                self.close()
+                raise
             except InvalidUsage as e:
                 # A replica cannot hold back the writer's compaction: once since passes this
                 # listener, the updates it still owes may have been merged; fail, never guess.

@@ -71,7 +71,9 @@ class Apply:
 
     ``parts`` are parts already encoded and stored by another process (a Spark task): they are
     added as they are, without rewriting their data. ``holds`` set (frontier) or release (None)
-    durable read holds ``(collection, hold id, frontier)``.
+    durable read holds ``(collection, hold id, frontier)``. ``versions`` names the schema
+    version each collection's written table was normalized to (a collection not named: its
+    current version when staged).
     """
 
     writes: tuple[tuple[str, pa.Table], ...] = ()
@@ -79,6 +81,7 @@ class Apply:
     sinces: tuple[tuple[str, int], ...] = ()
     parts: tuple[tuple[str, PartMeta], ...] = ()
     holds: tuple[tuple[str, str, int | None], ...] = ()
+    versions: tuple[tuple[str, int], ...] = ()
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
@@ -89,6 +92,20 @@ class Register:
     name: str
     key: Codec
     value: Codec
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
+class EvolveSchema:
+    """Evolve collection ``name``'s schema to these codecs (None: keep that column), if its
+    current version is ``expect`` (None: whatever it is). Commits alone: what was queued
+    before it commits first, what comes after in a later commit. Resolves to the new schema
+    version."""
+
+    name: str
+    key: Codec | None
+    value: Codec | None
+    expect: int | None = None
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
@@ -121,4 +138,4 @@ class Stop:
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
-Command = Apply | Register | Maintenance | SetOptions | Stop
+Command = Apply | Register | EvolveSchema | Maintenance | SetOptions | Stop

@@ -42,7 +42,7 @@ from persist.errors import (
     PersistError,
     RuntimeShutdown,
 )
-from persist.indexed import compact, gc
+from persist.indexed import compact, evolve, gc
 from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
 from persist.indexed.meta import (
     AddPart,
@@ -53,7 +53,7 @@ from persist.indexed.meta import (
     SetHold,
     State,
 )
-from persist.indexed.state import effective_since
+from persist.indexed.state import collection, effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
 
@@ -296,6 +296,18 @@ class Runtime:
                     self._maint_wake.set()  # a new policy may have merges to plan
                 txn = Txn(self.ix.state)
                 continue
+            if isinstance(c, cmd.EvolveSchema):
+                # NB: an evolution commits alone (see ``Txn.stage``): what was staged before it
+                # commits first, and what comes after it is staged against the new version.
+                if accepted:
+                    self._commit(txn, accepted)
+                    accepted = []
+                if self._poisoned is not None:
+                    c.future.set_exception(self._shutdown_error())
+                    continue
+                self._evolve(c)
+                txn = Txn(self.ix.state)
+                continue
             if self._poisoned is not None:  # a commit earlier in this group failed for good
                 c.future.set_exception(self._shutdown_error())
                 continue
@@ -311,19 +323,41 @@ class Runtime:
             self._commit(txn, accepted)
         return stop is not None
 
+    def _evolve(self, c: cmd.EvolveSchema) -> None:
+        """Stages and commits one schema evolution alone (its future: the new version)."""
+        txn = Txn(self.ix.state)
+        try:
+            op = evolve.plan(collection(txn.collections, c.name), c.key, c.value, c.expect)
+            if op is not None:
+                txn.stage(op)
+        except InvalidUsage as e:
+            c.future.set_exception(e)
+            return
+        except Exception as e:  # a bug in staging must not kill the loop silently
+            log.exception("staging a schema evolution failed")
+            c.future.set_exception(e)
+            return
+        if op is None:  # already the current schema: nothing to commit
+            c.future.set_result(evolve.version(collection(txn.collections, c.name)))
+            return
+        self._commit(txn, [c])
+
     def _stage(self, txn: Txn, c: cmd.Command) -> None:
         if isinstance(c, cmd.Apply):
+            versions = dict(c.versions)
             with txn.atomically():
                 for name, part in c.parts:
                     txn.stage(AddPart(name=name, part=part))
                 for name, table in c.writes:
-                    txn.stage_write(name, table)
+                    txn.stage_write(name, table, versions.get(name))
                 for name, hold_id, frontier in c.holds:
                     txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
                 for name, upper in c.seals:
                     txn.stage(Seal(name=name, upper=upper))
                 for name, since in c.sinces:
                     txn.stage(AllowCompaction(name=name, since=since))
+        elif isinstance(c, cmd.EvolveSchema):
+            raise AssertionError("schema evolutions are committed alone, by _evolve")
         elif isinstance(c, cmd.Register):
             existing = txn.collections.get(c.name)
             if existing is not None:
@@ -388,7 +422,10 @@ class Runtime:
         self.stats["groups_max"] = max(self.stats["groups_max"], len(accepted))
         self.published.publish(state)
         for c in accepted:
-            c.future.set_result(state.seq)
+            if isinstance(c, cmd.EvolveSchema):  # committed alone: its version is the newest
+                c.future.set_result(evolve.version(state.collections[c.name]))
+            else:
+                c.future.set_result(state.seq)
         self._maint_wake.set()
         log.debug("committed seq %d: %d commands in %.2f ms", state.seq, len(accepted),
                   (time.perf_counter() - started) * 1000)

@@ -135,7 +135,7 @@ def test_missing_location_is_not_created(tmp_path: Path) -> None:
 
 def test_inspect(loc: Path) -> None:
     info = json.loads(run("inspect", str(loc), "--json").stdout)
-    assert info["format_version"] == meta.FORMAT_VERSION
+    assert info["format_version"] == meta.RECORDS_FORMAT_VERSION  # it holds records
     assert info["seq"] > 0
     assert info["writer"] == "builder"
     assert info["lock"]["holder"] == "builder"
@@ -144,6 +144,7 @@ def test_inspect(loc: Path) -> None:
     by_name = {c["name"]: c for c in info["collections"]}
     events, points = by_name["events"], by_name["points"]
     assert (events["key_type"], events["value_type"]) == ("string", "int64")
+    assert (events["schema_version"], points["schema_version"]) == (0, 0)
     assert points["key_type"].endswith("test_cli:Point (struct<x: int64 not null, y: int64 not null>)")
     assert (events["since"], events["upper"]) == (2, 6)
     assert (points["since"], points["effective_since"], points["upper"]) == (0, 0, 2)
