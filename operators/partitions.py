@@ -32,7 +32,7 @@ from operators import buckets
 from operators.options import Target
 from operators.schema import CollectionTypes, to_spark
 from persist.blob.base import BlobRead
-from persist.errors import InvalidUsage, MissingResource
+from persist.errors import InvalidUsage, MissingResource, SchemaMismatch
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.read import PartMissing, PartReader, read_part_at
@@ -224,6 +224,11 @@ def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
                 raise InvalidUsage(
                     f"read of {p.target.collection!r} as of {p.as_of}: since passed it "
                     f"({effective_since(c)}) while the query ran; read as of a later time"
+                ) from None
+            if CollectionTypes.of(c).schema_id != p.types.schema_id:
+                raise SchemaMismatch(
+                    f"read of {p.target.collection!r}: its schema evolved while the query ran "
+                    f"(now version {CollectionTypes.of(c).schema_id}); run the query again"
                 ) from None
             parts = snapshot_parts(c, p.as_of)
     yield from _batches(to_spark(table, p.types.arrow_schema, time=p.as_of))

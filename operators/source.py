@@ -343,7 +343,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # NB: a part spanning several times (a multi-time append, or compaction output)
             # is read to count its rows per time; the driver's part cache keeps it for the
             # polls that follow, and the micro-batch reads it anyway.
-            tc = self.types.read(self._watch.reader, p).column("time")
+            # (as stored, whatever its schema version: only its times are counted)
+            tc = evolve.View.of(c).stored(self._watch.reader, p).column("time")
             tc = tc.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))
             vc = pc.value_counts(tc)
             for t, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(),
