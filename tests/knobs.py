@@ -25,6 +25,11 @@ Choosing the set (``PERSIST_KNOBS``):
 Only tests under :data:`MATRIX_DIRS` run under the set (the hook is in the root conftest);
 subprocesses those tests start call :func:`activate_from_env` (``PERSIST_KNOBS`` is exported
 with the resolved name).
+
+:data:`BASE_OPTIONS` apply to every ``Options`` the test process makes, under every set and
+outside the matrix too (installed when this module is imported): the suite runs with
+``audit_pruning`` on, so every filtered read also reads what its stats let it skip and fails
+loudly if pruning was wrong.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from persist.indexed.compact import CompactionPolicy
 from persist.indexed.indexed import MAX_INLINE_THRESHOLD, Options
 
 ENV = "PERSIST_KNOBS"
+#: ``Options`` fields every test process gets unless the caller passes them (any set or none).
+BASE_OPTIONS: Mapping[str, Any] = {"audit_pruning": True}
 #: The suites run under the active set (paths relative to the repository root).
 MATRIX_DIRS = ("tests/indexed", "tests/runtime", "tests/replica", "tests/nemesis")
 
@@ -87,9 +94,11 @@ KNOB_SETS: dict[str, KnobSet] = {k.name: k for k in (
             "nothing is memory-mapped",
             options={"inline_threshold": MAX_INLINE_THRESHOLD}, storage={"map_min_bytes": None}),
     KnobSet("tiny-parts", "parts as small as the knobs allow: 64-byte inline threshold, parts "
-            "final at 16 rows, inline parts flushed at 256 bytes",
-            options={"inline_threshold": 64},
-            compaction={"final_rows": 16, "inline_flush_bytes": 256}),
+            "final at 16 rows, inline parts flushed at 256 bytes, merges cut into 512-byte "
+            "parts of 4-row record batches, stats cut to 200 bytes",
+            options={"inline_threshold": 64, "stats_bytes": 200, "batch_rows": 4},
+            compaction={"final_rows": 16, "inline_flush_bytes": 256,
+                        "part_target_bytes": 512}),
     KnobSet("compact-aggressive", "merge at fanin 2 and flush inline parts as soon as there "
             "are two", compaction={"fanin": 2, "inline_flush_bytes": 1}),
     KnobSet("compact-none", "no background compaction: parts pile up until maintain()",
@@ -131,18 +140,17 @@ _active: KnobSet | None = None
 _installed = False
 
 
-def _fill_defaults(cls: type, overrides: Callable[[KnobSet], Mapping[str, Any]]) -> None:
+def _fill_defaults(cls: type, overrides: Callable[[KnobSet | None], Mapping[str, Any]]
+                   ) -> None:
     """Wraps ``cls.__init__`` (a dataclass) so fields the caller did not pass come from the
-    active set."""
+    active set (and the base options)."""
     names = [f.name for f in dataclasses.fields(cls)]
     original = cls.__init__
 
     def __init__(self: Any, *args: Any, **kw: Any) -> None:
-        ks = _active
-        if ks is not None:
-            for name, value in overrides(ks).items():
-                if name not in kw and names.index(name) >= len(args):
-                    kw[name] = value
+        for name, value in overrides(_active).items():
+            if name not in kw and names.index(name) >= len(args):
+                kw[name] = value
         original(self, *args, **kw)
 
     __init__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -152,8 +160,8 @@ def _fill_defaults(cls: type, overrides: Callable[[KnobSet], Mapping[str, Any]])
 def _install() -> None:
     global _installed
     if not _installed:
-        _fill_defaults(Options, lambda ks: ks.options)
-        _fill_defaults(CompactionPolicy, lambda ks: ks.compaction)
+        _fill_defaults(Options, lambda ks: {**BASE_OPTIONS, **(ks.options if ks else {})})
+        _fill_defaults(CompactionPolicy, lambda ks: ks.compaction if ks else {})
         _installed = True
 
 
@@ -213,6 +221,8 @@ def main(argv: list[str]) -> int:
         print(f"{name:20} {'ok' if rc == 0 else f'FAILED (exit {rc})':16} {took:6.0f}s")
     return max(rc for _, rc, _ in results)
 
+
+_install()
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

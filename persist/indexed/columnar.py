@@ -414,8 +414,22 @@ COMPRESS_MIN_BYTES = 64 << 10
 _COMBINE_MAX_BYTES = 16 << 20
 
 
+#: Rows per Arrow record batch of a stored part: a filtered read decodes only the batches
+#: whose stats may match (:mod:`persist.indexed.stats`). Measured on 1 M rows of an int64 key
+#: and a 4-field struct value: 64 Ki-row batches encode faster than 1 Mi-row ones (97 against
+#: 172 ms), decode as fast (41 against 44 ms) and compress as well (22.0 MB both).
+BATCH_ROWS = 1 << 16
+
+
 def encode_part(table: pa.Table) -> pa.Buffer:
-    """The part's stored form: an Arrow IPC stream (zstd unless small).
+    """The part's stored form: an Arrow IPC stream (zstd unless small) of record batches of
+    at most :data:`BATCH_ROWS` rows (see :func:`encode_batches`)."""
+    return encode_batches(table)[0]
+
+
+def encode_batches(table: pa.Table, batch_rows: int = BATCH_ROWS
+                   ) -> tuple[pa.Buffer, tuple[int, ...]]:
+    """The part's stored form, and the row count of each record batch in it, in order.
 
     NB: returned as the Arrow buffer itself, not copied into ``bytes``: the envelope copies it
     once on its way to storage, and a second copy of ~10 MB per million rows, into fresh pages,
@@ -426,10 +440,12 @@ def encode_part(table: pa.Table) -> pa.Buffer:
     if table.num_columns and table.column(0).num_chunks > 1 and nbytes <= _COMBINE_MAX_BYTES:
         table = table.combine_chunks()
     opts = _WRITE_OPTS if nbytes >= COMPRESS_MIN_BYTES else _PLAIN_OPTS
+    batches = table.to_batches(max_chunksize=batch_rows)
     with pa.ipc.new_stream(sink, table.schema, options=opts) as w:
-        w.write_table(table, max_chunksize=1 << 20)
+        for b in batches:
+            w.write_batch(b)
     buf: pa.Buffer = sink.getvalue()
-    return buf
+    return buf, tuple(b.num_rows for b in batches)
 
 
 def decode_part(key: str, data: bytes | memoryview, schema: pa.Schema) -> pa.Table:
@@ -443,7 +459,12 @@ def decode_part(key: str, data: bytes | memoryview, schema: pa.Schema) -> pa.Tab
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
         raise Corruption(key, f"undecodable Arrow part: {e}") from e
-    tag = (table.schema.metadata or {}).get(_PART_TAG)
+    _check_part_schema(key, table.schema, schema)
+    return table
+
+
+def _check_part_schema(key: str, have: pa.Schema, schema: pa.Schema) -> None:
+    tag = (have.metadata or {}).get(_PART_TAG)
     if tag is None:
         raise Corruption(key, "Arrow part lacks the persist.part format tag")
     if int(tag) > PART_FORMAT_VERSION:
@@ -451,9 +472,36 @@ def decode_part(key: str, data: bytes | memoryview, schema: pa.Schema) -> pa.Tab
             f"part {key!r} has format version {int(tag)}; this persist reads up to "
             f"{PART_FORMAT_VERSION}"
         )
-    if not table.schema.equals(schema, check_metadata=False):
-        raise Corruption(key, f"part schema {table.schema} differs from the collection's {schema}")
-    return table
+    if not have.equals(schema, check_metadata=False):
+        raise Corruption(key, f"part schema {have} differs from the collection's {schema}")
+
+
+def decode_batches(key: str, data: bytes | memoryview, schema: pa.Schema,
+                   keep: list[bool]) -> pa.Table:
+    """Decodes only the record batches ``i`` of a stored part with ``keep[i]`` (checked like
+    :func:`decode_part`); the others are skipped undecoded (not decompressed).
+
+    Raises:
+        Corruption: not an Arrow stream, another schema, or not ``len(keep)`` batches.
+        IncompatibleFormat: a newer part format.
+    """
+    out: list[pa.RecordBatch] = []
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
+        have = pa.ipc.read_schema(reader.read_next_message())
+        _check_part_schema(key, have, schema)
+        i = 0
+        for message in reader:
+            if message.type != "record batch":
+                raise Corruption(key, f"unexpected {message.type} message in a part")
+            if i < len(keep) and keep[i]:
+                out.append(pa.ipc.read_record_batch(message, have))
+            i += 1
+    except (pa.ArrowInvalid, pa.ArrowException, OSError, StopIteration) as e:
+        raise Corruption(key, f"undecodable Arrow part: {e}") from e
+    if i != len(keep):
+        raise Corruption(key, f"part has {i} record batches, its stats say {len(keep)}")
+    return pa.Table.from_batches(out, schema=have)
 
 
 # -- consolidation -------------------------------------------------------------------------

@@ -7,6 +7,16 @@ holds fewer than ``FANIN`` parts, so a read touches ``O(FANIN * log4(rows))`` pa
 number of seals. Parts of ``final_rows`` rows or more are left alone: they are already cheap to
 read and rewriting them again and again would cost more than it saves.
 
+**Bounded, key-ordered output.** A merge's output, sorted by key, is cut into parts of about
+``part_target_bytes`` (Arrow bytes) each, only where the key changes: a key's rows are never
+split across two parts, so a large collection becomes parts with disjoint key ranges (what a
+filtered read prunes by, :mod:`persist.indexed.prune`). Every part but the last of a merge
+reached the target and is marked ``full``: like a final part it is never merged again. That is
+what keeps the planner from re-merging split output forever: each merge of two or more
+mergeable parts leaves at most one mergeable part (the remainder), so the number of mergeable
+parts strictly falls with every merge of the same parts. (A single key holding more than the
+target makes a part larger than it.)
+
 Merging never changes the contents as of any time at or after the frontier it forwards to, so
 it is invisible to every definite read. It runs off the commit path and lands as one
 ``ReplaceParts`` op.
@@ -17,12 +27,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from persist import crashpoints
 from persist.blob.base import Blob
 from persist.errors import InvalidUsage
-from persist.indexed import columnar, evolve
+from persist.indexed import columnar, evolve, records, stats
 from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
 from persist.indexed.read import PartReader
 from persist.indexed.state import effective_since
@@ -45,9 +57,14 @@ class CompactionPolicy:
     final_rows: int = 1 << 19
     #: Inline parts are flushed into a blob part once they hold this many bytes together (>= 0).
     inline_flush_bytes: int = 1 << 20
+    #: A merge's output is cut, at key boundaries, into parts of about this many Arrow
+    #: (decoded) bytes (>= 1; stored parts are typically 2-5x smaller). Small: many small,
+    #: key-disjoint parts.
+    part_target_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
-        for name, lo in (("fanin", 2), ("final_rows", 1), ("inline_flush_bytes", 0)):
+        for name, lo in (("fanin", 2), ("final_rows", 1), ("inline_flush_bytes", 0),
+                         ("part_target_bytes", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise InvalidUsage(f"CompactionPolicy.{name} must be an integer >= {lo}, "
@@ -60,8 +77,9 @@ def level(p: PartMeta) -> int:
 
 
 def plan(c: CollectionMeta, policy: CompactionPolicy) -> tuple[PartMeta, ...]:
-    """Chooses parts of ``c`` to merge now, or () if none need it."""
-    live = [p for p in c.parts if p.rows < policy.final_rows]
+    """Chooses parts of ``c`` to merge now, or () if none need it. Final parts (of
+    ``final_rows`` or more) and full ones (``PartMeta.full``) are never chosen."""
+    live = [p for p in c.parts if p.rows < policy.final_rows and p.full is not True]
     if len(live) < 2:
         return ()
     inline = [p for p in live if p.inline is not None]
@@ -79,20 +97,69 @@ def plan(c: CollectionMeta, policy: CompactionPolicy) -> tuple[PartMeta, ...]:
 
 def merge(
     blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...],
-    *, inline_threshold: int, frontier: int | None = None,
+    *, inline_threshold: int, frontier: int | None = None, stats_bytes: int = stats.STATS_BYTES,
+    batch_rows: int = columnar.BATCH_ROWS, part_target_bytes: int | None = None,
 ) -> ReplaceParts:
-    """Merges ``parts`` of ``c`` into at most one new part (written to ``blob``), forwarding
-    times to ``frontier`` (default and maximum: the effective since). Parts written with
-    older schema versions are migrated to the current one, which the new part is."""
+    """Merges ``parts`` of ``c`` into new parts (written to ``blob``), forwarding times to
+    ``frontier`` (default and maximum: the effective since), cut by key into parts of about
+    ``part_target_bytes`` (None: one part; see the module docstring). Parts written with older
+    schema versions are migrated to the current one, which the new parts are."""
     since = effective_since(c)
     frontier = since if frontier is None else min(frontier, since)
     view = evolve.View.of(c)
     table = pa.concat_tables([view.read(reader, p) for p in parts])
     merged = columnar.consolidate(columnar.forward(table, frontier))
-    added: tuple[PartMeta, ...] = ()
-    if len(merged):
-        added = (evolve.tag(new_part(blob, c, merged, inline_threshold=inline_threshold,
-                                     consolidated=True), view.target),)
+    added: list[PartMeta] = []
+    for chunk, full in split_by_key(merged, part_target_bytes):
+        # NB: a full part is never merged again, so it must not ride inline: every rollup
+        # would carry it forever (inline parts are otherwise flushed into blobs by merging).
+        added.append(evolve.tag(new_part(blob, c, chunk, consolidated=True, full=full,
+                                         inline_threshold=0 if full else inline_threshold,
+                                         stats_bytes=stats_bytes, batch_rows=batch_rows),
+                                view.target))
     crashpoints.hit("compact.part_written")
-    return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=added,
+    return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=tuple(added),
                         frontier=frontier)
+
+
+def split_by_key(table: pa.Table, target_bytes: int | None) -> list[tuple[pa.Table, bool]]:
+    """``table`` (sorted by key) cut into consecutive slices of about ``target_bytes`` Arrow
+    bytes, each cut where the key changes; ``(slice, full)`` pairs, ``full`` for every slice
+    but the last. An empty table gives none; None or a table within the target, one slice.
+
+    NB: the size of a slice is estimated from the table's average bytes per row (exact for
+    fixed-width columns); a cut lands at the first key change at or after the estimate.
+    """
+    n = len(table)
+    if n == 0:
+        return []
+    nbytes = table.nbytes
+    if target_bytes is None or nbytes <= target_bytes:
+        return [(table, False)]
+    rows = max(1, int(target_bytes * n // nbytes))
+    starts = key_starts(table.column("key"))
+    out: list[tuple[pa.Table, bool]] = []
+    at = 0
+    while True:
+        i = int(np.searchsorted(starts, at + rows))
+        if i >= len(starts):
+            out.append((table.slice(at), False))
+            return out
+        cut = int(starts[i])
+        out.append((table.slice(at, cut - at), True))
+        at = cut
+
+
+def key_starts(key: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.int64]:
+    """The positions ``i > 0`` where a sorted ``key`` column changes: the row at ``i`` may be
+    another key than the row before it. Conservative: rows that sort as ties but are different
+    keys (``-0.0`` and ``0.0``, NaNs with other payloads) are not told apart, so no key's rows
+    are on both sides of a position."""
+    n = len(key)
+    if n < 2:
+        return np.zeros(0, dtype=np.int64)
+    same = np.ones(n - 1, dtype=bool)
+    for col in records.frame(key):
+        eq = records.weak_equal(col.slice(1), col.slice(0, n - 1))
+        same &= np.asarray(eq.to_numpy(zero_copy_only=False), dtype=bool)
+    return np.flatnonzero(~same).astype(np.int64) + 1

@@ -228,7 +228,7 @@ def decode(data: bytes) -> Filter:
     """
     try:
         f: Filter = _DEC.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, TypeError) as e:
         raise InvalidUsage(f"not an encoded persist filter: {e}") from e
     _check_tree(f)
     return f

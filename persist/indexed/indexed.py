@@ -35,7 +35,7 @@ from persist.errors import (
     PersistError,
     ReadOnly,
 )
-from persist.indexed import columnar, compact, evolve, gc
+from persist.indexed import columnar, compact, evolve, gc, stats
 from persist.indexed.columnar import Codec
 from persist.indexed.filter import Filter
 from persist.indexed.machine import Machine
@@ -208,9 +208,23 @@ class Options:
     #: deadline may still be claimed by a commit in flight. None: never (operators then run
     #: ``persist verify --delete-leaked``).
     leak_grace_seconds: float | None = 600.0
+    #: The budget of each blob part's stats (:mod:`persist.indexed.stats`: per-field null
+    #: counts and bounds, what filtered reads prune by), in encoded bytes; every rollup holds
+    #: every part's. 0: no stats (filtered reads then read every part); at most
+    #: ``stats.MAX_STATS_BYTES``.
+    stats_bytes: int = stats.STATS_BYTES
+    #: Rows per Arrow record batch of a stored part (>= 1): the unit a filtered read skips
+    #: within a part that may match (by per-batch stats).
+    batch_rows: int = columnar.BATCH_ROWS
+    #: Filtered reads also read every part and record batch their stats let them skip, and
+    #: raise ``Corruption`` if one held a matching row (:mod:`persist.indexed.prune`). Costs
+    #: what pruning saves; for tests and for checking a location's stats.
+    audit_pruning: bool = False
 
     def __post_init__(self) -> None:
         _check_int("inline_threshold", self.inline_threshold, 0, MAX_INLINE_THRESHOLD)
+        _check_int("stats_bytes", self.stats_bytes, 0, stats.MAX_STATS_BYTES)
+        _check_int("batch_rows", self.batch_rows, 1)
         _check_int("rollup_every", self.rollup_every, 1)
         _check_int("cache_bytes", self.cache_bytes, 0)
         for name in ("gc_grace_seconds", "commit_deadline_seconds"):
@@ -227,7 +241,7 @@ class Options:
                 f"Options.leak_grace_seconds must be None or a number of seconds at least twice "
                 f"commit_deadline_seconds ({self.commit_deadline_seconds:g}), not {leak!r}: a "
                 f"younger unreferenced blob may belong to a commit still in flight")
-        for name in ("group_commit", "background_compaction"):
+        for name in ("group_commit", "background_compaction", "audit_pruning"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidUsage(f"Options.{name} must be a bool, not {getattr(self, name)!r}")
 
@@ -368,7 +382,10 @@ class Indexed:
             started = time.monotonic()
             part = evolve.tag(new_part(blob, c, table,
                                        inline_threshold=self.options.inline_threshold,
-                                       consolidated=False), evolve.version(c))
+                                       consolidated=False,
+                                       stats_bytes=self.options.stats_bytes,
+                                       batch_rows=self.options.batch_rows),
+                              evolve.version(c))
             if part.blob_key is not None:
                 txn.wrote_blobs(started)
                 written.append(part.blob_key)
@@ -546,7 +563,8 @@ class Indexed:
             UnknownCollection: no such collection.
         """
         c = collection((state or self.state).collections, name)
-        return Snapshot(c, as_of, self.reader, filter=filter, schema_id=schema_id)
+        return Snapshot(c, as_of, self.reader, filter=filter, schema_id=schema_id,
+                        audit=self.options.audit_pruning)
 
     def updates_between(
         self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False,
@@ -595,7 +613,9 @@ class Indexed:
         # (found while adding the knob set inline-max to the matrix).
         threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
         return compact.merge(self._blob(), self.reader, c, parts,
-                             inline_threshold=threshold, frontier=frontier)
+                             inline_threshold=threshold, frontier=frontier,
+                             stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
+                             part_target_bytes=opts.compaction.part_target_bytes)
 
     def maintain(self) -> int:
         """Runs compaction, GC and rollups until none has work left (synchronous use).

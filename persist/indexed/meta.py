@@ -20,6 +20,14 @@ for byte, so a location without records stays readable by a persist that predate
 one with records is refused by it at the record that introduces them (every later record of
 that collection is only reachable through it).
 
+Optional fields: a field added to a stored record as ``X | msgspec.UnsetType = UNSET`` is
+omitted from the bytes while unset, so every record that does not use it keeps its exact
+bytes, and an older reader decodes a record that does use it by ignoring the unknown field. That
+is right only for fields whose absence an older reader may assume: ``PartMeta.stats`` (a reader
+that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
+compaction that ignores it may merge the part again, which only costs). Neither bumps the
+format version.
+
 Version 3 is schema evolution (:mod:`persist.indexed.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
 history (``schemas``) and whose parts record the version they were written with
@@ -39,6 +47,7 @@ import msgspec
 from persist import layout
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
 from persist.indexed import columnar, records
+from persist.indexed.stats import PartStats
 
 #: The newest metadata format this persist reads (and writes for evolved collections).
 FORMAT_VERSION = 3
@@ -69,6 +78,14 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: The schema version (``SchemaVersion.id``) of the collection the part was written with;
     #: UNSET is version 0 (every part before the collection's first evolution).
     schema_id: int | msgspec.UnsetType = msgspec.UNSET
+    #: Per-field null counts and bounds, overall and per record batch, within a byte budget
+    #: (:mod:`persist.indexed.stats`); what a filtered read prunes by. UNSET: none (inline
+    #: parts, parts written before stats). An older persist ignores the field.
+    stats: PartStats | msgspec.UnsetType = msgspec.UNSET
+    #: Compaction cut this part when it reached its size target
+    #: (``CompactionPolicy.part_target_bytes``): it is never merged again. An older persist
+    #: ignores the field (and may merge it, which is only a cost).
+    full: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class SchemaVersion(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,6 +22,7 @@ from persist.indexed.columnar import Codec
 from persist.indexed.evolve import View
 from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.indexed.prune import PruneCounts, Pruner
 from persist.indexed.state import check_time, effective_since
 
 
@@ -102,6 +103,34 @@ class PartReader:
                     self._cached -= s
         return table
 
+    def read_batches(self, part: PartMeta, schema: pa.Schema, keep: list[bool],
+                     batch_rows: tuple[int, ...]) -> pa.Table:
+        """Only the record batches ``i`` of ``part`` with ``keep[i]`` (``batch_rows`` rows
+        each, as its stats record): sliced from the cache when it holds the part, else decoded
+        alone (the others are not decompressed; nothing is cached). Thread-safe.
+
+        Raises:
+            PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`;
+            Corruption also when the part does not have ``len(keep)`` batches.
+        """
+        key = part.blob_key
+        with self._lock:
+            hit = self._cache.get(key) if key is not None else None
+        if hit is not None:
+            pieces, at = [], 0
+            for k, n in zip(keep, batch_rows, strict=True):
+                if k:
+                    pieces.append(hit[0].slice(at, n))
+                at += n
+            return pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0)
+        if part.inline is not None:
+            return columnar.decode_batches(f"inline part {part.id}", part.inline, schema, keep)
+        assert key is not None
+        data = self.blob.get_view(key)
+        if data is None:
+            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
+        return columnar.decode_batches(key, data, schema, keep)
+
 
 def check_as_of(c: CollectionMeta, as_of: int) -> None:
     """Checks that a read of ``c`` as of ``as_of`` is definite: ``since <= as_of < upper``.
@@ -133,8 +162,10 @@ class Snapshot:
     """
 
     def __init__(self, c: CollectionMeta, as_of: int, reader: PartReader, *,
-                 filter: Filter | None = None, schema_id: int | None = None) -> None:
+                 filter: Filter | None = None, schema_id: int | None = None,
+                 audit: bool = False) -> None:
         """Checks ``as_of`` (and ``filter`` against ``c``'s types); reads nothing yet.
+        ``audit``: read what pruning skips, and raise if it held a match (``prune.Pruner``).
 
         Raises:
             InvalidUsage: ``as_of`` is outside ``[since, upper)``, ``filter`` is not one, or
@@ -151,6 +182,8 @@ class Snapshot:
         self.bound: Bound | None = None if filter is None else bind(
             filter, self.types.key.arrow_type, self.types.value.arrow_type,
             key_codec=self.types.key.name, value_codec=self.types.value.name)
+        self._pruner = None if self.bound is None else Pruner(self.bound, self.view,
+                                                              audit=audit)
 
     @property
     def schema(self) -> pa.Schema:
@@ -162,11 +195,33 @@ class Snapshot:
         """The parts holding every update at or before ``as_of`` (for planning parallel reads)."""
         return tuple(p for p in self.collection.parts if p.min_time <= self.as_of and p.rows)
 
+    @property
+    def pruning(self) -> PruneCounts | None:
+        """With a filter, what its reads fetched and what pruning skipped so far."""
+        return None if self._pruner is None else self._pruner.counts
+
     def read_part(self, p: PartMeta) -> pa.Table:
         """One part's raw updates at or before ``as_of`` that match the filter, times forwarded
         to ``as_of``."""
-        t = read_part_at(self._reader, p, self.view, self.as_of)
-        return self._matching(t)
+        if self._pruner is None:
+            return read_part_at(self._reader, p, self.view, self.as_of)
+        t = self._pruner.load(self._reader, p)
+        if t is None:
+            return self.schema.empty_table()
+        return self._matching(_at(t, p, self.schema, self.as_of))
+
+    def _loaded(self, *, current: bool = False) -> Iterator[pa.Table]:
+        """Each part that may match, migrated to the target version (``current``: to the
+        current one); stats-pruned when filtered, not yet filtered row by row."""
+        for p in self.parts:
+            if self._pruner is not None:
+                t = self._pruner.load(self._reader, p, current=current)
+                if t is not None:
+                    yield t
+            elif current:
+                yield self.view.read_current(self._reader, p)
+            else:
+                yield self.view.read(self._reader, p)
 
     def _matching(self, t: pa.Table) -> pa.Table:
         # NB: filtering rows before consolidating them is exact. Consolidation sums the diffs
@@ -194,7 +249,7 @@ class Snapshot:
         by (key, value); ``time`` is ``as_of``. Filtered, if the snapshot has a filter."""
         if not self.view.current:
             return self._matching(self._to_arrow_as_older())
-        tables = [self._matching(self.view.read(self._reader, p)) for p in self.parts]
+        tables = [self._matching(t) for t in self._loaded()]
         if not tables:
             return self.schema.empty_table()
         return columnar.contents_at(pa.concat_tables(tables), self.as_of)
@@ -205,7 +260,7 @@ class Snapshot:
         # read as of an older version definite: a record that cancels out never has to fit
         # the older version, and compaction (which migrates to the current one) cannot change
         # what this returns.
-        tables = [self.view.read_current(self._reader, p) for p in self.parts]
+        tables = list(self._loaded(current=True))
         if not tables:
             return self.schema.empty_table()
         current = columnar.contents_at(pa.concat_tables(tables), self.as_of)
@@ -232,6 +287,11 @@ def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema | View,
         schema = schema.schema
     else:
         t = reader.read(p, schema)
+    return _at(t, p, schema, as_of)
+
+
+def _at(t: pa.Table, p: PartMeta, schema: pa.Schema, as_of: int) -> pa.Table:
+    """``t`` (rows of ``p``) at or before ``as_of``, times forwarded to ``as_of``."""
     if p.max_time > as_of:
         t = t.filter(pc.less_equal(t.column("time"), pa.scalar(as_of, pa.uint64())))
     return t.set_column(2, schema.field(2), columnar.constant_times(as_of, len(t)))

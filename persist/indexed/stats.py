@@ -238,12 +238,20 @@ def compute(table: pa.Table, batch_rows: Sequence[int], budget: int = STATS_BYTE
             ) -> PartStats | None:
     """The stats of a part holding ``table`` (columns ``key, value, time, diff``), written as
     record batches of ``batch_rows`` rows, in at most ``budget`` encoded bytes (see the module
-    docstring for what comes first). None if not even one entry fits."""
+    docstring for what comes first). None if not even one entry fits.
+
+    Cost: one pass over each ordered field (on 1 M rows of an int64 key and a four-field
+    struct value with a 13-byte string, ~13 ms, against ~100 ms to encode the part).
+    """
     if budget <= 0 or not len(table):
         return None
-    used = 8  # the PartStats map header and its keys
+    rows = tuple(batch_rows)
+    several = len(rows) > 1
+    used = 11  # the PartStats map header, its "leaves" key and array header
     leaves: list[LeafStats] = []
-    ordered: list[tuple[str, pa.ChunkedArray, int]] = []
+    #: Fields with bounds, in order, and their per-batch bounds when already computed.
+    ordered: list[tuple[str, pa.ChunkedArray, int, list[tuple[Phys | None, Phys | None]] | None]]
+    ordered = []
     for name in ("key", "value"):
         for segments, col in _fields(table.column(name), (name,)):
             path = path_key(segments)
@@ -254,14 +262,21 @@ def compute(table: pa.Table, batch_rows: Sequence[int], budget: int = STATS_BYTE
                 nans = 0
                 if pa.types.is_floating(t):
                     nans = int(pc.sum(pc.is_nan(col)).as_py() or 0)
-                lo, hi = _min_max(col)
+                per: list[tuple[Phys | None, Phys | None]] | None = None
+                if several and _is_bytes(t):
+                    # NB: comparing strings is the one costly pass (~9 ms per million): per
+                    # batch, the part's bounds follow from the batches' for free.
+                    per = _per_batch(col, rows)
+                    lo, hi = _fold(per)
+                else:
+                    lo, hi = _min_max(col)
                 full = LeafStats(path, nulls, nans, _lower(lo, PART_PREFIX_BYTES),
                                  _upper(hi, PART_PREFIX_BYTES))
                 size = len(_ENC.encode(full))
                 if used + size <= budget:
                     leaves.append(full)
                     used += size
-                    ordered.append((path, col, nans))
+                    ordered.append((path, col, nans, per))
                     continue
                 entry = LeafStats(path, nulls, nans)
             size = len(_ENC.encode(entry))
@@ -274,19 +289,17 @@ def compute(table: pa.Table, batch_rows: Sequence[int], budget: int = STATS_BYTE
         break
     if not leaves:
         return None
-    rows = tuple(batch_rows)
     batches: list[BatchStats] = []
-    if len(rows) > 1 and ordered:
+    if several and ordered:
         size = len(_ENC.encode(rows)) + 24
         if used + size <= budget:
             used += size
-            for path, col, nans in ordered:
-                estimate = len(path) + 4 + 2 * len(rows) * (BATCH_PREFIX_BYTES + 2)
-                if not _is_bytes(col.type):
-                    estimate = len(path) + 4 + 2 * len(rows) * 9
-                if used + estimate > budget:
+            for path, col, nans, per in ordered:
+                width = BATCH_PREFIX_BYTES + 2 if _is_bytes(col.type) else 9
+                if used + len(path) + 4 + 2 * len(rows) * width > budget:
                     break
-                b = _batch_stats(path, col, rows, nan=nans > 0)
+                b = _batch_stats(path, per if per is not None else _per_batch(col, rows),
+                                 nan=nans > 0)
                 size = len(_ENC.encode(b))
                 if used + size > budget:
                     break
@@ -294,22 +307,43 @@ def compute(table: pa.Table, batch_rows: Sequence[int], budget: int = STATS_BYTE
                 used += size
     if not batches:
         rows = ()
-    return PartStats(leaves=tuple(leaves), batch_rows=rows, batches=tuple(batches))
+    out = PartStats(leaves=tuple(leaves), batch_rows=rows, batches=tuple(batches))
+    # NB: the sizes above are estimates of the framing; the budget is a promise.
+    while len(_ENC.encode(out)) > budget:
+        if out.batches:
+            rest = out.batches[:-1]
+            out = PartStats(leaves=out.leaves, batch_rows=out.batch_rows if rest else (),
+                            batches=rest)
+        elif len(out.leaves) > 1:
+            out = PartStats(leaves=out.leaves[:-1])
+        else:
+            return None
+    return out
 
 
-def _batch_stats(path: str, col: pa.ChunkedArray, rows: Sequence[int], *, nan: bool
-                 ) -> BatchStats:
-    los: list[Phys | None] = []
-    his: list[Phys | None] = []
+def _per_batch(col: pa.ChunkedArray, rows: Sequence[int]
+               ) -> list[tuple[Phys | None, Phys | None]]:
+    out = []
     at = 0
     for n in rows:
-        lo, hi = _min_max(col.slice(at, n))
-        los.append(_lower(lo, BATCH_PREFIX_BYTES))
-        # NB: a float field with NaNs somewhere: a batch's upper bound is unknown (NaN is above
-        # every number, and finding which batches hold one would cost a pass per batch).
-        his.append(None if nan else _upper(hi, BATCH_PREFIX_BYTES))
+        out.append(_min_max(col.slice(at, n)))
         at += n
-    return BatchStats(path, tuple(los), tuple(his))
+    return out
+
+
+def _fold(per: list[tuple[Phys | None, Phys | None]]) -> tuple[Phys | None, Phys | None]:
+    los = [lo for lo, _ in per if lo is not None]
+    his = [hi for _, hi in per if hi is not None]
+    return (min(los) if los else None,
+            max(his) if his else None)
+
+
+def _batch_stats(path: str, per: list[tuple[Phys | None, Phys | None]], *, nan: bool
+                 ) -> BatchStats:
+    # NB: a float field with NaNs somewhere: each batch's upper bound is unknown (NaN is above
+    # every number, and finding which batches hold one would cost a pass per batch).
+    return BatchStats(path, tuple(_lower(lo, BATCH_PREFIX_BYTES) for lo, _ in per),
+                      tuple(None if nan else _upper(hi, BATCH_PREFIX_BYTES) for _, hi in per))
 
 
 __all__ = ["BATCH_PREFIX_BYTES", "MAX_STATS_BYTES", "PART_PREFIX_BYTES", "STATS_BYTES",

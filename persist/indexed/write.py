@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import uuid
 
+import msgspec
 import pyarrow as pa
 
 from persist import layout
 from persist.blob.base import Blob
-from persist.indexed import columnar
+from persist.indexed import columnar, stats
 from persist.indexed.meta import CollectionMeta, PartMeta
 
 
 def new_part(
     blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int, consolidated: bool,
-    staged: bool = False,
+    staged: bool = False, stats_bytes: int = stats.STATS_BYTES, full: bool = False,
+    batch_rows: int = columnar.BATCH_ROWS,
 ) -> PartMeta:
     """Encodes ``table`` as a part of ``c``: inline when small, else in a fresh blob.
 
@@ -35,6 +37,12 @@ def new_part(
         staged: the part is staged by another process for a later ``Client.apply(parts=...)``
             (its id starts with :data:`persist.layout.STAGED_PART_PREFIX`, which keeps the
             writer's automatic leaked-blob sweep away from it).
+        stats_bytes: the budget of the part's stats (:mod:`persist.indexed.stats`), in encoded
+            bytes; 0: none. A blob part gets them; an inline part never does (see below).
+        full: compaction cut this part at its size target: it is never merged again
+            (``PartMeta.full``).
+        batch_rows: rows per Arrow record batch of the stored part (the unit per-batch stats
+            describe and a filtered read skips).
 
     Returns:
         The part's metadata: exactly one of ``inline`` and ``blob_key`` is set.
@@ -43,15 +51,21 @@ def new_part(
         ExternalError: writing the blob failed (the part is then not referenced by anything).
     """
     part_id = (layout.STAGED_PART_PREFIX if staged else "") + uuid.uuid4().hex
-    data = columnar.encode_part(table)
+    data, batch_sizes = columnar.encode_batches(table, batch_rows)
     lo, hi = columnar.time_range(table) if len(table) else (0, 0)
+    flag: bool | msgspec.UnsetType = True if full else msgspec.UNSET
     if len(data) <= inline_threshold:
+        # NB: no stats for an inline part: its bytes are already in the metadata every reader
+        # holds, so pruning it saves only a small decode, while computing them would cost every
+        # small write on the commit path a pass per field.
         return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                        consolidated=consolidated, inline=data.to_pybytes())
+                        consolidated=consolidated, inline=data.to_pybytes(), full=flag)
+    computed = stats.compute(table, batch_sizes, stats_bytes)
     key = layout.data_key(c.id, part_id)
     blob.set(key, memoryview(data))
     return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                    consolidated=consolidated, blob_key=key)
+                    consolidated=consolidated, blob_key=key, full=flag,
+                    stats=msgspec.UNSET if computed is None else computed)
 
 
 __all__ = ["new_part"]

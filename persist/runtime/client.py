@@ -30,6 +30,7 @@ from persist.indexed.columnar import Codec
 from persist.indexed.filter import Filter
 from persist.indexed.indexed import Indexed, Options, check_types
 from persist.indexed.meta import CollectionMeta, PartMeta, State
+from persist.indexed.prune import PruneCounts
 from persist.indexed.read import PartMissing, Snapshot, Types, updates_between
 from persist.indexed.state import check_time, collection, effective_since
 from persist.runtime import commands as cmd
@@ -535,7 +536,7 @@ class ClientSnapshot:
     def _fresh(self) -> Snapshot:
         ix = self._read.client._ix
         return Snapshot(self._read._meta(), self.as_of, ix.reader, filter=self.filter,
-                        schema_id=self._read.schema_version)
+                        schema_id=self._read.schema_version, audit=ix.options.audit_pruning)
 
     @property
     def schema(self) -> pa.Schema:
@@ -546,6 +547,12 @@ class ClientSnapshot:
     def parts(self) -> tuple[Any, ...]:
         """The parts (``PartMeta``) this snapshot reads, as of the state it was taken on."""
         return self._snap.parts
+
+    @property
+    def pruning(self) -> PruneCounts | None:
+        """With a filter: what this snapshot's reads fetched and what pruning skipped (counted
+        since the last retry), else None."""
+        return self._snap.pruning
 
     def _retrying(self, fn: Callable[[Snapshot], Any]) -> Any:
         forbid_in_event_loop("snapshot reads")
