@@ -248,21 +248,29 @@ def amount_above(x: Decimal) -> persist.Filter:
     return persist.col("value.amount") > x
 
 
-def _snapshot_rows(read: persist.ReadHandle, flt: persist.Filter | None) -> pa.Table:
+def _snapshot_rows(read: persist.ReadHandle, flt: persist.Filter | None
+                   ) -> tuple[pa.Table, Any]:
     snap = read.snapshot(read.upper - 1, filter=flt)
     tables = list(snap.batches())
-    return pa.concat_tables(tables) if tables else snap.schema.empty_table()
+    return (pa.concat_tables(tables) if tables else snap.schema.empty_table()), snap.pruning
 
 
-def persist_query(url: str, flt: persist.Filter | None) -> pa.Table:
+def persist_query(url: str, flt: persist.Filter | None) -> tuple[pa.Table, Any]:
     """The raw rows matching ``flt`` (None: every row) as of the latest time, through a
-    freshly opened read-only replica (opening is part of the cost, as for every read)."""
+    freshly opened read-only replica (opening is part of the cost, as for every read), and
+    what pruning read and skipped (``ClientSnapshot.pruning``; None without a filter)."""
     client = persist.open(url, read_only=True)
     try:
         _, read = client.create_or_load(NAME, key_type=pa.int64(), value_type=VALUE_TYPE)
         return _snapshot_rows(read, flt)
     finally:
         client.stop()
+
+
+def _pruned(counts: Any) -> str:
+    return ("no pruning counts" if counts is None else
+            f"{counts.parts_read} parts read, {counts.parts_pruned} pruned; "
+            f"{counts.batches_read} record batches decoded, {counts.batches_skipped} skipped")
 
 
 def compact_for_queries(s: PersistSystem, rows: int) -> tuple[float, int, list[int]]:
@@ -448,15 +456,23 @@ def _queries(ctx: Context, res: WorkloadResult, kept: dict[str, System],
     url = ps.url
     # NB: every query must find the same rows through both engines (checked once, outside
     # the timings).
+    pruned = ""
     for k in keys:
         want = pq.read_table(sorted_pq, filters=ds.field("key") == k).num_rows
-        if (got := persist_query(url, key_is(k)).num_rows) != want:
-            raise AssertionError(f"W10: persist lookup of key {k} gave {got} rows, Parquet {want}")
+        got, counts = persist_query(url, key_is(k))
+        if got.num_rows != want:
+            raise AssertionError(f"W10: persist lookup of key {k} gave {got.num_rows} rows, "
+                                 f"Parquet {want}")
+        pruned = pruned or _pruned(counts)
     want_range = pq.read_table(sorted_pq, filters=ds.field("value", "amount") > x).num_rows
-    if (got := persist_query(url, amount_above(x)).num_rows) != want_range:
-        raise AssertionError(f"W10: persist range filter gave {got} rows, Parquet {want_range}")
-    res.notes.append(f"range filter: value.amount > {x} ({want_range:,} of {rows:,} rows); "
-                     f"point lookups: {len(keys)} keys per round, median of them")
+    got, counts = persist_query(url, amount_above(x))
+    if got.num_rows != want_range:
+        raise AssertionError(f"W10: persist range filter gave {got.num_rows} rows, Parquet "
+                             f"{want_range}")
+    del got
+    res.notes.append(f"range filter: value.amount > {x} ({want_range:,} of {rows:,} rows; "
+                     f"persist: {_pruned(counts)}); point lookups: {len(keys)} keys per round, "
+                     f"median of them (persist, the first: {pruned})")
 
     def pq_lookups(path: Path) -> float:
         return statistics.median(_ms(pq.read_table, path, filters=ds.field("key") == k)
