@@ -477,12 +477,13 @@ def _check_part_schema(key: str, have: pa.Schema, schema: pa.Schema) -> None:
 
 
 def decode_batches(key: str, data: bytes | memoryview, schema: pa.Schema,
-                   keep: list[bool]) -> pa.Table:
+                   keep: list[bool], rows: tuple[int, ...] | None = None) -> pa.Table:
     """Decodes only the record batches ``i`` of a stored part with ``keep[i]`` (checked like
     :func:`decode_part`); the others are skipped undecoded (not decompressed).
 
     Raises:
-        Corruption: not an Arrow stream, another schema, or not ``len(keep)`` batches.
+        Corruption: not an Arrow stream, another schema, not ``len(keep)`` batches, or a
+            decoded batch ``i`` of other than ``rows[i]`` rows (when given).
         IncompatibleFormat: a newer part format.
     """
     out: list[pa.RecordBatch] = []
@@ -495,7 +496,11 @@ def decode_batches(key: str, data: bytes | memoryview, schema: pa.Schema,
             if message.type != "record batch":
                 raise Corruption(key, f"unexpected {message.type} message in a part")
             if i < len(keep) and keep[i]:
-                out.append(pa.ipc.read_record_batch(message, have))
+                batch = pa.ipc.read_record_batch(message, have)
+                if rows is not None and batch.num_rows != rows[i]:
+                    raise Corruption(key, f"record batch {i} has {batch.num_rows} rows, its "
+                                          f"stats say {rows[i]}")
+                out.append(batch)
             i += 1
     except (pa.ArrowInvalid, pa.ArrowException, OSError, StopIteration) as e:
         raise Corruption(key, f"undecodable Arrow part: {e}") from e

@@ -104,6 +104,10 @@ class Pruner:
         s = p.stats
         if not isinstance(s, stats.PartStats) or not s.batch_rows:
             return None
+        if sum(s.batch_rows) != p.rows:
+            # NB: batch stats that do not add up to the part cannot be placed on its rows;
+            # reading it whole is always right (the audit reports the part-level stats).
+            return None
         return [self.bound.may_match(self._lookup(p, b, n))
                 for b, n in zip(stats.batch_bounds(s), s.batch_rows, strict=True)]
 

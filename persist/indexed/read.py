@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
-from persist.errors import Determinate, InvalidUsage
+from persist.errors import Corruption, Determinate, InvalidUsage
 from persist.indexed import columnar, evolve
 from persist.indexed.columnar import Codec
 from persist.indexed.evolve import View
@@ -117,6 +117,11 @@ class PartReader:
         with self._lock:
             hit = self._cache.get(key) if key is not None else None
         if hit is not None:
+            # NB: a decoded stream has one chunk per record batch: the stats must describe them.
+            have = [len(c) for c in hit[0].column(0).chunks if len(c)]
+            if have != [n for n in batch_rows if n]:
+                raise Corruption(key or "", f"record batches of {have} rows, its stats say "
+                                            f"{list(batch_rows)}")
             pieces, at = [], 0
             for k, n in zip(keep, batch_rows, strict=True):
                 if k:
@@ -124,12 +129,13 @@ class PartReader:
                 at += n
             return pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0)
         if part.inline is not None:
-            return columnar.decode_batches(f"inline part {part.id}", part.inline, schema, keep)
+            return columnar.decode_batches(f"inline part {part.id}", part.inline, schema, keep,
+                                           batch_rows)
         assert key is not None
         data = self.blob.get_view(key)
         if data is None:
             raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
-        return columnar.decode_batches(key, data, schema, keep)
+        return columnar.decode_batches(key, data, schema, keep, batch_rows)
 
 
 def check_as_of(c: CollectionMeta, as_of: int) -> None:

@@ -29,6 +29,7 @@ from persist.indexed.compact import CompactionPolicy
 from persist.indexed.filter import Filter, col
 from persist.indexed.indexed import Indexed, Options, Txn
 from persist.indexed.meta import AddPart
+from persist.indexed.read import Snapshot
 from persist.indexed.write import new_part
 from tests.indexed.test_filter import filters, model
 from tests.indexed.test_records import arrow_types, canon, collections, values
@@ -477,3 +478,33 @@ def test_stats_of_older_schema_versions_are_used_only_where_values_survive(
     got, counts = keys(col("value.a").is_null() & (col("value.c") < 3), schema_id=0)
     assert got == [0, 1, 2]
     assert counts.parts_pruned == 1
+
+
+def test_batch_stats_that_do_not_describe_the_batches(tmp_path: Path) -> None:
+    """Batch stats that do not add up to the part are ignored (the part is read whole); ones
+    that add up but place the batches wrongly are Corruption, never a wrong answer."""
+    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=pinned(batch_rows=1000))
+    ix.fence()
+    for name, fails in (("short", False), ("shifted", True)):
+        c = ix.register(name, pa.int64(), VT)
+        part = new_part(ix._blob(), c, ix.normalize(name, bulk(10_000, 0)), inline_threshold=0,
+                        consolidated=False, batch_rows=1000)
+        assert isinstance(part.stats, stats.PartStats)
+        sizes = (1000,) * 9 if name == "short" else (999, 1001, *(1000,) * 8)
+        bad = msgspec.structs.replace(part.stats, batch_rows=sizes)
+        txn = Txn(ix.state)
+        txn.stage(AddPart(name=name, part=msgspec.structs.replace(part, stats=bad)))
+        ix.commit(txn)
+        ix.seal(name, 1)
+        for cached in (False, True):
+            reader = ix.reader if cached else Indexed.open(FileBlob(tmp_path)).reader
+            if cached:
+                ix.snapshot(name, 0).to_arrow()  # the part is now in the engine's cache
+            snap = Snapshot(ix.state.collections[name], 0, reader, filter=col("key") == 5)
+            if fails:
+                with pytest.raises(Corruption, match="stats say"):
+                    snap.to_arrow()
+            else:
+                assert snap.to_arrow().column("key").to_pylist() == [5]
+                assert snap.pruning is not None
+                assert snap.pruning.batches_skipped == 0
