@@ -11,8 +11,8 @@ the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
 Modules: :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers), :mod:`operators.sink`
 (writers), :mod:`operators.partitions` (what a Spark task reads), :mod:`operators.buckets`
 (parallel consolidation), :mod:`operators.schema` (types across the boundary),
-:mod:`operators.options` (option parsing), :mod:`operators.holds` (durable read holds).
-See ``docs/spark.md``.
+:mod:`operators.options` (option parsing), :mod:`operators.holds` (durable read holds),
+:mod:`operators.filters` (Spark's pushed filters as persist filters). See ``docs/spark.md``.
 """
 
 from __future__ import annotations

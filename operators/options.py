@@ -19,6 +19,7 @@ option) and ``queryName`` (when the query is named). Those are accepted where Sp
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,6 +31,7 @@ from persist.errors import InvalidUsage
 STORAGE_PREFIX = "storage_options."
 
 Mode = Literal["consolidated", "raw"]
+Pushdown = Literal["auto", "true", "false"]
 
 #: Which options a mode accepts: a batch read, a stream read, either (``schema()`` runs
 #: before Spark says which), a batch write, a stream write.
@@ -38,7 +40,8 @@ Kind = Literal["read", "stream", "any-read", "write", "stream-write"]
 #: Every mode: the location (Spark passes the ``load``/``save`` argument as ``path``) and the
 #: collection; ``storage_options.<name>`` keys are accepted on top of these.
 _COMMON = ("path", "collection")
-_BATCH_READ = ("as_of", "versionAsOf", "mode", "numPartitions", "partitionRows")
+_BATCH_READ = ("as_of", "versionAsOf", "mode", "numPartitions", "partitionRows",
+               "filterPushdown", "auditPruning")
 _STREAM_READ = ("startingUpper", "maxRowsPerTrigger", "failOnDataLoss", "readHold",
                 "readHoldLockTimeout", "refreshInterval", "partitionRows")
 _WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout", "mergeSchema")
@@ -162,11 +165,43 @@ def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
     raise InvalidUsage(f"option {key}={raw!r} is not a boolean")
 
 
+def _pushdown(options: Mapping[str, str]) -> Pushdown:
+    raw = (_get(options, "filterPushdown") or "auto").strip().lower()
+    if raw in ("true", "1", "yes"):
+        return "true"
+    if raw in ("false", "0", "no"):
+        return "false"
+    if raw == "auto":
+        return "auto"
+    raise InvalidUsage(f"option filterPushdown={raw!r}: use auto, true or false")
+
+
 def _storage_value(raw: str) -> Any:
     low = raw.strip().lower()
     if low in ("true", "false"):
         return low == "true"
     return raw
+
+
+#: The environment variable that turns ``auditPruning`` on by default (``1``/``true``), read
+#: where Spark plans a read (its Python planning workers inherit the driver's environment).
+AUDIT_ENV = "PERSIST_AUDIT_PRUNING"
+
+
+def audit_default() -> bool:
+    """Whether batch reads audit their pruning unless ``auditPruning`` says otherwise: the
+    :data:`AUDIT_ENV` environment variable is ``1``/``true``/``yes`` (default: no).
+
+    Raises:
+        InvalidUsage: the variable is set to something else.
+    """
+    raw = os.environ.get(AUDIT_ENV, "").strip().lower()
+    if raw in ("", "0", "false", "no"):
+        return False
+    if raw in ("1", "true", "yes"):
+        return True
+    raise InvalidUsage(f"environment variable {AUDIT_ENV}={raw!r} is not a boolean "
+                       f"(use 1/true/yes or 0/false/no)")
 
 
 @dataclass(frozen=True)
@@ -229,6 +264,11 @@ class ReadOptions:
     read_hold_lock_timeout: float
     #: Streaming: seconds between metadata polls behind latestOffset (None: by location).
     refresh_interval: float | None
+    #: Batch: take Spark's pushed filters: ``auto`` (where Spark plans each pushed scan on its
+    #: own, see :func:`operators.filters.pushdown_safe`), ``true`` or ``false``.
+    filter_pushdown: Pushdown = "auto"
+    #: Batch: re-read the parts that pushed filters pruned, and fail if one holds a match.
+    audit_pruning: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "any-read") -> ReadOptions:
@@ -273,6 +313,8 @@ class ReadOptions:
             read_hold=hold.strip() if hold and hold.strip() else None,
             read_hold_lock_timeout=_float(options, "readHoldLockTimeout") or 10.0,
             refresh_interval=_float(options, "refreshInterval"),
+            filter_pushdown=_pushdown(options),
+            audit_pruning=_bool(options, "auditPruning", audit_default()),
         )
 
 

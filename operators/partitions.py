@@ -14,6 +14,14 @@ Three kinds:
 * :class:`BucketPartition` (batch, ``mode=consolidated``): every part, only keys of one hash
   bucket, consolidated (see :mod:`operators.buckets`).
 * :class:`RangePartition` (streaming): a group of parts, the updates with ``lo <= time < hi``.
+
+A batch partition may carry a pushed filter (:mod:`operators.filters`). The driver plans only
+the parts whose stats may hold a match (:func:`prune`); each task decodes only the record
+batches of its parts whose per-batch stats may match and keeps exactly the rows that match
+(``Bound.mask``). Both decisions are the engine's (:class:`persist.indexed.prune.Pruner`, which
+knows how stats written under an older schema version apply). When auditing, every part and
+batch pruning skipped is read anyway (each skipped part by one task) and a matching row in one
+fails the read with :class:`~persist.errors.Corruption`.
 """
 
 from __future__ import annotations
@@ -28,13 +36,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.datasource import InputPartition
 
-from operators import buckets
+from operators import buckets, filters
 from operators.options import Target
 from operators.schema import CollectionTypes, to_spark
 from persist.blob.base import BlobRead
 from persist.errors import InvalidUsage, MissingResource, SchemaMismatch
+from persist.indexed.filter import Filter
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, PartMeta, State
+from persist.indexed.prune import Pruner
 from persist.indexed.read import PartMissing, PartReader, read_part_at
 from persist.indexed.state import collection, effective_since
 from persist.location import resolve
@@ -46,22 +56,41 @@ BATCH_ROWS = 1 << 17
 
 
 class SnapshotPartition(InputPartition):
-    """Raw updates of ``parts`` as of ``as_of`` (times forwarded to it)."""
+    """Raw updates of ``parts`` as of ``as_of`` (times forwarded to it); with a ``filter``,
+    exactly those that match it.
+
+    ``audited``: pruning is audited; ``audit`` is this task's share of the parts the driver's
+    pruning skipped, each re-read and checked, as are the batches the task's own pruning
+    skips.
+    """
 
     def __init__(self, target: Target, types: CollectionTypes, as_of: int,
-                 parts: tuple[PartMeta, ...]) -> None:
+                 parts: tuple[PartMeta, ...], *, filter: Filter | None = None,
+                 audit: tuple[PartMeta, ...] = (), audited: bool = False) -> None:
         super().__init__(None)
         self.target = target
         self.types = types
         self.as_of = as_of
         self.parts = parts
+        self.filter = filter
+        self.audit = audit
+        self.audited = audited
 
 
 class BucketPartition(InputPartition):
-    """The consolidated contents as of ``as_of`` of the keys in ``bucket`` of ``buckets``."""
+    """The consolidated contents as of ``as_of`` of the keys in ``bucket`` of ``buckets``;
+    with a ``filter``, exactly its rows that match (checking ``audit`` as
+    :class:`SnapshotPartition` does).
+
+    ``audited``: pruning is audited (as in :class:`SnapshotPartition`); ``audit`` is the
+    bucket's share of the parts the driver's pruning skipped, re-planned by a retry on a newer
+    state.
+    """
 
     def __init__(self, target: Target, types: CollectionTypes, as_of: int,
-                 parts: tuple[PartMeta, ...], bucket: int, buckets: int) -> None:
+                 parts: tuple[PartMeta, ...], bucket: int, buckets: int, *,
+                 filter: Filter | None = None, audit: tuple[PartMeta, ...] = (),
+                 audited: bool = False) -> None:
         super().__init__(None)
         self.target = target
         self.types = types
@@ -69,6 +98,9 @@ class BucketPartition(InputPartition):
         self.parts = parts
         self.bucket = bucket
         self.buckets = buckets
+        self.filter = filter
+        self.audit = audit
+        self.audited = audited
 
 
 class RangePartition(InputPartition):
@@ -95,6 +127,39 @@ def snapshot_parts(c: CollectionMeta, as_of: int) -> tuple[PartMeta, ...]:
 def range_parts(c: CollectionMeta, lo: int, hi: int) -> tuple[PartMeta, ...]:
     """The parts that may hold updates with ``lo <= time < hi``."""
     return tuple(p for p in c.parts if p.rows and p.max_time >= lo and p.min_time < hi)
+
+
+def pruner(f: Filter | None, types: CollectionTypes, *, audit: bool = False) -> Pruner | None:
+    """The engine's pruning of reads of ``types`` (migrated to its schema version) by ``f``;
+    None without a filter. ``audit``: its reads also check what it skips."""
+    if f is None:
+        return None
+    return Pruner(filters.bound(f, types), types.reads, audit=audit)
+
+
+def prune(parts: Sequence[PartMeta], f: Filter | None, types: CollectionTypes
+          ) -> tuple[tuple[PartMeta, ...], tuple[PartMeta, ...]]:
+    """``parts`` split into those that may hold a row matching ``f`` and those whose stats
+    prove that none does (``PartMeta.stats``, see :class:`persist.indexed.prune.Pruner`). A
+    part without stats (inline parts, parts written before stats) is kept; without a filter
+    every part is.
+
+    Sound for consolidated reads too: the filter reads only ``(key, value)``, so a part
+    holding no matching row contributes nothing to a matching group's sum.
+    """
+    pr = pruner(f, types)
+    if pr is None:
+        return tuple(parts), ()
+    kept: list[PartMeta] = []
+    skipped: list[PartMeta] = []
+    for p in parts:
+        (kept if pr.part_may_match(p) else skipped).append(p)
+    return tuple(kept), tuple(skipped)
+
+
+def share(parts: Sequence[PartMeta], i: int, n: int) -> tuple[PartMeta, ...]:
+    """Task ``i`` of ``n``'s share of ``parts`` (every part in exactly one share)."""
+    return tuple(p for j, p in enumerate(parts) if j % n == i)
 
 
 def exact(c: CollectionMeta, lo: int, hi: int) -> bool:
@@ -186,17 +251,56 @@ def read_snapshot(p: SnapshotPartition) -> Iterator[pa.RecordBatch]:
     """
     reader = _reader(p.target)
     schema, target = p.types.reads, p.types.arrow_schema
-    for part in p.parts:
-        try:
-            t = read_part_at(reader, part, schema, p.as_of)
-        except PartMissing as e:
-            # NB: no retry on a newer state here: raw rows are not definite (compaction
-            # consolidates them), so this task's rows would not fit the other tasks' rows.
-            raise PartMissing(
-                f"{e}: the raw read of {p.target.collection!r} as of {p.as_of} outlived the "
-                f"GC grace period; run the query again (a consolidated read retries by itself)"
-            ) from e
-        yield from _batches(to_spark(t, target, time=p.as_of))
+    pr = pruner(p.filter, p.types, audit=p.audited)
+    try:
+        if pr is not None:
+            _audit(pr, reader, p.audit)
+        for part in p.parts:
+            if pr is None:
+                t = read_part_at(reader, part, schema, p.as_of)
+            else:
+                loaded = _load(pr, reader, part, p.as_of)
+                if loaded is None:
+                    continue
+                t = loaded
+            if len(t):
+                yield from _batches(to_spark(t, target, time=p.as_of))
+    except PartMissing as e:
+        # NB: no retry on a newer state here: raw rows are not definite (compaction
+        # consolidates them), so this task's rows would not fit the other tasks' rows.
+        raise PartMissing(
+            f"{e}: the raw read of {p.target.collection!r} as of {p.as_of} outlived the "
+            f"GC grace period; run the query again (a consolidated read retries by itself)"
+        ) from e
+
+
+def _load(pr: Pruner, reader: PartReader, part: PartMeta, as_of: int) -> pa.Table | None:
+    """``part``'s rows at or before ``as_of`` that match ``pr``'s filter (None: its stats rule
+    it out), decoding only the record batches whose stats may match.
+
+    NB: exact before consolidating (see :mod:`operators.filters`): a filter on ``(key, value)``
+    keeps or drops every row of a ``(key, value)`` group alike.
+    """
+    t = pr.load(reader, part)
+    if t is None:
+        return None
+    if part.max_time > as_of and len(t):
+        t = t.filter(pc.less_equal(t.column("time"), pa.scalar(as_of, pa.uint64())))
+    return t.filter(pr.bound.mask(t)) if len(t) else t
+
+
+def _audit(pr: Pruner, reader: PartReader, parts: Sequence[PartMeta]) -> None:
+    """Re-reads ``parts`` (which the driver's pruning skipped) through an auditing ``pr``,
+    which checks that none holds a row matching its filter.
+
+    Raises:
+        Corruption: one does (its stats do not describe its data), naming the part.
+        PartMissing: GC removed one.
+    """
+    for part in parts:
+        # NB: the engine decides again on the same stats and filter as the driver did, so the
+        # part is skipped again, and an auditing pruner reads what it skips.
+        pr.load(reader, part)
 
 
 def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
@@ -209,10 +313,10 @@ def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
         PartMissing: every try found a part gone.
         InvalidUsage: since passed ``as_of`` meanwhile, or a value does not fit Spark's long.
     """
-    parts = p.parts
+    parts, audit = p.parts, p.audit
     for attempt in range(4):
         try:
-            table = _bucket_table(p, parts)
+            table = _bucket_table(p, parts, audit)
             break
         except PartMissing:
             # NB: retrying on a newer state is sound: the consolidated contents as of as_of are
@@ -230,7 +334,8 @@ def read_bucket(p: BucketPartition) -> Iterator[pa.RecordBatch]:
                     f"read of {p.target.collection!r}: its schema evolved while the query ran "
                     f"(now version {CollectionTypes.of(c).schema_id}); run the query again"
                 ) from None
-            parts = snapshot_parts(c, p.as_of)
+            parts, skipped = prune(snapshot_parts(c, p.as_of), p.filter, p.types)
+            audit = share(skipped, p.bucket, p.buckets) if p.audited else ()
     yield from _batches(to_spark(table, p.types.arrow_schema, time=p.as_of))
 
 
@@ -241,20 +346,30 @@ def bucket_snapshot(p: BucketPartition) -> pa.Table:
     Raises:
         PartMissing: GC removed a part.
     """
-    return _bucket_table(p, p.parts)
+    return _bucket_table(p, p.parts, p.audit)
 
 
-def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...]) -> pa.Table:
+def _bucket_table(p: BucketPartition, parts: tuple[PartMeta, ...],
+                  audit: tuple[PartMeta, ...]) -> pa.Table:
     reader = _reader(p.target)
     schema = p.types.reads
     as_of = pa.scalar(p.as_of, pa.uint64())
     n, me = np.uint64(p.buckets), np.uint64(p.bucket)
+    pr = pruner(p.filter, p.types, audit=p.audited)
+    if pr is not None:
+        _audit(pr, reader, audit)
     tables: list[pa.Table] = []
     hashes: list[npt.NDArray[np.uint64]] = []
     for part in parts:
-        t = schema.read(reader, part)
-        if part.max_time > p.as_of:
-            t = t.filter(pc.less_equal(t.column("time"), as_of))
+        if pr is None:
+            t = schema.read(reader, part)
+            if part.max_time > p.as_of:
+                t = t.filter(pc.less_equal(t.column("time"), as_of))
+        else:
+            loaded = _load(pr, reader, part, p.as_of)
+            if loaded is None:
+                continue
+            t = loaded
         h = buckets.hash_keys(t.column("key"))
         if p.buckets > 1:
             # NB: filter each part to this bucket as it is read, so a task holds 1/n of the

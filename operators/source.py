@@ -41,7 +41,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from operators import holds
+from operators import filters, holds
+from operators.filters import Pushed
 from operators.options import ReadOptions, Target
 from operators.partitions import (
     BucketPartition,
@@ -51,10 +52,12 @@ from operators.partitions import (
     exact,
     group,
     load_state,
+    prune,
     range_parts,
     read_bucket,
     read_range,
     read_snapshot,
+    share,
     snapshot_parts,
 )
 from operators.schema import MAX_LONG, CollectionTypes
@@ -66,6 +69,7 @@ from persist.indexed.read import PartReader, check_as_of
 from persist.indexed.state import collection, effective_since
 
 if TYPE_CHECKING:
+    from pyspark.sql.datasource import Filter
     from pyspark.sql.streaming.datasource import ReadLimit
 
 try:  # pyspark >= 4.2: admission control and Trigger.AvailableNow for Python sources
@@ -108,6 +112,35 @@ def _types_for(c: CollectionMeta, schema: StructType) -> CollectionTypes:
 # -- batch --------------------------------------------------------------------------------
 
 
+class _PushFilters:
+    """``pushFilters`` of :class:`PersistBatchReader`: a descriptor yielding :class:`_Push`.
+
+    NB: pyspark 4.1-4.3 refuses to plan any read (``DATA_SOURCE_PUSHDOWN_DISABLED``) of a
+    reader that overrides ``pushFilters`` while ``spark.sql.python.filterPushdown.enabled`` is
+    false: it checks ``reader.pushFilters.__func__ is DataSourceReader.pushFilters``. That
+    protects sources that rely on their filters being applied; persist does not (Spark then
+    applies every filter itself, and nothing is pruned), so the bound callable below answers
+    that check with the base method, and reads work either way. With the flag on, Spark calls
+    it. (A pyspark that checks differently fails loudly with its own message, not wrongly.)
+    """
+
+    def __get__(self, reader: PersistBatchReader | None, owner: type | None = None) -> Any:
+        return self if reader is None else _Push(reader)
+
+
+class _Push:
+    """``reader.pushFilters`` as Spark sees it (see :class:`_PushFilters`)."""
+
+    def __init__(self, reader: PersistBatchReader) -> None:
+        self._reader = reader
+        # NB: an instance attribute: as a class attribute the function would bind to self.
+        self.__func__ = getattr(DataSourceReader, "pushFilters", None)  # None before 4.1
+
+    def __call__(self, spark_filters: list[Filter]) -> list[Filter]:
+        """Pushes ``spark_filters`` (see :meth:`PersistBatchReader.push_filters`)."""
+        return self._reader.push_filters(spark_filters)
+
+
 class PersistBatchReader(DataSourceReader):
     """Reads a collection as of one time: consolidated (default) or raw updates.
 
@@ -132,34 +165,87 @@ class PersistBatchReader(DataSourceReader):
             raise InvalidUsage(f"as_of {as_of} does not fit Spark's long")
         self.as_of = as_of
         self.mode = opts.mode
-        self._planned: list[InputPartition] | None = self._plan(opts, c)
+        self.opts = opts
+        #: What :meth:`pushFilters` accepted (nothing until Spark pushes filters).
+        self.pushed = Pushed(None, ())
+        #: The collection's metadata as of construction: planning happens on the driver, after
+        #: Spark pushed its filters (or did not), when it first asks for the partitions.
+        self._meta: CollectionMeta | None = c
+        self._planned: list[InputPartition] | None = None
 
     def _plan(self, opts: ReadOptions, c: CollectionMeta) -> list[InputPartition]:
-        parts = snapshot_parts(c, self.as_of)
+        f = self.pushed.filter
+        parts, skipped = prune(snapshot_parts(c, self.as_of), f, self.types)
+        audit = skipped if opts.audit_pruning else ()
+        if skipped:
+            log.info("read of %r as of %d: pushed filters prune %d of %d parts (%s)",
+                     c.name, self.as_of, len(skipped), len(skipped) + len(parts),
+                     "audited" if audit else "not audited")
         if self.mode == "consolidated":
             rows = sum(p.rows for p in parts)
             n = opts.num_partitions or default_buckets(rows)
-            return [BucketPartition(opts.target, self.types, self.as_of, parts, b, n)
+            return [BucketPartition(opts.target, self.types, self.as_of, parts, b, n, filter=f,
+                                    audit=share(audit, b, n),
+                                    audited=opts.audit_pruning and f is not None)
                     for b in range(n)]
         groups = group(parts, opts.partition_rows) or [()]
-        return [SnapshotPartition(opts.target, self.types, self.as_of, g) for g in groups]
+        return [SnapshotPartition(opts.target, self.types, self.as_of, g, filter=f,
+                                  audit=share(audit, i, len(groups)),
+                                  audited=opts.audit_pruning and f is not None)
+                for i, g in enumerate(groups)]
 
     def __getstate__(self) -> dict[str, Any]:
-        # NB: the reader is pickled into every task; the plan (with inline parts' bytes) is
-        # only needed by partitions() on the driver.
+        # NB: the reader is pickled into every task; the metadata and the plan (with inline
+        # parts' bytes) are only needed by partitions() on the driver.
         state = dict(self.__dict__)
         state["_planned"] = None
+        state["_meta"] = None
         return state
 
+    #: Spark's filter pushdown (pyspark >= 4.1): see :class:`_PushFilters`.
+    pushFilters = _PushFilters()
+
+    def push_filters(self, spark_filters: list[Filter]) -> list[Filter]:
+        """Takes every filter of ``spark_filters`` persist applies exactly (on ``key``,
+        ``value`` and their fields, see :mod:`operators.filters`) and returns the others,
+        which Spark applies after the scan. Parts whose stats exclude the accepted filters are
+        not read; every row read is kept only if it matches.
+
+        With ``filterPushdown=false``, or ``auto`` on a pyspark that would reuse this read's
+        plan for other queries (:func:`operators.filters.pushdown_safe`), takes none.
+
+        Raises:
+            InvalidUsage: called on a reader unpickled in a task (planning is the driver's).
+        """
+        if self._meta is None:
+            raise InvalidUsage("filters are pushed on the driver, not in a task")
+        self._planned = None
+        setting = self.opts.filter_pushdown
+        if setting == "false" or (setting == "auto" and not filters.pushdown_safe()):
+            self.pushed = Pushed(None, ())
+            return list(spark_filters)
+        if not filters.pushdown_safe():
+            log.warning(
+                "filterPushdown=true on a pyspark that reuses a pushed read plan for later "
+                "queries of the same DataFrame that push no filter (see docs/spark.md, "
+                "'Filters and pruning'): load() the collection again for each filtered query")
+        c = self._meta
+        self.pushed, rest = filters.push(spark_filters, self.types, key_codec=c.key_codec,
+                                         value_codec=c.value_codec)
+        return rest
+
     def partitions(self) -> Sequence[InputPartition]:
-        """The partitions planned at construction: key-hash buckets (consolidated) or groups
-        of parts (raw; one empty partition if there are none).
+        """The partitions, planned on first call (after any pushed filters): key-hash buckets
+        (consolidated) or groups of parts (raw; one empty partition if there are none), only
+        of the parts the pushed filters' stats do not exclude.
 
         Raises:
             InvalidUsage: called on a reader unpickled in a task (the plan stays on the driver).
         """
         if self._planned is None:
-            raise InvalidUsage("partitions() is planned on the driver, not in a task")
+            if self._meta is None:
+                raise InvalidUsage("partitions() is planned on the driver, not in a task")
+            self._planned = self._plan(self.opts, self._meta)
         return self._planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

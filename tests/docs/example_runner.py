@@ -4,7 +4,8 @@ JSON holds ``path`` (the Markdown file), ``line`` (its opening fence), ``code`` 
 The code is compiled as if it stood at its place in the Markdown file, so a traceback names the
 file and the line of the documentation (and shows that line). ``tests/docs/test_examples.py``
 describes the setups; the only one made here is ``spark``: a local SparkSession named ``spark``,
-with the fast test settings of ``tests/spark/conftest.py``, stopped after the example.
+with the fast test settings of ``tests/spark/conftest.py`` (filter pushdown on, as
+docs/spark.md asks of users), stopped after the example.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def spark_session() -> Any:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.sql.python.filterPushdown.enabled", "true")
         .getOrCreate()
     )
     session.sparkContext.setLogLevel("ERROR")

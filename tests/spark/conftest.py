@@ -1,6 +1,8 @@
 """One local SparkSession for every Spark test (starting one costs seconds), with the persist
 format registered. Settings from ../shared/NOTES.md: C1 JIT + serial GC start the JVM about
-twice as fast; no UI; loopback only; two shuffle partitions."""
+twice as fast; no UI; loopback only; two shuffle partitions. Filter pushdown is on (as
+docs/spark.md asks of users), and every batch read audits its pruning (PERSIST_AUDIT_PRUNING:
+parts skipped by stats are re-read and must hold no match)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ def spark() -> Iterator[Any]:
         mp.setenv("PYSPARK_DRIVER_PYTHON", sys.executable)
         path = os.environ.get("PYTHONPATH")
         mp.setenv("PYTHONPATH", str(REPO) + (os.pathsep + path if path else ""))
+        # NB: read where Spark plans a read: its Python planning workers inherit the JVM's
+        # environment, which is this process's when the session starts.
+        mp.setenv("PERSIST_AUDIT_PRUNING", "1")
         from pyspark.sql import SparkSession
 
         import operators
@@ -36,6 +41,7 @@ def spark() -> Iterator[Any]:
             .config("spark.sql.shuffle.partitions", "2")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.python.filterPushdown.enabled", "true")
             .getOrCreate()
         )
         session.sparkContext.setLogLevel("ERROR")
