@@ -377,6 +377,36 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- history --------------------------------------------------------------------------------------
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``history``: prints a collection's recent seals (``DESCRIBE HISTORY``); exit 0/2/3/5."""
+    from persist.indexed import history
+    from persist.indexed.indexed import Indexed
+
+    loc = open_location(args.url, args.storage_options)
+    require_metadata(loc.read_half(), loc.url)
+    c = collection(Indexed.open(loc.read_half()).state.collections, args.collection)
+    seals = history.entries(c)
+    if args.json:
+        print(json.dumps([{"upper": e.upper, "committed_at": e.committed_at.isoformat(),
+                           "seq": e.seq, "updates": e.updates, "inserted": e.inserted,
+                           "retracted": e.retracted} for e in seals], indent=2))
+        return EXIT_OK
+    print(f"{args.collection!r}: since {effective_since(c)}, upper {c.upper}; "
+          f"{len(seals)} recorded seals (newest last)")
+    if seals:
+        print(f"{'upper':>12}  {'committed at (UTC)':<26} {'seq':>8} {'updates':>10} "
+              f"{'inserted':>10} {'retracted':>10}")
+    for e in seals:
+        ins = "?" if e.inserted is None else e.inserted
+        ret = "?" if e.retracted is None else e.retracted
+        print(f"{e.upper:>12}  {e.committed_at.isoformat(timespec='milliseconds'):<26} "
+              f"{e.seq:>8} {e.updates:>10} {ins:>10} {ret:>10}")
+    return EXIT_OK
+
+
 # -- lock -----------------------------------------------------------------------------------------
 
 
@@ -518,6 +548,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the time (since <= T < upper; default upper - 1)")
     p.add_argument("--out", required=True, metavar="FILE.parquet")
     p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser("history", parents=[common], help="show a collection's recent seals: "
+                       "upper, commit time, rows added, inserted and retracted",
+                       epilog=_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url")
+    p.add_argument("collection")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("lock", help="show the writer lock, or release it by force",
                        usage="persist lock [show] URL | persist lock release --force URL")

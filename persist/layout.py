@@ -10,6 +10,8 @@ Every other module asks this one for keys and prefixes; none spells a path itsel
     LOCK.mutex                 (empty)     file locations of older persists: the flock arbitrating LOCK's CaS
     LOCK.chain/<version:020d>  LockRecord  file locations: one file per state of the lock; the highest is current
     _pending/<key>/<uuid>      any         S3 with conditional_put="dynamodb": values being created
+    leases/staging/<id>        LeaseRecord a distributed writer's staging lease (renewed in place)
+    leases/revoked/<id>        (marker)    that lease's revocation: final, created with set_if_absent
 
 Invariant: keys under ``data/`` are uniquely named and never rewritten, so any layer may cache
 them; nothing else is immutable.
@@ -44,6 +46,10 @@ PENDING_PREFIX = "_pending/"
 #: Spark sink) start with this. The commit deadline does not cover them (they may wait minutes
 #: for their driver), so the writer's automatic leaked-blob sweep leaves them alone.
 STAGED_PART_PREFIX = "staged-"
+#: Staging leases (``persist.indexed.lease``): one record per lease, renewed in place.
+LEASE_PREFIX = "leases/staging/"
+#: Revocations of staging leases: created once, never deleted.
+REVOKED_PREFIX = "leases/revoked/"
 
 
 def log_key(seq: int) -> str:
@@ -80,6 +86,26 @@ def is_staged(key: str) -> bool:
     return key.startswith(DATA_PREFIX) and key.rsplit("/", 1)[-1].startswith(STAGED_PART_PREFIX)
 
 
+def lease_of(key: str) -> str | None:
+    """The staging lease a staged data blob was staged under (its part id is
+    ``staged-<lease id>-<uuid>``), or None: not staged, or staged without a lease."""
+    if not is_staged(key):
+        return None
+    rest = key.rsplit("/", 1)[-1][len(STAGED_PART_PREFIX):]
+    lease, sep, tail = rest.partition("-")
+    return lease if sep and len(lease) == 32 and len(tail) == 32 else None
+
+
+def lease_key(lease_id: str) -> str:
+    """Returns the key of staging lease ``lease_id``'s record."""
+    return f"{LEASE_PREFIX}{lease_id}"
+
+
+def revoked_key(lease_id: str) -> str:
+    """Returns the key of staging lease ``lease_id``'s revocation marker."""
+    return f"{REVOKED_PREFIX}{lease_id}"
+
+
 def is_immutable(key: str) -> bool:
     """True if the value at ``key`` is never rewritten once created (safe to cache)."""
     return key.startswith(DATA_PREFIX)
@@ -97,6 +123,7 @@ def pending_key(key: str, token: str) -> str:
 
 __all__ = [
     "DATA_PREFIX",
+    "LEASE_PREFIX",
     "LOCK_CHAIN_PREFIX",
     "LOCK_KEY",
     "LOCK_MUTEX_NAME",
@@ -104,15 +131,19 @@ __all__ = [
     "META_PREFIX",
     "NOTIFY_KEY",
     "PENDING_PREFIX",
+    "REVOKED_PREFIX",
     "ROLLUP_PREFIX",
     "STAGED_PART_PREFIX",
     "data_key",
     "data_prefix",
     "is_immutable",
     "is_staged",
+    "lease_key",
+    "lease_of",
     "lock_chain_key",
     "log_key",
     "pending_key",
+    "revoked_key",
     "rollup_key",
     "seq_of",
 ]

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError
+from persist.indexed import lease
 from persist.indexed.meta import Forget, State
 
 
@@ -97,7 +98,9 @@ class LeakSweeper:
     Run by the writer (the only process that commits to its location) every so often. Each
     :meth:`sweep` lists the data blobs, *then* reads the writer's newest state, and notes when
     each unreferenced blob was first seen so; one still unreferenced ``grace`` seconds later is
-    deleted. Parts staged by other processes (:func:`persist.layout.is_staged`) are left alone.
+    deleted. Parts staged by other processes (:func:`persist.layout.is_staged`) are left alone
+    while their staging lease lives (:mod:`persist.indexed.lease`): one is a candidate only
+    once its lease is revoked, and a part staged without a lease never is.
 
     Invariant (why it is safe): a blob is deleted only if it was listed, hence written, at least
     ``grace`` ago and no state since referenced it. The only commits that could still claim it
@@ -105,9 +108,12 @@ class LeakSweeper:
     which ``grace`` exceeds by at least the deadline again (``Options.leak_grace_seconds``).
     """
 
-    def __init__(self, grace_seconds: float) -> None:
-        """A sweeper deleting blobs unreferenced for ``grace_seconds``."""
+    def __init__(self, grace_seconds: float,
+                 lease_skew_seconds: float = lease.DEFAULT_SKEW_SECONDS) -> None:
+        """A sweeper deleting blobs unreferenced for ``grace_seconds``; it revokes a staging
+        lease once its expiry is ``lease_skew_seconds`` past (see :mod:`persist.indexed.lease`)."""
         self.grace_seconds = grace_seconds
+        self.lease_skew_seconds = lease_skew_seconds
         self._first_seen: dict[str, float] = {}
 
     def sweep(self, blob: Blob, newest_state: Callable[[], State], now: float) -> list[str]:
@@ -124,7 +130,11 @@ class LeakSweeper:
         """
         listed = blob.list_keys(layout.DATA_PREFIX)
         refs = referenced(newest_state())
-        leaked_now = {k for k in listed if k not in refs and not layout.is_staged(k)}
+        # NB: a staged part counts only once its lease is revoked (this revokes a lapsed one):
+        # its grace then starts at the revocation, which no commit can come after.
+        judge = lease.Judge(blob, skew_seconds=self.lease_skew_seconds)
+        leaked_now = {k for k in listed if k not in refs
+                      and (not layout.is_staged(k) or judge.reclaimable(k))}
         self._first_seen = {k: t for k, t in self._first_seen.items() if k in leaked_now}
         for key in leaked_now:
             self._first_seen.setdefault(key, now)

@@ -25,8 +25,9 @@ omitted from the bytes while unset, so every record that does not use it keeps i
 bytes, and an older reader decodes a record that does use it by ignoring the unknown field. That
 is right only for fields whose absence an older reader may assume: ``PartMeta.stats`` (a reader
 that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
-compaction that ignores it may merge the part again, which only costs). Neither bumps the
-format version.
+compaction that ignores it may merge the part again, which only costs), and a collection's
+seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
+informational, derived by replay). None of them bumps the format version.
 
 Version 3 is schema evolution (:mod:`persist.indexed.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
@@ -86,6 +87,26 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: (``CompactionPolicy.part_target_bytes``): it is never merged again. An older persist
     #: ignores the field (and may merge it, which is only a cost).
     full: bool | msgspec.UnsetType = msgspec.UNSET
+    #: The sums of the part's positive diffs and of its negative diffs' magnitudes (what a
+    #: seal's history entry reports as inserted and retracted). UNSET: not counted (a part
+    #: written by an older persist). An older persist ignores them.
+    inserted: int | msgspec.UnsetType = msgspec.UNSET
+    retracted: int | msgspec.UnsetType = msgspec.UNSET
+
+
+class HistoryEntry(msgspec.Struct, frozen=True, array_like=True):
+    """One seal of a collection, for its history (``DESCRIBE HISTORY``, ``timestampAsOf``):
+    the commit ``seq`` at wall-clock ``wall_ms`` (the writer's clock) advanced upper to
+    ``upper``; since the previous seal, ``updates`` rows were added, with ``inserted`` and
+    ``retracted`` the sums of their positive and negative diffs (None: a part added without
+    those counts, by an older persist or sink)."""
+
+    upper: int
+    wall_ms: int
+    seq: int
+    updates: int
+    inserted: int | None
+    retracted: int | None
 
 
 class SchemaVersion(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,6 +144,13 @@ class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: equal to ``key_type``/``value_type`` and their codecs. UNSET until the first evolution:
     #: the collection then has one version, 0, its registered types.
     schemas: tuple[SchemaVersion, ...] | msgspec.UnsetType = msgspec.UNSET
+    #: The most recent seals, oldest first (at most ``state.HISTORY_ENTRIES``), and what was
+    #: added since the last one (an entry whose ``upper``, ``wall_ms`` and ``seq`` are those
+    #: of the last seal). Derived by replaying commits (``state.apply_op``), never written by
+    #: an op. UNSET until the first seal or write; an older persist ignores both fields (and
+    #: drops them from the rollups it writes: history then restarts, nothing else changes).
+    history: tuple[HistoryEntry, ...] | msgspec.UnsetType = msgspec.UNSET
+    unsealed: HistoryEntry | msgspec.UnsetType = msgspec.UNSET
 
 
 # -- the operations a commit carries --------------------------------------------------------

@@ -23,7 +23,9 @@ from persist.indexed.meta import (
     Commit,
     EvolveSchema,
     Forget,
+    HistoryEntry,
     Op,
+    PartMeta,
     Register,
     ReplaceParts,
     Retired,
@@ -139,9 +141,11 @@ def apply_op(
             collections[c.name] = c
         case AddPart(name=name, part=p):
             c = collections[name]
-            collections[name] = replace(c, parts=(*c.parts, p))
+            collections[name] = replace(c, parts=(*c.parts, p), unsealed=_tally(c, p))
         case Seal(name=name, upper=u):
-            collections[name] = replace(collections[name], upper=u)
+            c = collections[name]
+            if u > c.upper:
+                collections[name] = _sealed(c, u, seq=seq, wall_ms=wall_ms)
         case AllowCompaction(name=name, since=s):
             collections[name] = replace(collections[name], since=s)
         case ReplaceParts(name=name, removed=removed, added=added):
@@ -167,6 +171,33 @@ def apply_op(
             retired[:] = [r for r in retired if r.key not in drop]
         case EvolveSchema(name=name, schema=schema):
             collections[name] = evolve.evolved(collections[name], schema)
+
+
+#: A collection's history keeps its most recent seals, this many (bounded so that a rollup of
+#: many collections sealed often stays small).
+HISTORY_ENTRIES = 256
+
+
+def _tally(c: CollectionMeta, p: PartMeta) -> HistoryEntry:
+    """``c``'s counts since its last seal with part ``p`` added."""
+    u = c.unsealed if c.unsealed is not msgspec.UNSET else HistoryEntry(c.upper, 0, 0, 0, 0, 0)
+    ins = p.inserted if p.inserted is not msgspec.UNSET else None
+    ret = p.retracted if p.retracted is not msgspec.UNSET else None
+    return HistoryEntry(
+        u.upper, u.wall_ms, u.seq, u.updates + p.rows,
+        None if u.inserted is None or ins is None else u.inserted + ins,
+        None if u.retracted is None or ret is None else u.retracted + ret)
+
+
+def _sealed(c: CollectionMeta, upper: int, *, seq: int, wall_ms: int) -> CollectionMeta:
+    """``c`` with upper advanced to ``upper`` by commit ``seq`` at ``wall_ms``, the seal and
+    what was added since the previous one recorded in its history."""
+    u = c.unsealed if c.unsealed is not msgspec.UNSET else HistoryEntry(c.upper, 0, 0, 0, 0, 0)
+    entry = HistoryEntry(upper, wall_ms, seq, u.updates, u.inserted, u.retracted)
+    old = c.history if c.history is not msgspec.UNSET else ()
+    history = (*old[-(HISTORY_ENTRIES - 1):], entry)
+    return replace(c, upper=upper, history=history,
+                   unsealed=HistoryEntry(upper, wall_ms, seq, 0, 0, 0))
 
 
 def apply(state: State, commit: Commit) -> State:

@@ -21,7 +21,7 @@ import pyarrow as pa
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, IncompatibleFormat, MissingResource, PersistError
-from persist.indexed import columnar, evolve, gc, meta
+from persist.indexed import columnar, evolve, gc, lease, meta
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.state import apply
@@ -371,8 +371,18 @@ def delete_leaked(blob: Blob, first: list[str], grace: float,
     grace period and listing again means only blobs abandoned for that long are deleted. A
     writer sends no commit referencing a blob older than its commit deadline
     (``Options.commit_deadline_seconds``), so a grace longer than that deadline plus a
-    commit's latency cannot delete a blob a commit will still claim.
+    commit's latency cannot delete a blob a commit will still claim. Parts staged under a
+    staging lease are held to the lease's rules instead (:mod:`persist.indexed.lease`): left
+    alone while it lives, and deleted only a grace after its revocation.
     """
+    # NB: a part staged under a live lease belongs to a job still running, however old it
+    # is; one whose lease lapsed is revoked now, before the grace starts (persist.indexed.lease).
+    judge = lease.Judge(blob)
+    live = [k for k in first if layout.lease_of(k) is not None and not judge.reclaimable(k)]
+    if live:
+        say(f"{len(live)} unreferenced parts belong to staging leases still alive "
+            f"({len({layout.lease_of(k) for k in live})} jobs); left alone")
+    first = [k for k in first if k not in set(live)]
     if not first:
         return []
     say(f"{len(first)} leaked blobs; waiting {grace:g}s (the grace period) before checking "

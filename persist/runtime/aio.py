@@ -8,12 +8,14 @@ worker thread, so the event loop is never blocked.
 from __future__ import annotations
 
 import asyncio
+import datetime
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 
 from persist.indexed.filter import Filter
+from persist.indexed.history import Seal
 from persist.runtime import client as sync
 from persist.runtime.client import ListenEvent
 
@@ -183,6 +185,18 @@ class AsyncReadHandle:
     def upper(self) -> int:
         """Mirrors ``ReadHandle.upper``, as of the newest state this client knows."""
         return self.sync.upper
+
+    def history(self) -> list[Seal]:
+        """Mirrors ``ReadHandle.history``: the recent seals (from the state in memory)."""
+        return self.sync.history()
+
+    def as_of_timestamp(self, when: datetime.datetime | str | int | float) -> int:
+        """Mirrors ``ReadHandle.as_of_timestamp``: the time to read as of at ``when``.
+
+        Raises:
+            InvalidUsage: not a timestamp; before the oldest recorded seal; or before since.
+        """
+        return self.sync.as_of_timestamp(when)
 
     def snapshot(self, as_of: int, *, filter: Filter | None = None) -> AsyncSnapshot:
         """Mirrors ``ReadHandle.snapshot`` (without ``timeout``; see :meth:`wait_for_upper`):

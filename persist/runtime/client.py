@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import datetime
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -25,7 +26,7 @@ from persist.errors import (
     SchemaMismatch,
     Timeout,
 )
-from persist.indexed import evolve
+from persist.indexed import evolve, history
 from persist.indexed.columnar import Codec
 from persist.indexed.filter import Filter
 from persist.indexed.indexed import Indexed, Options, check_types
@@ -459,6 +460,22 @@ class ReadHandle(_Handle):
         """The Arrow schema of the collection's updates as this handle's schema version reads
         them: ``key, value, time, diff``."""
         return Types.of(self._meta(), self._schema_id).schema
+
+    def history(self) -> list[history.Seal]:
+        """The collection's recent seals, oldest first: each one's upper, commit time (the
+        writer's clock), seq, and the rows added since the previous seal with the sums of
+        their positive and negative diffs (see :mod:`persist.indexed.history`)."""
+        return history.entries(self._meta())
+
+    def as_of_timestamp(self, when: datetime.datetime | str | int | float) -> int:
+        """The time to read as of to see the collection as it was at wall-clock ``when`` (an
+        aware datetime, ISO-8601 with a zone, or epoch seconds): the last time sealed at or
+        before it. ``read.snapshot(read.as_of_timestamp("2026-11-25T09:00Z"))``.
+
+        Raises:
+            InvalidUsage: not a timestamp; before the oldest recorded seal; or before since.
+        """
+        return history.as_of_at(self._meta(), when)
 
     def snapshot(self, as_of: int, *, timeout: float | None = None,
                  filter: Filter | None = None) -> ClientSnapshot:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from persist import metrics
+from persist import layout, metrics
 from persist.errors import (
     CommitDeadline,
     Determinate,
@@ -43,6 +43,7 @@ from persist.errors import (
     RuntimeShutdown,
 )
 from persist.indexed import compact, evolve, gc
+from persist.indexed import lease as staging
 from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
 from persist.indexed.meta import (
     AddPart,
@@ -314,7 +315,7 @@ class Runtime:
             try:
                 self._stage(txn, c)
                 accepted.append(c)
-            except (InvalidUsage, CommitDeadline) as e:
+            except (InvalidUsage, CommitDeadline, staging.LeaseRevoked, ExternalError) as e:
                 c.future.set_exception(e)
             except Exception as e:  # a bug in staging must not kill the loop silently
                 log.exception("staging a command failed")
@@ -345,6 +346,14 @@ class Runtime:
     def _stage(self, txn: Txn, c: cmd.Command) -> None:
         if isinstance(c, cmd.Apply):
             versions = dict(c.versions)
+            leases = {lid for _, p in c.parts if p.blob_key is not None
+                      and (lid := layout.lease_of(p.blob_key)) is not None}
+            if leases:
+                # NB: rule 2 of persist.indexed.lease: no lease revoked now, and the commit
+                # lands within the deadline counted from here, before any sweep's grace from a
+                # revocation after this check can end.
+                staging.check_committable(self.ix._blob(), leases)
+                txn.wrote_blobs(time.monotonic())
             with txn.atomically():
                 for name, part in c.parts:
                     txn.stage(AddPart(name=name, part=part))
