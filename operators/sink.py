@@ -10,7 +10,10 @@ has them:
 1. Each task encodes its rows as one storage part and stores it in the location's blob store
    itself (small parts ride back inline in the commit message instead), exactly as the writer
    would have (:func:`persist.indexed.write.new_part`). Nothing is visible yet: a part no
-   commit references is invisible (and ``persist verify --delete-leaked`` reclaims it).
+   commit references is invisible. It is staged under the job's *staging lease* (taken by the
+   driver, renewed by each task as it stages; :mod:`persist.indexed.lease`), which keeps the
+   leaked-blob sweeps away from it however long the job runs; once the commit is decided the
+   lease is released, and what a lost task attempt left is reclaimed a grace later.
 2. The driver takes the writer lock and commits every task's part plus the seal in **one**
    ``Client.apply``: all of the job's updates land at once, or none do.
 
@@ -34,6 +37,7 @@ one apply (:meth:`PersistBatchWriter.commit`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import uuid
@@ -60,7 +64,7 @@ from operators.schema import (
 from persist import layout
 from persist.blob.base import Blob
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
-from persist.indexed import evolve, gc, meta, write
+from persist.indexed import evolve, gc, lease, meta, write
 from persist.indexed.columnar import Codec, constant_times, from_updates
 from persist.indexed.meta import AddPart, CollectionMeta, PartMeta
 from persist.location import resolve
@@ -120,9 +124,50 @@ def _writable(url: str, storage: tuple[tuple[str, object], ...]) -> Blob:
     return resolve(url, storage_options=dict(storage)).blob
 
 
+def staging_lease(blob: Blob, lease_id: str, job: str) -> str:
+    """The lease to stage a part under: ``lease_id`` (the job's), renewed; or, if a sweep
+    revoked it (the job sat idle past its lease with leftovers of a failed task attempt in
+    storage), a fresh lease of this task's own. The driver's commit checks and releases every
+    lease its parts name (:mod:`persist.indexed.lease`).
+
+    Raises:
+        ExternalError: storage failed.
+    """
+    try:
+        lease.renew(blob, lease_id)
+    except lease.LeaseRevoked:
+        fresh = lease.take(blob, job=job)
+        log.warning("persist sink: staging lease %s was revoked; staging under %s instead",
+                    lease_id, fresh)
+        return fresh
+    return lease_id
+
+
+def leases_of(parts: list[PartMeta]) -> set[str]:
+    """The staging leases ``parts`` were staged under."""
+    return {lid for p in parts if p.blob_key is not None
+            and (lid := layout.lease_of(p.blob_key)) is not None}
+
+
+def release(target: Target, lease_ids: set[str]) -> None:
+    """Releases staging leases once their job's commit is decided (failures only logged: an
+    unreleased lease lapses by itself, and its leftovers are then reclaimed)."""
+    if not lease_ids:
+        return
+    blob = _writable(target.url, target.storage)
+    for lid in sorted(lease_ids):
+        try:
+            lease.release(blob, lid)
+        except PersistError as e:
+            log.warning("persist sink: releasing staging lease %s failed (%s); it will lapse",
+                        lid, e)
+
+
 def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
-          at: int | None = None) -> Staged:
-    """Encodes a task's rows as one part and stores it (a Spark task's whole job).
+          lease_id: str, at: int | None = None) -> Staged:
+    """Encodes a task's rows as one part and stores it (a Spark task's whole job), under the
+    job's staging lease ``lease_id`` (renewed first; see :func:`staging_lease`), which keeps
+    the leaked-blob sweeps away from it until the driver commits, however long that takes.
 
     ``at``: every row's time is set to it (an overwrite lands at one time).
     """
@@ -150,8 +195,10 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
                            Codec(schema.field("value").type))
     c = CollectionMeta(id=types.cid, name=types.name, key_type=types.key_type,
                        value_type=types.value_type)
-    part = write.new_part(_writable(target.url, target.storage), c, updates,
-                          inline_threshold=INLINE_BYTES, consolidated=False, staged=True)
+    blob = _writable(target.url, target.storage)
+    lid = staging_lease(blob, lease_id, f"spark write to {target.collection!r}")
+    part = write.new_part(blob, c, updates, inline_threshold=INLINE_BYTES, consolidated=False,
+                          lease_id=lid)
     return Staged(evolve.tag(part, types.schema_id), qid)
 
 
@@ -306,6 +353,11 @@ class PersistBatchWriter(DataSourceArrowWriter):
         # lease of a crashed attempt to lapse.
         self.rid = self.opts.reentrance_id or f"persist-spark-write:{uuid.uuid4().hex}"
         self.types = prepare(self.opts, schema, self.rid)
+        target = self.opts.target
+        #: The job's staging lease (taken here, on the driver; tasks renew it as they stage;
+        #: released when the commit is decided).
+        self.lease_id = lease.take(_writable(target.url, target.storage),
+                                   job=f"spark batch write to {target.collection!r}")
         #: Overwrite: the one time everything lands at (None: append).
         self.at: int | None = None
         if overwrite:
@@ -324,7 +376,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
             SchemaMismatch, InvalidUsage: rows that do not fit the collection.
             ExternalError: storing the part failed.
         """
-        return stage(self.opts.target, self.types, iterator, at=self.at)
+        return stage(self.opts.target, self.types, iterator, lease_id=self.lease_id, at=self.at)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """The driver: one apply of every staged part plus a seal to the ``upper`` option
@@ -356,9 +408,12 @@ class PersistBatchWriter(DataSourceArrowWriter):
             return {"parts": {name: staged}, "seals": {name: seal}}
 
         ids = {p.id for p in parts}
-        commit_once(self.opts.target, self.rid, self.opts.lock_timeout, staged, plan,
-                    lambda client, seq: _added_since(self.opts.target, client, seq,
-                                                     ids | {p.id for p in staged}))
+        try:
+            commit_once(self.opts.target, self.rid, self.opts.lock_timeout, staged, plan,
+                        lambda client, seq: _added_since(self.opts.target, client, seq,
+                                                         ids | {p.id for p in staged}))
+        finally:
+            release(self.opts.target, {self.lease_id} | leases_of(staged))
 
     def _retraction(self, client: persist.Client) -> list[PartMeta]:
         """Overwrite: the snapshot as of ``T - 1`` with its diffs negated, at time ``T``, as
@@ -393,6 +448,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
         meta_c = CollectionMeta(id=self.types.cid, name=self.types.name,
                                 key_type=self.types.key_type, value_type=self.types.value_type)
         blob = _writable(target.url, target.storage)
+        lid = staging_lease(blob, self.lease_id, f"spark overwrite of {c.name!r}")
         out: list[PartMeta] = []
         for b in range(n):
             snap = bucket_snapshot(BucketPartition(target, self.types, at - 1, old, b, n))
@@ -403,13 +459,18 @@ class PersistBatchWriter(DataSourceArrowWriter):
                  pc.negate(snap.column("diff"))], schema=snap.schema)
             out.append(evolve.tag(write.new_part(blob, meta_c, negated,
                                                  inline_threshold=INLINE_BYTES,
-                                                 consolidated=False, staged=True),
+                                                 consolidated=False, lease_id=lid),
                                   self.types.schema_id))
         return out
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        """The job failed: deletes its staged blobs that no commit references."""
-        discard(self.opts.target, _parts(messages))
+        """The job failed: deletes its staged blobs that no commit references, and releases
+        its staging lease (what a lost task left is reclaimed by the sweeps)."""
+        parts = _parts(messages)
+        try:
+            discard(self.opts.target, parts)
+        finally:
+            release(self.opts.target, {self.lease_id} | leases_of(parts))
 
 
 class PersistStreamWriter(_StreamWriterBase):
@@ -425,11 +486,17 @@ class PersistStreamWriter(_StreamWriterBase):
         self.opts = WriteOptions.parse(options, "stream-write")
         self.types = prepare(self.opts, schema,
                              self.opts.reentrance_id or f"persist-spark-create:{uuid.uuid4().hex}")
+        target = self.opts.target
+        #: The query run's staging lease: renewed by every task that stages and by every
+        #: commit; never released (a stream has no end hook), so it lapses once the query
+        #: stops, and only then can what a lost task left be reclaimed.
+        self.lease_id = lease.take(_writable(target.url, target.storage),
+                                   job=f"spark stream write to {target.collection!r}")
 
     def write(self, iterator: Iterator[Any]) -> Staged:
         """A task: stages its share of the micro-batch as one part, as the batch writer does,
         with the query's id."""
-        return stage(self.opts.target, self.types, iterator)
+        return stage(self.opts.target, self.types, iterator, lease_id=self.lease_id)
 
     def sink_for(self, query_id: str | None) -> str:
         """The sink id: the ``sinkId`` option, else ``<collection>@<query id>``.
@@ -513,11 +580,24 @@ class PersistStreamWriter(_StreamWriterBase):
             last = progress(client, sink)
             return last is not None and last >= batchId
 
-        commit_once(self.opts.target, rid, self.opts.lock_timeout, parts, plan, landed)
+        # NB: keep the query's lease alive between micro-batches (a revoked one is replaced by
+        # tasks with leases of their own, released here once the batch is decided).
+        target = self.opts.target
+        with contextlib.suppress(lease.LeaseRevoked):
+            lease.renew(_writable(target.url, target.storage), self.lease_id)
+        try:
+            commit_once(target, rid, self.opts.lock_timeout, parts, plan, landed)
+        finally:
+            release(target, leases_of(parts) - {self.lease_id})
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        """The micro-batch failed: deletes its staged blobs that no commit references."""
-        discard(self.opts.target, _parts(messages))
+        """The micro-batch failed: deletes its staged blobs that no commit references (and
+        releases the leases of its own that a task took)."""
+        parts = _parts(messages)
+        try:
+            discard(self.opts.target, parts)
+        finally:
+            release(self.opts.target, leases_of(parts) - {self.lease_id})
 
 
 def _latest(client: persist.Client, name: str, value_type: pa.DataType,

@@ -11,6 +11,8 @@ from pyspark.sql.types import StructType
 
 import persist
 from operators.sink import PROGRESS, PersistStreamWriter, progress, stage
+from persist import layout
+from persist.blob.file import FileBlob
 from tests.spark.support import canon, expected_updates, fill, location, updates_at
 
 pytestmark = pytest.mark.spark
@@ -53,6 +55,11 @@ def test_batch_write_round_trip(spark: Any, tmp_path: Path) -> None:
         assert r.upper == 10
     assert canon(expected_updates(url, "out", 0, 10)) == sorted(rows(range(0, 6)))
     assert back.load(url).count() == len(rows(range(0, 6)))
+    # each job staged under a staging lease of its own, released once its commit was
+    # decided: the leaked-blob sweeps may reclaim its leftovers from then on, never before
+    blob = FileBlob(tmp_path / "loc")
+    assert blob.list_keys(layout.LEASE_PREFIX) == []
+    assert len(blob.list_keys(layout.REVOKED_PREFIX)) == 2
 
 
 def test_batch_write_is_all_or_nothing(spark: Any, tmp_path: Path) -> None:
@@ -119,10 +126,12 @@ def test_stream_writer_commit_is_idempotent_per_batch_id(spark: Any, tmp_path: P
     def staged(times: range) -> Any:
         table = pa.table(dict(zip(("key", "value", "time", "diff"),
                                   map(list, zip(*rows(times, 3000), strict=True)), strict=True)))
-        return stage(writer.opts.target, writer.types, iter(table.to_batches()))
+        return stage(writer.opts.target, writer.types, iter(table.to_batches()),
+                     lease_id=writer.lease_id)
 
     first = staged(range(0, 2))
     assert first.part.blob_key is not None  # big enough to be staged as its own blob
+    assert layout.lease_of(first.part.blob_key) == writer.lease_id  # under the query's lease
     writer.commit([first], 0)
     writer.commit([staged(range(0, 2))], 0)  # a retry of batch 0 (another task attempt)
     writer.commit([staged(range(2, 3)), None], 1)

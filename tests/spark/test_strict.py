@@ -186,7 +186,8 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
                                 StructType.fromDDL(SCHEMA), True)
     assert writer.at == 6
     table = pa.table({"key": ["x", "y"], "value": [1, 2], "time": [0, 0], "diff": [1, 3]})
-    writer.commit([stage(writer.opts.target, writer.types, iter(table.to_batches()), at=6)])
+    writer.commit([stage(writer.opts.target, writer.types, iter(table.to_batches()),
+                         lease_id=writer.lease_id, at=6)])
     assert len(buckets) > 3
     assert buckets == list(range(len(buckets)))
     with persist.open(url, read_only=True) as client:
