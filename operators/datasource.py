@@ -22,7 +22,7 @@ from operators.options import ReadOptions
 from operators.partitions import load_state
 from operators.schema import CollectionTypes
 from operators.sink import PersistBatchWriter, PersistStreamWriter
-from operators.source import PersistBatchReader, PersistStreamReader
+from operators.source import PersistBatchReader, PersistStreamReader, change_feed_schema
 from persist.indexed.state import collection
 
 
@@ -43,7 +43,8 @@ class PersistDataSource(DataSource):
         return "persist"
 
     def schema(self) -> StructType:
-        """``key, value, time, diff`` in the collection's types (read from its metadata).
+        """``key, value, time, diff`` in the collection's types (read from its metadata), and
+        ``_change_type`` for a change feed (``readChangeFeed``).
 
         NB: Spark calls this once, when the DataFrame is created; the newest sealed time is
         pinned here, so every action on one batch DataFrame reads the same definite snapshot.
@@ -55,7 +56,8 @@ class PersistDataSource(DataSource):
                        opts.target.collection)
         if opts.as_of is None and c.upper > 0:
             self.pinned_as_of = c.upper - 1
-        return CollectionTypes.of(c).spark_schema
+        schema = CollectionTypes.of(c).spark_schema
+        return change_feed_schema(schema) if opts.change_feed else schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader as of the ``as_of`` option, else the time :meth:`schema` pinned.

@@ -40,8 +40,9 @@ Kind = Literal["read", "stream", "any-read", "write", "stream-write"]
 #: Every mode: the location (Spark passes the ``load``/``save`` argument as ``path``) and the
 #: collection; ``storage_options.<name>`` keys are accepted on top of these.
 _COMMON = ("path", "collection")
-_BATCH_READ = ("as_of", "versionAsOf", "mode", "numPartitions", "partitionRows",
-               "filterPushdown", "auditPruning")
+_BATCH_READ = ("as_of", "versionAsOf", "timestampAsOf", "mode", "numPartitions",
+               "partitionRows", "filterPushdown", "auditPruning", "readChangeFeed",
+               "startingVersion", "endingVersion")
 _STREAM_READ = ("startingUpper", "maxRowsPerTrigger", "failOnDataLoss", "readHold",
                 "readHoldLockTimeout", "refreshInterval", "partitionRows")
 _WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout", "mergeSchema")
@@ -63,23 +64,16 @@ _WHAT: dict[Kind, str] = {
     "stream-write": "a persist stream write",
 }
 
-_CHANGE_FEED = (
-    "persist has no batch change feed (yet): a stream read (spark.readStream) delivers every "
-    "update with its time and diff, from the frontier startingUpper names"
+_CHANGE_FEED_TIMESTAMPS = (
+    "a change feed is bounded by persist times: startingVersion and endingVersion (both "
+    "inclusive, as in Delta); map a wall-clock time to one with ReadHandle.as_of_timestamp "
+    "or `persist history`"
 )
 
 #: Options other engines have that persist rejects with a reason, not just "unknown".
 _REJECTED = {
-    "timestampasof": (
-        "timestampAsOf is not supported: persist reads as of its own times, and it keeps no "
-        "durable map from wall-clock time to those times (the metadata log that records each "
-        "seal's wall clock is trimmed). Read as of a time with as_of (alias versionAsOf)"
-    ),
-    "readchangefeed": _CHANGE_FEED,
-    "startingversion": _CHANGE_FEED,
-    "endingversion": _CHANGE_FEED,
-    "startingtimestamp": _CHANGE_FEED,
-    "endingtimestamp": _CHANGE_FEED,
+    "startingtimestamp": _CHANGE_FEED_TIMESTAMPS,
+    "endingtimestamp": _CHANGE_FEED_TIMESTAMPS,
     "paths": "persist reads one location: load() takes one URL, not a list",
 }
 
@@ -269,6 +263,14 @@ class ReadOptions:
     filter_pushdown: Pushdown = "auto"
     #: Batch: re-read the parts that pushed filters pruned, and fail if one holds a match.
     audit_pruning: bool = False
+    #: Batch: read as of the last time sealed at or before this wall-clock time (ISO-8601
+    #: with a zone, or epoch seconds; the collection's history, ``ReadHandle.history``).
+    timestamp_as_of: str | None = None
+    #: Batch: the change feed (``readChangeFeed``): the raw updates with times in
+    #: ``[starting_version, ending_version]`` and a ``_change_type`` column.
+    change_feed: bool = False
+    starting_version: int | None = None
+    ending_version: int | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "any-read") -> ReadOptions:
@@ -301,6 +303,24 @@ class ReadOptions:
                 raise InvalidUsage("option startingUpper is empty")
             starting = parsed
         hold = _get(options, "readHold")
+        ts = (_get(options, "timestampAsOf") or "").strip() or None
+        if ts is not None and (as_of is not None or version is not None):
+            raise InvalidUsage("options timestampAsOf and as_of/versionAsOf both say what to "
+                               "read as of: give one")
+        feed = _bool(options, "readChangeFeed", False)
+        first, last = _int(options, "startingVersion"), _int(options, "endingVersion")
+        if feed and (ts is not None or as_of is not None or version is not None):
+            raise InvalidUsage("readChangeFeed reads the updates from startingVersion to "
+                               "endingVersion: as_of, versionAsOf and timestampAsOf do not "
+                               "apply to it")
+        if not feed and (first is not None or last is not None):
+            raise InvalidUsage("options startingVersion/endingVersion bound a change feed: "
+                               "set readChangeFeed=true (or read as of a time with as_of)")
+        if feed and first is None:
+            raise InvalidUsage("readChangeFeed needs startingVersion (the first time, "
+                               "inclusive)")
+        if first is not None and last is not None and last < first:
+            raise InvalidUsage(f"endingVersion={last} is below startingVersion={first}")
         return cls(
             target=target,
             as_of=as_of if as_of is not None else version,
@@ -315,6 +335,10 @@ class ReadOptions:
             refresh_interval=_float(options, "refreshInterval"),
             filter_pushdown=_pushdown(options),
             audit_pruning=_bool(options, "auditPruning", audit_default()),
+            timestamp_as_of=ts,
+            change_feed=feed,
+            starting_version=first,
+            ending_version=last,
         )
 
 

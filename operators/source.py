@@ -39,7 +39,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StringType, StructField, StructType
 
 from operators import filters, holds
 from operators.filters import Pushed
@@ -62,7 +62,7 @@ from operators.partitions import (
 )
 from operators.schema import MAX_LONG, CollectionTypes
 from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import evolve
+from persist.indexed import evolve, history
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta
 from persist.indexed.read import PartReader, check_as_of
@@ -97,8 +97,21 @@ ROWS_PER_BUCKET = 10_000_000
 MAX_BUCKETS = 8
 
 
-def _types_for(c: CollectionMeta, schema: StructType) -> CollectionTypes:
+#: The column a change feed adds: ``insert`` for an update with a positive diff, ``delete``
+#: for a negative one (Delta's names; persist has no pre/post images, an update is its diffs).
+CHANGE_TYPE = "_change_type"
+
+
+def change_feed_schema(schema: StructType) -> StructType:
+    """``schema`` (a collection's ``key, value, time, diff``) with :data:`CHANGE_TYPE`."""
+    return StructType([*schema.fields, StructField(CHANGE_TYPE, StringType(), False)])
+
+
+def _types_for(c: CollectionMeta, schema: StructType, *, change_feed: bool = False
+               ) -> CollectionTypes:
     types = CollectionTypes.of(c)
+    if change_feed and schema.fieldNames()[-1:] == [CHANGE_TYPE]:
+        schema = StructType(schema.fields[:-1])
     if schema != types.spark_schema:
         raise SchemaMismatch(
             f"collection {c.name!r} reads as {types.spark_schema.simpleString()} (schema "
@@ -151,8 +164,17 @@ class PersistBatchReader(DataSourceReader):
     def __init__(self, opts: ReadOptions, schema: StructType, pinned_as_of: int | None) -> None:
         target = opts.target
         c = collection(load_state(target, must_exist=True).collections, target.collection)
-        self.types = _types_for(c, schema)
-        as_of = opts.as_of if opts.as_of is not None else pinned_as_of
+        self.types = _types_for(c, schema, change_feed=opts.change_feed)
+        #: A change feed's times ``[lo, hi)`` (None: a snapshot read).
+        self.changes: tuple[int, int] | None = None
+        if opts.change_feed:
+            self.changes = _feed_range(c, opts)
+        if opts.timestamp_as_of is not None:
+            as_of: int | None = history.as_of_at(c, opts.timestamp_as_of)
+        elif opts.change_feed:
+            as_of = self.changes[1] - 1 if self.changes else None
+        else:
+            as_of = opts.as_of if opts.as_of is not None else pinned_as_of
         if as_of is None:
             if c.upper == 0:
                 raise InvalidUsage(
@@ -174,6 +196,10 @@ class PersistBatchReader(DataSourceReader):
         self._planned: list[InputPartition] | None = None
 
     def _plan(self, opts: ReadOptions, c: CollectionMeta) -> list[InputPartition]:
+        if self.changes is not None:
+            lo, hi = self.changes
+            groups = group(range_parts(c, lo, hi), opts.partition_rows) or [()]
+            return [RangePartition(opts.target, self.types, lo, hi, g) for g in groups]
         f = self.pushed.filter
         parts, skipped = prune(snapshot_parts(c, self.as_of), f, self.types)
         audit = skipped if opts.audit_pruning else ()
@@ -220,6 +246,9 @@ class PersistBatchReader(DataSourceReader):
         if self._meta is None:
             raise InvalidUsage("filters are pushed on the driver, not in a task")
         self._planned = None
+        if self.changes is not None:  # a change feed applies no persist filter: Spark does
+            self.pushed = Pushed(None, ())
+            return list(spark_filters)
         setting = self.opts.filter_pushdown
         if setting == "false" or (setting == "auto" and not filters.pushdown_safe()):
             self.pushed = Pushed(None, ())
@@ -255,11 +284,49 @@ class PersistBatchReader(DataSourceReader):
         Raises:
             InvalidUsage: not a batch partition of persist's.
         """
+        if isinstance(partition, RangePartition):
+            return _with_change_type(read_range(partition))
         if isinstance(partition, BucketPartition):
             return read_bucket(partition)
         if isinstance(partition, SnapshotPartition):
             return read_snapshot(partition)
         raise InvalidUsage(f"not a persist batch partition: {partition!r}")
+
+
+def _feed_range(c: CollectionMeta, opts: ReadOptions) -> tuple[int, int]:
+    """A change feed's times ``[lo, hi)``: ``startingVersion`` to ``endingVersion``
+    inclusive (default: everything sealed).
+
+    Raises:
+        InvalidUsage: the range reaches times not sealed yet, or starts where history was
+            compacted (the updates before it may have been forwarded into it).
+    """
+    assert opts.starting_version is not None
+    lo = opts.starting_version
+    hi = c.upper if opts.ending_version is None else opts.ending_version + 1
+    if hi > c.upper:
+        raise InvalidUsage(
+            f"change feed of {c.name!r} to endingVersion {hi - 1}: times from its upper "
+            f"{c.upper} on are not sealed yet")
+    if lo >= hi:
+        raise InvalidUsage(f"change feed of {c.name!r} from startingVersion {lo}: nothing is "
+                           f"sealed at or after it (upper {c.upper})")
+    since = effective_since(c)
+    if lo > 0 and lo - 1 < since:
+        raise InvalidUsage(
+            f"change feed of {c.name!r} from startingVersion {lo} is no longer exact: its "
+            f"since is {since} (updates before {lo} may have been compacted into it); start "
+            f"at {since + 1} or later, or keep a read hold (option readHold on a stream)")
+    return lo, hi
+
+
+def _with_change_type(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` with :data:`CHANGE_TYPE` appended from the sign of ``diff``."""
+    for b in batches:
+        kind = pc.if_else(pc.greater(b.column("diff"), 0), "insert", "delete")
+        yield pa.RecordBatch.from_arrays(
+            [*b.columns, kind.cast(pa.string())],
+            schema=b.schema.append(pa.field(CHANGE_TYPE, pa.string(), nullable=False)))
 
 
 def default_buckets(rows: int) -> int:

@@ -54,6 +54,9 @@ def _seal(e: HistoryEntry) -> Seal:
     return Seal(e.upper, at, e.seq, e.updates, e.inserted, e.retracted)
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
 def wall_ms_of(when: datetime.datetime | str | int | float) -> int:
     """Milliseconds since the epoch of ``when``: an aware datetime, an ISO-8601 string with a
     zone (``2026-11-25T09:00:00Z``), or seconds since the epoch.
@@ -70,7 +73,9 @@ def wall_ms_of(when: datetime.datetime | str | int | float) -> int:
         if when.tzinfo is None:
             raise InvalidUsage(f"timestamp {when.isoformat()} has no time zone: say which "
                                f"(e.g. {when.isoformat()}Z for UTC)")
-        return int(when.timestamp() * 1000)
+        # NB: integer arithmetic: ``timestamp() * 1000`` lands a hair below an exact
+        # millisecond (a seal's own committed_at) and would miss that seal.
+        return (when - _EPOCH) // datetime.timedelta(milliseconds=1)
     if isinstance(when, bool) or not isinstance(when, (int, float)):
         raise InvalidUsage(f"a timestamp is an aware datetime, an ISO-8601 string with a zone, "
                            f"or seconds since the epoch, not {when!r}")

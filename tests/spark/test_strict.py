@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,15 @@ def test_options_are_validated_and_missing_locations_named(spark: Any, tmp_path:
     msg = fails("unknown option 'colection'", lambda: read(colection="events"))
     assert "did you mean 'collection'?" in msg
     assert "numPartitions" in msg
-    msg = fails("timestampAsOf is not supported", lambda: read(timestampAsOf="2024-01-01"))
-    assert "as_of (alias versionAsOf)" in msg
-    fails("no batch change feed", lambda: read(readChangeFeed="true", startingVersion=0))
+    fails("no time zone", lambda: read(timestampAsOf="2024-01-01").count())
+    fails("before its oldest recorded seal",
+          lambda: read(timestampAsOf="2000-01-01T00:00Z").count())
+    fails("give one", lambda: read(timestampAsOf="2024-01-01T00:00Z", as_of=1))
+    fails("needs startingVersion", lambda: read(readChangeFeed="true"))
+    fails("set readChangeFeed=true", lambda: read(startingVersion=0))
+    msg = fails("option 'startingtimestamp'", lambda: read(readChangeFeed="true",
+                                                            startingTimestamp="2024-01-01"))
+    assert "startingVersion and endingVersion" in msg
     fails("unknown option 'startingupper' for a persist batch read",
           lambda: read(startingUpper=1).count())
     # stream read: a made-up option at load(), a batch-only one when the query starts
@@ -195,3 +202,43 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
         assert r.upper == 7
         assert sums(r.snapshot(6).to_arrow()) == {("x", 1): 1, ("y", 2): 3}
         assert sums(r.snapshot(5).to_arrow()) == before
+
+
+def test_timestamp_as_of_and_the_change_feed(spark: Any, tmp_path: Path) -> None:
+    """timestampAsOf reads what was sealed by a wall-clock time; the change feed equals the
+    client's updates of the range, with Delta's _change_type."""
+    url = location(tmp_path)
+    for t in range(3):  # apart in wall-clock time: a seal's time is recorded to the millisecond
+        fill(url, "events", [t], rows=20)
+        time.sleep(0.01)
+    with persist.open(url, read_only=True) as client:
+        _, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        seals = r.history()
+        want_then = sums(r.snapshot(1).to_arrow())
+    assert [s.upper for s in seals] == [1, 2, 3]
+    then = (spark.read.format("persist").option("collection", "events")
+            .option("timestampAsOf", seals[1].committed_at.isoformat()).load(url))
+    assert {(x.key, x.value): x.diff for x in then.collect()} == want_then
+
+    def feed(**bounds: Any) -> list[tuple[Any, ...]]:
+        r = (spark.read.format("persist").option("collection", "events")
+             .option("readChangeFeed", "true"))
+        for k, v in bounds.items():
+            r = r.option(k, v)
+        df = r.load(url)
+        assert df.columns == ["key", "value", "time", "diff", "_change_type"]
+        return sorted(tuple(x) for x in df.collect())
+
+    def expected(lo: int, hi: int) -> list[tuple[Any, ...]]:
+        return sorted((k, v, t, d, "insert" if d > 0 else "delete")
+                      for k, v, t, d in canon(expected_updates(url, "events", lo, hi)))
+
+    got = feed(startingVersion=1, endingVersion=1)
+    assert got == expected(1, 2)
+    assert {row[4] for row in got} == {"insert", "delete"}  # the fill retracts some rows
+    assert feed(startingVersion=0) == expected(0, 3)
+    fails("not sealed yet", lambda: feed(startingVersion=1, endingVersion=3))
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        w.allow_compaction(2).result()
+    fails("no longer exact", lambda: feed(startingVersion=2))
