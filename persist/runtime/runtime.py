@@ -282,11 +282,8 @@ class Runtime:
                 # NB: a group boundary: what was staged before it commits under the old
                 # options, what comes after is staged and committed under the new ones (the
                 # queue order is the linearization, for options as for writes).
-                if accepted:
-                    self._commit(txn, accepted)
-                    accepted = []
-                if self._poisoned is not None:
-                    c.future.set_exception(self._shutdown_error())
+                accepted = self._commit_before(txn, accepted)
+                if self._refuse_if_poisoned(c):
                     continue
                 try:
                     self.ix.set_options(c.options)
@@ -300,11 +297,8 @@ class Runtime:
             if isinstance(c, cmd.EvolveSchema):
                 # NB: an evolution commits alone (see ``Txn.stage``): what was staged before it
                 # commits first, and what comes after it is staged against the new version.
-                if accepted:
-                    self._commit(txn, accepted)
-                    accepted = []
-                if self._poisoned is not None:
-                    c.future.set_exception(self._shutdown_error())
+                accepted = self._commit_before(txn, accepted)
+                if self._refuse_if_poisoned(c):
                     continue
                 self._evolve(c)
                 txn = Txn(self.ix.state)
@@ -323,6 +317,19 @@ class Runtime:
         if accepted:
             self._commit(txn, accepted)
         return stop is not None
+
+    def _commit_before(self, txn: Txn, accepted: list[cmd.Command]) -> list[cmd.Command]:
+        """A group boundary: commits what was staged before it; returns a fresh group."""
+        if accepted:
+            self._commit(txn, accepted)
+        return []
+
+    def _refuse_if_poisoned(self, c: cmd.SetOptions | cmd.EvolveSchema) -> bool:
+        """Fails ``c`` if the runtime went fail-stop (True: skip it)."""
+        if self._poisoned is None:
+            return False
+        c.future.set_exception(self._shutdown_error())
+        return True
 
     def _evolve(self, c: cmd.EvolveSchema) -> None:
         """Stages and commits one schema evolution alone (its future: the new version)."""
