@@ -23,7 +23,30 @@ from operators.partitions import load_state
 from operators.schema import CollectionTypes
 from operators.sink import PersistBatchWriter, PersistStreamWriter
 from operators.source import PersistBatchReader, PersistStreamReader, change_feed_schema
+from persist.errors import InvalidUsage
 from persist.indexed.state import collection
+
+
+def refuse_catalog_table(options: Any) -> None:
+    """Refuses ``CREATE TABLE ... USING persist`` (Spark passes a catalog table's ``provider``
+    and ``owner`` only when it creates one).
+
+    NB: pyspark 4.3 gives a Python data source no options when it later reads or inserts into
+    a catalog table (checked: ``SELECT``, ``spark.table`` and ``INSERT INTO`` all see an empty
+    mapping), so such a table would be registered and then fail at every use. Refusing it at
+    creation says so where the user acts.
+
+    Raises:
+        InvalidUsage: always, when ``options`` are a catalog table's.
+    """
+    keys = {str(k).lower() for k in options}
+    if {"provider", "owner"} <= keys:
+        raise InvalidUsage(
+            "persist collections cannot be catalog tables on this pyspark: Spark does not pass a "
+            "table's options (its location and collection) back to a Python data source when "
+            "the table is read or written, so every later SELECT or INSERT would fail. Read "
+            "with spark.read.format('persist').option('collection', c).load(url) (and "
+            "createOrReplaceTempView for SQL), write with df.write.format('persist')...save(url)")
 
 
 class PersistDataSource(DataSource):
@@ -51,6 +74,7 @@ class PersistDataSource(DataSource):
         """
         # NB: Spark calls schema() for batch and stream reads alike, before it says which:
         # options of either are accepted here, and reader()/streamReader() check their own.
+        refuse_catalog_table(self.options)
         opts = ReadOptions.parse(self.options, "any-read")
         c = collection(load_state(opts.target, must_exist=True).collections,
                        opts.target.collection)

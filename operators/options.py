@@ -225,7 +225,8 @@ class Target:
         if not url:
             raise InvalidUsage(
                 "persist needs a location: spark.read.format('persist').load('file:///loc') "
-                "(or .option('path', ...))"
+                "(or .option('path', ...)); a catalog table (saveAsTable) cannot name it: "
+                "pyspark passes a Python data source no options when it reads or writes one"
             )
         name = _get(options, "collection")
         if not name:

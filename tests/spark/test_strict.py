@@ -242,3 +242,21 @@ def test_timestamp_as_of_and_the_change_feed(spark: Any, tmp_path: Path) -> None
         w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         w.allow_compaction(2).result()
     fails("no longer exact", lambda: feed(startingVersion=2))
+
+
+def test_catalog_tables_fail_where_the_user_acts(spark: Any, tmp_path: Path) -> None:
+    """pyspark 4.3 passes a Python data source no options when a catalog table is read or
+    written: CREATE TABLE is refused at once, and a table saveAsTable registered fails its
+    first read saying why (never ``known: []`` or a silent empty result)."""
+    url = location(tmp_path)
+    fill(url, "events", range(2), rows=5)
+    fails("cannot be catalog tables on this pyspark", lambda: spark.sql(
+        f"CREATE TABLE persist_t1 USING persist OPTIONS (path '{url}', collection 'events')"))
+    df = spark.createDataFrame([("a", 1, 5, 1)], SCHEMA)
+    df.write.format("persist").option("collection", "events").mode("append") \
+        .saveAsTable("persist_t2", path=url)
+    try:
+        fails("a catalog table (saveAsTable) cannot name it",
+              lambda: spark.table("persist_t2").collect())
+    finally:
+        spark.sql("DROP TABLE IF EXISTS persist_t2")
