@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def spark() -> Iterator[Any]:
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     with pytest.MonkeyPatch.context() as mp:
         # NB: Python workers are separate processes: they see PYTHONPATH, not pytest's sys.path.
         mp.setenv("PYSPARK_PYTHON", sys.executable)
@@ -42,6 +42,8 @@ def spark() -> Iterator[Any]:
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.sql.python.filterPushdown.enabled", "true")
+            # NB: catalog tests register tables; keep the warehouse out of the checkout
+            .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
             .getOrCreate()
         )
         session.sparkContext.setLogLevel("ERROR")
