@@ -92,6 +92,10 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: at a time, so the driver never holds much more than one bucket of the old contents.
 RETRACT_ROWS_PER_BUCKET = 2_000_000
 
+#: A sink task cuts a part whenever the rows it buffered reach this many Arrow bytes, so its
+#: memory is bounded by about one part, not by its partition.
+STAGED_PART_BYTES = 128 << 20
+
 #: Tasks' parts up to this size ride inline in the commit message (and the metadata commit);
 #: larger ones go to their own blob. Kept below the writer's default so that a job of many
 #: tasks does not make one huge metadata commit.
@@ -100,9 +104,9 @@ INLINE_BYTES = 16 << 10
 
 @dataclass
 class Staged(WriterCommitMessage):
-    """One task's data: a part stored (or inline) but referenced by no commit yet."""
+    """One task's data: parts stored (or inline) but referenced by no commit yet."""
 
-    part: PartMeta | None
+    parts: tuple[PartMeta, ...]
     #: The streaming query's id, as the task saw it (None: a batch job, or not known).
     query_id: str | None = None
 
@@ -164,26 +168,44 @@ def release(target: Target, lease_ids: set[str]) -> None:
 
 
 def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
-          lease_id: str, at: int | None = None) -> Staged:
-    """Encodes a task's rows as one part and stores it (a Spark task's whole job), under the
-    job's staging lease ``lease_id`` (renewed first; see :func:`staging_lease`), which keeps
-    the leaked-blob sweeps away from it until the driver commits, however long that takes.
+          lease_id: str, at: int | None = None,
+          part_bytes: int = STAGED_PART_BYTES) -> Staged:
+    """Encodes a task's rows as parts and stores them (a Spark task's whole job), under the
+    job's staging lease ``lease_id`` (renewed before each part; see :func:`staging_lease`),
+    which keeps the leaked-blob sweeps away from them until the driver commits, however long
+    that takes.
+
+    Rows are streamed: a part is cut whenever the rows buffered reach ``part_bytes`` (Arrow
+    bytes as Spark hands them over), so a task holds about one part's rows, not its whole
+    partition.
 
     ``at``: every row's time is set to it (an overwrite lands at one time).
     """
     qid = _task_query_id()
+    parts: list[PartMeta] = []
     tables: list[pa.Table] = []
+    buffered = 0
     rows: list[dict[str, Any]] = []
     for b in batches:
         if isinstance(b, pa.RecordBatch):
             if b.num_rows:
                 tables.append(pa.Table.from_batches([b]))
+                buffered += b.nbytes
+                if buffered >= part_bytes:
+                    parts.append(_stage_part(target, types, tables, lease_id, at))
+                    tables, buffered = [], 0
         else:  # pragma: no cover - pyspark 4.0 streaming writers get Rows
             rows.append(b.asDict())
     if rows:  # pragma: no cover
         tables.append(pa.Table.from_pylist(rows))
-    if not tables:
-        return Staged(None, qid)
+    if tables:
+        parts.append(_stage_part(target, types, tables, lease_id, at))
+    return Staged(tuple(parts), qid)
+
+
+def _stage_part(target: Target, types: CollectionTypes, tables: list[pa.Table], lease_id: str,
+                at: int | None) -> PartMeta:
+    """Stores ``tables`` (Spark's rows) as one part staged under ``lease_id``."""
     table = pa.concat_tables(tables, promote_options="permissive")
     if at is not None:
         i = table.schema.get_field_index("time")
@@ -199,7 +221,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
     lid = staging_lease(blob, lease_id, f"spark write to {target.collection!r}")
     part = write.new_part(blob, c, updates, inline_threshold=INLINE_BYTES, consolidated=False,
                           lease_id=lid)
-    return Staged(evolve.tag(part, types.schema_id), qid)
+    return evolve.tag(part, types.schema_id)
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -256,7 +278,7 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
 
 
 def _parts(messages: list[WriterCommitMessage | None]) -> list[PartMeta]:
-    return [m.part for m in messages if isinstance(m, Staged) and m.part is not None]
+    return [p for m in messages if isinstance(m, Staged) for p in m.parts]
 
 
 def discard(target: Target, parts: list[PartMeta]) -> None:

@@ -130,8 +130,9 @@ def test_stream_writer_commit_is_idempotent_per_batch_id(spark: Any, tmp_path: P
                      lease_id=writer.lease_id)
 
     first = staged(range(0, 2))
-    assert first.part.blob_key is not None  # big enough to be staged as its own blob
-    assert layout.lease_of(first.part.blob_key) == writer.lease_id  # under the query's lease
+    assert len(first.parts) == 1
+    assert first.parts[0].blob_key is not None  # big enough to be staged as its own blob
+    assert layout.lease_of(first.parts[0].blob_key) == writer.lease_id  # the query's lease
     writer.commit([first], 0)
     writer.commit([staged(range(0, 2))], 0)  # a retry of batch 0 (another task attempt)
     writer.commit([staged(range(2, 3)), None], 1)
@@ -145,3 +146,23 @@ def test_stream_writer_commit_is_idempotent_per_batch_id(spark: Any, tmp_path: P
         referenced = {p.blob_key.removeprefix("data/")
                       for p in client.state.collections["out"].parts if p.blob_key}
     assert data_blobs(tmp_path) == referenced  # the replays' blobs were deleted
+
+
+def test_a_task_streams_its_rows_into_bounded_parts(spark: Any, tmp_path: Path) -> None:
+    """A sink task cuts a part whenever its buffered rows reach the part size, so its memory is
+    bounded by a part, not by its partition; the job's parts land together."""
+    url = location(tmp_path)
+    schema = StructType.fromDDL(SCHEMA)
+    writer = PersistStreamWriter({"path": url, "collection": "out", "sinkid": "q"}, schema,
+                                 False)
+    want = rows(range(0, 3), 2000)
+    table = pa.table(dict(zip(("key", "value", "time", "diff"),
+                              map(list, zip(*want, strict=True)), strict=True)))
+    batches = table.to_batches(max_chunksize=500)
+    size = max(b.nbytes for b in batches)
+    staged = stage(writer.opts.target, writer.types, iter(batches), lease_id=writer.lease_id,
+                   part_bytes=2 * size)
+    assert len(staged.parts) == -(-len(batches) // 2)  # two batches per part
+    assert sum(p.rows for p in staged.parts) == len(want)
+    writer.commit([staged], 0)
+    assert canon(expected_updates(url, "out", 0, 3)) == sorted(want)
