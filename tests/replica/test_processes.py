@@ -81,15 +81,18 @@ def test_replica_reads_while_the_writer_compacts_and_gcs_aggressively(
     loc: str, spawn: Spawn
 ) -> None:
     until, churn = 400, 10
-    writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until), "--aggressive",
-                   "--churn", str(churn), "--since-lag", "250", "--interval", "0.003",
-                   "--notify")
-    writer.wait_for("ack", pred=lambda e: e["t"] >= 5)
     # a polling replica (default options: it assumes 300 s of grace where the writer gives 0)
-    # lags the writer and keeps reading parts GC just deleted; a pushed one listens
+    # lags the writer and keeps reading parts GC just deleted; a pushed one listens.
+    # NB: both start first and wait for the collection: they read as of 0, which the writer
+    # compacts away from t = 250 on, and a replica started after the writer lost that race
+    # under load (a loaded CI run: the listener's first snapshot came at t = 264).
     polling = spawn("reader", "--url", loc, "--until", str(until), "--churn", str(churn))
     pushed = spawn("listener", "--url", loc, "--until", str(until), "--churn", str(churn),
                    "--snapshots", "--notify")
+    writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until), "--aggressive",
+                   "--churn", str(churn), "--since-lag", "250", "--interval", "0.003",
+                   "--notify")
+    pushed.wait_for("ready", timeout=60)
     writer.wait_for("stopped", timeout=60)
     # consolidated reads never fail because GC removed a blob, and never return wrong data
     _check_snapshots(polling.wait_for("done", timeout=60)["snapshots"])
