@@ -689,11 +689,28 @@ def _consolidate_framed(table: pa.Table, *, time: bool) -> pa.Table:
     frame, _ = _frame_table(table, time)
     names = frame.column_names
     order = _order(frame)
-    ordered = table.take(order)
-    diffs = ordered.column("diff")
+    # NB: the rows are moved once, at the end, to their sorted and kept positions: taking the
+    # whole table in order and then filtering it moved every record twice (10-20% of the
+    # total on W10's records).
+    diffs = table.column("diff").take(order)
     dup = _tied_positions(frame, order, _check_order(names, time))
     if dup is None:
-        return ordered.filter(pc.not_equal(diffs, 0))
+        nonzero = pc.not_equal(diffs, 0)
+        if pc.all(nonzero).as_py():
+            return table.take(order)
+        return table.take(order.filter(nonzero))
+    if not any(_negative_zeros(frame.column(n)) for n in names):
+        # NB: without a -0.0 the sort's ties are exactly the equal rows (weak_equal is then
+        # equality), so the groups are the runs of tied neighbours: sum each run in place
+        # rather than hash-grouping every row that has a partner (~2x faster on W10's records
+        # with a quarter retracted).
+        starts = np.ones(len(table), dtype=bool)
+        starts[dup] = False
+        first = np.flatnonzero(starts)
+        sums = np.add.reduceat(diffs.to_numpy(), first)
+        live = sums != 0
+        out = table.take(order.take(pa.array(first[live])))
+        return out.set_column(3, table.schema.field(3), pa.array(sums[live]))
     involved = np.zeros(len(table), dtype=bool)
     involved[dup] = True
     involved[dup - 1] = True
@@ -708,8 +725,17 @@ def _consolidate_framed(table: pa.Table, *, time: bool) -> pa.Table:
     keep[firsts] = True
     summed[firsts] = agg.column("__diff_sum").to_numpy()
     keep &= summed != 0
-    out = ordered.filter(pa.array(keep))
+    out = table.take(order.filter(pa.array(keep)))
     return out.set_column(3, table.schema.field(3), pa.array(summed[keep]))
+
+
+def _negative_zeros(col: pa.ChunkedArray) -> bool:
+    """True if the float frame column ``col`` holds a ``-0.0`` (which sorts tied with ``0.0``
+    but is another value)."""
+    if not pa.types.is_floating(col.type):
+        return False
+    values = pc.fill_null(col, 1.0).to_numpy()
+    return bool(np.any((values == 0) & np.signbit(values)))
 
 
 def _check_order(names: list[str], time: bool) -> list[str]:
