@@ -137,6 +137,23 @@ def settle() -> None:
     gc.collect()
 
 
+def timed_full_read(system: Any, expected: int, what: str) -> float:
+    """Settles, then times one full read through ``system`` (its ``read()``), checks that it
+    returned ``expected`` rows, and returns the seconds it took.
+
+    Raises:
+        AssertionError: another number of rows (``what`` names the read in the message).
+    """
+    settle()
+    with timed() as t:
+        out = system.read()
+    got = len(out)
+    del out
+    if got != expected:
+        raise AssertionError(f"{what} read {got} rows, expected {expected}")
+    return t.seconds
+
+
 def fresh_dir(root: Path, name: str) -> Path:
     d = root / name
     if d.exists():

@@ -55,7 +55,18 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 import persist
-from bench.common import KEY_SPACE, MiB, du, fresh_dir, fsync_dir, remove, rotate, settle, timed
+from bench.common import (
+    KEY_SPACE,
+    MiB,
+    du,
+    fresh_dir,
+    fsync_dir,
+    remove,
+    rotate,
+    settle,
+    timed,
+    timed_full_read,
+)
 from bench.results import WorkloadResult
 from bench.systems.base import System
 from bench.systems.persist import NAME, PersistSystem
@@ -391,15 +402,9 @@ def _write_read(ctx: Context, res: WorkloadResult, stores: list[str], chunks: li
                     write(s)
                 res.add(WRITE, "rec/s", "higher", name, total / t.seconds)
                 res.add(WRITE_MIB, "MiB/s", "higher", name, nbytes / MiB / t.seconds)
-                settle()
-                with timed() as t:
-                    out = s.read()
-                got = len(out)
-                del out
-                if got != total:
-                    raise AssertionError(f"W10: {name} read {got} rows, expected {total}")
-                res.add(READ, "rec/s", "higher", name, total / t.seconds)
-                res.add(READ_MIB, "MiB/s", "higher", name, nbytes / MiB / t.seconds)
+                seconds = timed_full_read(s, total, f"W10: {name}")
+                res.add(READ, "rec/s", "higher", name, total / seconds)
+                res.add(READ_MIB, "MiB/s", "higher", name, nbytes / MiB / seconds)
                 res.add("stored MiB", "MiB", "lower", name, du(s.root) / MiB)
                 keep = last and name in ("persist", PARQUET)
                 if keep:

@@ -32,7 +32,7 @@ from persist.indexed.meta import AddPart
 from persist.indexed.read import Snapshot
 from persist.indexed.write import new_part
 from tests.indexed.test_filter import filters, model
-from tests.indexed.test_records import arrow_types, canon, collections, values
+from tests.indexed.test_records import arrow_types, canon, collections, values, written
 
 # -- a store that counts what it serves ---------------------------------------------------------
 
@@ -121,14 +121,7 @@ def test_pruned_reads_are_the_unpruned_reads_filtered(
                                                part_target_bytes=knobs["part_target_bytes"]))
     with tempfile.TemporaryDirectory() as d:
         loc = Path(d)
-        ix = Indexed.open(FileBlob(loc), epoch=1, writer="w", options=opts)
-        ix.fence()
-        ix.register("r", kt, vt)
-        for t in range(4):
-            batch = [r for r in rows if r[1] == t]
-            if batch:
-                ix.write({"r": batch})
-            ix.seal("r", t + 1)
+        ix = written(loc, kt, vt, rows, opts)
         for f in fs:
             for as_of in range(4):
                 check_filtered(ix, f, as_of)

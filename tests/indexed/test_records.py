@@ -191,6 +191,21 @@ def _options() -> Options:
                    compaction=CompactionPolicy(fanin=2, inline_flush_bytes=600))
 
 
+def written(loc: Path, kt: pa.DataType, vt: pa.DataType, rows: list[Any],
+            options: Options) -> Indexed:
+    """A writer at ``loc`` whose collection ``r`` holds ``rows`` (times 0-3), each time
+    written and then sealed."""
+    ix = Indexed.open(FileBlob(loc), epoch=1, writer="w", options=options)
+    ix.fence()
+    ix.register("r", kt, vt)
+    for t in range(4):
+        batch = [r for r in rows if r[1] == t]
+        if batch:
+            ix.write({"r": batch})
+        ix.seal("r", t + 1)
+    return ix
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(collections())
 def test_snapshots_match_the_model_through_compaction_reopen_and_replica(
@@ -199,14 +214,7 @@ def test_snapshots_match_the_model_through_compaction_reopen_and_replica(
     kt, vt, rows = c
     with tempfile.TemporaryDirectory() as d:
         loc = Path(d)
-        ix = Indexed.open(FileBlob(loc), epoch=1, writer="w", options=_options())
-        ix.fence()
-        ix.register("r", kt, vt)
-        for t in range(4):
-            batch = [r for r in rows if r[1] == t]
-            if batch:
-                ix.write({"r": batch})
-            ix.seal("r", t + 1)
+        ix = written(loc, kt, vt, rows, _options())
 
         def check(engine: Indexed, lo: int) -> None:
             for as_of in range(lo, 4):
