@@ -28,19 +28,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         # NB: read where Spark plans a read: its Python planning workers inherit the JVM's
         # environment, which is this process's when the session starts.
         mp.setenv("PERSIST_AUDIT_PRUNING", "1")
-        from pyspark.sql import SparkSession
-
         import operators
+        from tests.spark.support import session_builder
 
         session = (
-            SparkSession.builder.master("local[2]")
-            .appName("persist-tests")
-            .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
+            session_builder("persist-tests")
             .config("spark.sql.python.filterPushdown.enabled", "true")
             # NB: catalog tests register tables; keep the warehouse out of the checkout
             .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))

@@ -8,24 +8,14 @@ from __future__ import annotations
 
 import sys
 
-from pyspark.sql import SparkSession
-
 import operators
+from tests.spark.support import session_builder
 
 
 def main() -> None:
     """Runs the copy once, to the end (or until killed)."""
     src, dst, ckpt = sys.argv[1:4]
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("persist-kill-test")
-        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
-    )
+    spark = session_builder("persist-kill-test").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     operators.register(spark)
     q = (spark.readStream.format("persist").option("collection", "events")

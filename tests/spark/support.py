@@ -15,6 +15,24 @@ from persist.errors import InvalidUsage
 from persist.indexed.compact import CompactionPolicy
 
 
+def session_builder(app: str) -> Any:
+    """A ``SparkSession.Builder`` with the test sessions' settings (../shared/NOTES.md): local[2],
+    C1 JIT and serial GC (the JVM starts about twice as fast), no UI, two shuffle partitions,
+    loopback only. Shared by the test session and the driver processes the kill test starts."""
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master("local[2]")
+        .appName(app)
+        .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+    )
+
+
 def location(tmp_path: Path, name: str = "loc") -> str:
     return f"file://{tmp_path / name}"
 
