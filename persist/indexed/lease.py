@@ -43,7 +43,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
 
 import msgspec
 
@@ -239,14 +238,11 @@ def check_committable(blob: BlobRead, lease_ids: set[str]) -> None:
 
 @dataclass
 class Judge:
-    """Decides, during one sweep, which staged blobs are reclaimable (leases judged once each).
-
-    ``revoke_lapsed``: revoke a lapsed lease (a sweep that may delete); else only report.
-    """
+    """Decides, during one sweep, which staged blobs are reclaimable (leases judged once each,
+    a lapsed one revoked on the way)."""
 
     blob: Blob
     skew_seconds: float = DEFAULT_SKEW_SECONDS
-    revoke_lapsed: bool = True
 
     def __post_init__(self) -> None:
         self._seen: dict[str, LeaseState] = {}
@@ -261,15 +257,11 @@ class Judge:
         st = self._seen.get(lease_id)
         if st is None:
             st = state(self.blob, lease_id, skew_seconds=self.skew_seconds)
-            if st is LeaseState.LAPSED and self.revoke_lapsed:
+            if st is LeaseState.LAPSED:
                 revoke(self.blob, lease_id)
                 st = LeaseState.REVOKED
             self._seen[lease_id] = st
         return st is LeaseState.REVOKED
-
-    def states(self) -> dict[str, Any]:
-        """The leases judged so far, by id (for logs and reports)."""
-        return {k: v.value for k, v in self._seen.items()}
 
 
 __all__ = ["DEFAULT_SKEW_SECONDS", "DEFAULT_TTL_SECONDS", "LEASE_FORMAT_VERSION", "Judge",
