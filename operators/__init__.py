@@ -8,11 +8,15 @@ the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
          .writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start())
     df.write.format("persist").mode("append").option("collection", "out").save(url)
 
-Modules: :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers), :mod:`operators.sink`
-(writers), :mod:`operators.partitions` (what a Spark task reads), :mod:`operators.buckets`
-(parallel consolidation), :mod:`operators.schema` (types across the boundary),
-:mod:`operators.options` (option parsing), :mod:`operators.holds` (durable read holds),
-:mod:`operators.filters` (Spark's pushed filters as persist filters). See ``docs/spark.md``.
+Modules: :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers),
+:mod:`operators.sink` (writers), :mod:`operators.partitions` (what a Spark task reads),
+:mod:`operators.schema` (types across the boundary), :mod:`operators.options` (option
+parsing), :mod:`operators.filters` (Spark's pushed filters as persist filters). See
+``docs/spark.md``.
+
+They stand on the engine's public API alone (``import persist``; :mod:`persist.distributed`
+for planning, reading and staging in parallel), as any other engine would:
+``tests/test_layering.py`` refuses an import of anything else of persist.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 from typing import Any
 
 from operators.datasource import PersistDataSource
-from operators.holds import set_hold
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"
@@ -31,4 +34,4 @@ def register(spark: Any) -> None:
     spark.dataSource.register(PersistDataSource)
 
 
-__all__ = ["FORMAT", "PersistDataSource", "register", "set_hold"]
+__all__ = ["FORMAT", "PersistDataSource", "register"]

@@ -19,12 +19,11 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from operators.options import ReadOptions
-from operators.partitions import load_state
+from operators.partitions import describe
 from operators.schema import CollectionTypes
 from operators.sink import PersistBatchWriter, PersistStreamWriter
 from operators.source import PersistBatchReader, PersistStreamReader, change_feed_schema
-from persist.errors import InvalidUsage
-from persist.indexed.state import collection
+from persist import InvalidUsage
 
 
 def refuse_catalog_table(options: Any) -> None:
@@ -76,8 +75,7 @@ class PersistDataSource(DataSource):
         # options of either are accepted here, and reader()/streamReader() check their own.
         refuse_catalog_table(self.options)
         opts = ReadOptions.parse(self.options, "any-read")
-        c = collection(load_state(opts.target, must_exist=True).collections,
-                       opts.target.collection)
+        c = describe(opts.target)
         if opts.as_of is None and c.upper > 0:
             self.pinned_as_of = c.upper - 1
         schema = CollectionTypes.of(c).spark_schema

@@ -44,27 +44,17 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import logging
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from pyspark.sql import datasource as sds
 
-from operators.schema import CollectionTypes
-from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed.filter import (
-    And,
-    AnyFilter,
-    Bound,
-    Column,
-    Compare,
-    CompareOp,
-    Filter,
-    Lit,
-    bind,
-    col,
-)
+import persist
+from persist import Column, Filter, InvalidUsage, SchemaMismatch, col
 
 log = logging.getLogger("persist.spark")
 
@@ -73,12 +63,18 @@ FILTERABLE = ("key", "value")
 
 #: Spark's comparison filters by class name (the classes exist from pyspark 4.1 on: this
 #: module is imported on 4.0 too, where nothing is ever pushed).
-_COMPARE: dict[str, CompareOp] = {
+_COMPARE: dict[str, str] = {
     "EqualTo": "==",
     "GreaterThan": ">",
     "GreaterThanOrEqual": ">=",
     "LessThan": "<",
     "LessThanOrEqual": "<=",
+}
+
+#: A persist comparison per operator (``persist.col`` overloads them).
+_OPS: dict[str, Callable[[Column, Any], Filter]] = {
+    "==": operator.eq, "!=": operator.ne, ">": operator.gt, ">=": operator.ge,
+    "<": operator.lt, "<=": operator.le,
 }
 
 #: The Python types a literal may have to be pushed (what pyspark's filter deserializer
@@ -201,9 +197,9 @@ def _translate(f: sds.Filter) -> Filter | None:
     return None  # StringEndsWith, StringContains, and anything newer
 
 
-def _compare(c: Column, op: CompareOp, v: Any) -> Filter:
+def _compare(c: Column, op: str, v: Any) -> Filter:
     """``c <op> v``; raises InvalidUsage for a value persist's literals do not take."""
-    return Compare(c.path, op, Lit.of(v))
+    return _OPS[op](c, v)
 
 
 def pushdown_safe() -> bool:
@@ -222,26 +218,24 @@ def pushdown_safe() -> bool:
     return hasattr(sds.DataSourceReader, "pushLimit")
 
 
-def push(filters: Iterable[sds.Filter], types: CollectionTypes, *,
-         key_codec: str | None = None, value_codec: str | None = None
+def push(filters: Iterable[sds.Filter], info: persist.CollectionInfo, schema_version: int
          ) -> tuple[Pushed, list[sds.Filter]]:
     """Splits Spark's pushed ``filters`` into what persist applies exactly (returned as
     :class:`Pushed`) and what Spark must still apply (the returned list, the very objects it
     passed, as ``pushFilters`` requires).
 
     Each filter is translated (:func:`translate`) and bound to the collection's stored types
-    on its own (:func:`persist.indexed.filter.bind`), so one that names no field or carries a
+    on its own (``CollectionInfo.check_filter``), so one that names no field or carries a
     literal that does not fit is returned to Spark without affecting the others.
     """
     accepted: list[Filter] = []
     names: list[str] = []
     rest: list[sds.Filter] = []
-    key, value = types.key, types.value
     for f in filters:
         pf = translate(f)
         if pf is not None:
             try:
-                bind(pf, key, value, key_codec=key_codec, value_codec=value_codec)
+                info.check_filter(pf, schema_version)
             except (SchemaMismatch, InvalidUsage) as e:
                 log.debug("not pushing %r into persist: %s", f, e)
                 pf = None
@@ -252,19 +246,7 @@ def push(filters: Iterable[sds.Filter], types: CollectionTypes, *,
         names.append(repr(f))
     if not accepted:
         return Pushed(None, ()), rest
-    combined = accepted[0] if len(accepted) == 1 else And(
-        cast("tuple[AnyFilter, ...]", tuple(accepted)))
-    return Pushed(combined, tuple(names)), rest
+    return Pushed(functools.reduce(operator.and_, accepted), tuple(names)), rest
 
 
-def bound(f: Filter, types: CollectionTypes) -> Bound:
-    """``f`` bound to the collection's stored types (on an executor: the driver checked it
-    already, codecs included, so none are passed here).
-
-    Raises:
-        SchemaMismatch: ``f`` does not fit the types (a filter planned against other types).
-    """
-    return bind(f, types.key, types.value)
-
-
-__all__ = ["FILTERABLE", "Pushed", "bound", "push", "pushdown_safe", "translate"]
+__all__ = ["FILTERABLE", "Pushed", "push", "pushdown_safe", "translate"]

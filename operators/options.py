@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
-from persist.errors import InvalidUsage
+from persist import InvalidUsage
 
 STORAGE_PREFIX = "storage_options."
 

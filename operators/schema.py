@@ -62,9 +62,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import columnar, evolve, records
-from persist.indexed.meta import CollectionMeta, PartMeta
+import persist
+from persist import InvalidUsage, SchemaMismatch
 
 #: The largest time (or uint64 key/value) Spark's signed ``long`` can hold.
 MAX_LONG = 2**63 - 1
@@ -165,64 +164,37 @@ def _lookup(t: pa.DataType, name: str, column: str) -> tuple[DataType, pa.DataTy
 
 @dataclass(frozen=True)
 class CollectionTypes:
-    """A collection's stored types, picklable, as a Spark task needs them.
+    """A collection's stored types at one schema version, picklable, as Spark needs them.
 
     Python-object codecs are deliberately not resolved here: Spark sees their msgpack bytes as
     ``binary`` and executors never import the user's classes (a ``msgspec.Struct`` stored as an
     Arrow struct reads as that struct).
 
-    The types are the collection's current schema version; parts written with older versions
-    are migrated to it when read (:meth:`read`, :mod:`persist.indexed.evolve`).
+    The types are the collection's current schema version (when made by :meth:`of`); the
+    engine migrates parts written with older versions to it when they are read.
     """
 
     name: str
     cid: int
-    key_type: bytes
-    value_type: bytes
-    #: Every schema version of the collection, to migrate parts (None: only these types).
-    view: evolve.View | None = None
+    #: The stored Arrow types of ``key`` and ``value`` (``binary`` for a Python-object codec).
+    key: pa.DataType
+    value: pa.DataType
+    #: The schema version these types are (the parts a sink stages are tagged with it).
+    schema_id: int = 0
 
     @classmethod
-    def of(cls, c: CollectionMeta) -> CollectionTypes:
-        """``c``'s name, id and current stored types (codecs left unresolved)."""
-        return cls(c.name, c.id, c.key_type, c.value_type, evolve.View.of(c))
-
-    @property
-    def schema_id(self) -> int:
-        """The schema version these types are (the parts a sink stages are tagged with it)."""
-        return self.reads.target
-
-    @property
-    def reads(self) -> evolve.View:
-        """Reads of the collection's parts as these types (``persist.indexed.read``'s
-        ``read_part_at`` takes it in place of a schema)."""
-        if self.view is not None:
-            return self.view
-        return evolve.View(evolve.Schemas(((self.key, self.value),)), 0, self.name)
-
-    def read(self, reader: evolve.PartSource, part: PartMeta) -> pa.Table:
-        """``part`` decoded and migrated to these types (see ``evolve.View.read``).
-
-        Raises:
-            Corruption: the part is not what its metadata says.
-            PartMissing, ExternalError: reading it failed.
-        """
-        return self.reads.read(reader, part)
-
-    @property
-    def key(self) -> pa.DataType:
-        """The stored Arrow type of ``key`` (``binary`` for a Python-object codec)."""
-        return columnar.deserialize_type(self.key_type)
-
-    @property
-    def value(self) -> pa.DataType:
-        """The stored Arrow type of ``value`` (``binary`` for a Python-object codec)."""
-        return columnar.deserialize_type(self.value_type)
+    def of(cls, info: persist.CollectionInfo) -> CollectionTypes:
+        """``info``'s name, id and current stored types (codecs left unresolved)."""
+        key, value = info.types()
+        return cls(info.name, info.id, key, value, info.schema_version)
 
     @property
     def part_schema(self) -> pa.Schema:
-        """The schema of this collection's stored parts."""
-        return columnar.part_schema(self.key, self.value)
+        """The schema the engine reads and stages these types as: ``key, value, time
+        (uint64), diff (int64)``."""
+        return pa.schema([pa.field("key", self.key), pa.field("value", self.value),
+                          pa.field("time", pa.uint64(), nullable=False),
+                          pa.field("diff", pa.int64(), nullable=False)])
 
     @property
     def spark_schema(self) -> StructType:
@@ -252,6 +224,11 @@ class CollectionTypes:
         ])
 
 
+def _nested(t: pa.DataType) -> bool:
+    """Struct and list types: cast field by field (``_cast_nested``)."""
+    return bool(pa.types.is_struct(t) or pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
 def to_spark(table: pa.Table, target: pa.Schema, *, time: int | None = None) -> pa.Table:
     """Converts a table of updates (a part's schema) to ``target``, Spark's exact layout.
 
@@ -268,7 +245,7 @@ def to_spark(table: pa.Table, target: pa.Schema, *, time: int | None = None) -> 
     if time is not None:
         if time > MAX_LONG:
             raise InvalidUsage(f"time {time} does not fit Spark's long (max {MAX_LONG})")
-        times: pa.Array | pa.ChunkedArray = columnar.constant_times(time, n, pa.int64())
+        times: pa.Array | pa.ChunkedArray = pa.repeat(pa.scalar(time, pa.int64()), n)
     else:
         times = _checked_cast(table.column("time"), pa.int64(), "time")
     cols = [
@@ -284,7 +261,7 @@ def _checked_cast(
     col: pa.ChunkedArray, to: pa.DataType, what: str
 ) -> pa.ChunkedArray | pa.Array:
     # NB: type equality ignores list item names; Spark's are "element", the engine's "item".
-    if col.type == to and (not records.is_nested(to) or str(col.type) == str(to)):
+    if col.type == to and (not _nested(to) or str(col.type) == str(to)):
         return col
     if pa.types.is_unsigned_integer(col.type) and len(col):
         hi = pc.max(col).as_py()
@@ -294,7 +271,7 @@ def _checked_cast(
                 f"uint64 columns read through Spark must stay below 2**63"
             )
     try:
-        if records.is_nested(to):
+        if _nested(to):
             return pa.chunked_array([_cast_nested(c, to) for c in col.chunks], type=to)
         return col.cast(to, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -398,7 +375,7 @@ def from_spark(table: pa.Table, types: CollectionTypes) -> pa.Table:
     """
     for name, stored in (("key", types.key), ("value", types.value)):
         i = table.schema.get_field_index(name)
-        if i < 0 or not records.is_nested(stored):
+        if i < 0 or not _nested(stored):
             continue
         col = table.column(i)
         if col.type == stored and str(col.type) == str(stored):
@@ -471,7 +448,7 @@ def parse_arrow_type(alias: str, *, option: str) -> pa.DataType:
     except (ValueError, KeyError):
         raise InvalidUsage(f"option {option}={alias!r} is not an Arrow type name") from None
     try:
-        records.check_type(t, option)
+        persist.check_type(t, option)
         _lookup(t, "", option)
     except SchemaMismatch as e:
         raise InvalidUsage(f"option {option}={alias!r}: {e}") from None

@@ -7,20 +7,19 @@
 The DataFrame has the columns ``key, value, time, diff``. Two phases, as Spark's write protocol
 has them:
 
-1. Each task encodes its rows as one storage part and stores it in the location's blob store
-   itself (small parts ride back inline in the commit message instead), exactly as the writer
-   would have (:func:`persist.indexed.write.new_part`). Nothing is visible yet: a part no
-   commit references is invisible. It is staged under the job's *staging lease* (taken by the
-   driver, renewed by each task as it stages; :mod:`persist.indexed.lease`), which keeps the
-   leaked-blob sweeps away from it however long the job runs; once the commit is decided the
-   lease is released, and what a lost task attempt left is reclaimed a grace later.
-2. The driver takes the writer lock and commits every task's part plus the seal in **one**
+1. Each task stages its rows as storage parts with the engine's ``persist.Stager`` (made by
+   the driver, pickled into every task): stored in the location's blob store (small parts ride
+   back inline in the commit message instead), invisible until a commit references them, and
+   kept from the leaked-blob sweeps by the job's *staging lease* however long the job runs.
+   Once the commit is decided the lease is released, and what a lost task attempt left is
+   reclaimed a grace later.
+2. The driver takes the writer lock and commits every task's parts plus the seal in **one**
    ``Client.apply``: all of the job's updates land at once, or none do.
 
-A streaming sink also records, in the same atomic apply, the micro-batch's ``batchId`` in the
-collection ``__sink_progress`` (key: the sink id, value: the last committed batchId). A
-replayed micro-batch whose batchId is not above the recorded one is dropped, so a batch lands
-exactly once however often Spark retries it.
+A streaming sink commits each micro-batch with the idempotency token ``(sink id, batchId)``
+(``persist.Token``): the engine records it in the same atomic apply, and a replayed
+micro-batch whose batchId is not above the recorded one is dropped, so a batch lands exactly
+once however often Spark retries it.
 
 The sink id is, by default, ``<collection>@<query id>``: the streaming query's ``id``, which
 Spark keeps in the checkpoint (stable across restarts from it, new for a fresh one). A Python
@@ -38,7 +37,6 @@ one apply (:meth:`PersistBatchWriter.commit`).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -53,7 +51,7 @@ from pyspark.sql.types import StructType
 
 import persist
 from operators.options import Target, WriteOptions
-from operators.partitions import BucketPartition, blob_of, bucket_snapshot, load_state
+from operators.partitions import describe, exists
 from operators.schema import (
     CollectionTypes,
     arrow_type_for,
@@ -61,13 +59,15 @@ from operators.schema import (
     from_spark,
     merged_types,
 )
-from persist import layout
-from persist.blob.base import Blob
-from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError, SchemaMismatch
-from persist.indexed import evolve, gc, lease, meta, write
-from persist.indexed.columnar import Codec, constant_times, from_updates
-from persist.indexed.meta import AddPart, CollectionMeta, PartMeta
-from persist.location import resolve
+from persist import (
+    Determinate,
+    InvalidUsage,
+    LeaseRevoked,
+    LockHeld,
+    PersistError,
+    SchemaMismatch,
+    StagedPart,
+)
 
 try:  # pyspark >= 4.1
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -78,7 +78,8 @@ except ImportError:  # pragma: no cover - pyspark 4.0: write() gets Rows
 
 log = logging.getLogger("persist.spark")
 
-#: The collection where streaming sinks record their last committed batchId.
+#: The collection where the engine records idempotency tokens (``Client.token``): a streaming
+#: sink's last committed batchId per sink id.
 PROGRESS = "__sink_progress"
 
 #: The collection where a sink with an explicit ``sinkId`` records the streaming query (its
@@ -96,17 +97,13 @@ RETRACT_ROWS_PER_BUCKET = 2_000_000
 #: memory is bounded by about one part, not by its partition.
 STAGED_PART_BYTES = 128 << 20
 
-#: Tasks' parts up to this size ride inline in the commit message (and the metadata commit);
-#: larger ones go to their own blob. Kept below the writer's default so that a job of many
-#: tasks does not make one huge metadata commit.
-INLINE_BYTES = 16 << 10
-
-
 @dataclass
 class Staged(WriterCommitMessage):
     """One task's data: parts stored (or inline) but referenced by no commit yet."""
 
-    parts: tuple[PartMeta, ...]
+    parts: tuple[StagedPart, ...]
+    #: The stager the task staged with (its job's location, collection and lease).
+    stager: persist.Stager
     #: The streaming query's id, as the task saw it (None: a batch job, or not known).
     query_id: str | None = None
 
@@ -123,57 +120,11 @@ def _task_query_id() -> str | None:
 # -- executors ------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=16)
-def _writable(url: str, storage: tuple[tuple[str, object], ...]) -> Blob:
-    return resolve(url, storage_options=dict(storage)).blob
-
-
-def staging_lease(blob: Blob, lease_id: str, job: str) -> str:
-    """The lease to stage a part under: ``lease_id`` (the job's), renewed; or, if a sweep
-    revoked it (the job sat idle past its lease with leftovers of a failed task attempt in
-    storage), a fresh lease of this task's own. The driver's commit checks and releases every
-    lease its parts name (:mod:`persist.indexed.lease`).
-
-    Raises:
-        ExternalError: storage failed.
-    """
-    try:
-        lease.renew(blob, lease_id)
-    except lease.LeaseRevoked:
-        fresh = lease.take(blob, job=job)
-        log.warning("persist sink: staging lease %s was revoked; staging under %s instead",
-                    lease_id, fresh)
-        return fresh
-    return lease_id
-
-
-def leases_of(parts: list[PartMeta]) -> set[str]:
-    """The staging leases ``parts`` were staged under."""
-    return {lid for p in parts if p.blob_key is not None
-            and (lid := layout.lease_of(p.blob_key)) is not None}
-
-
-def release(target: Target, lease_ids: set[str]) -> None:
-    """Releases staging leases once their job's commit is decided (failures only logged: an
-    unreleased lease lapses by itself, and its leftovers are then reclaimed)."""
-    if not lease_ids:
-        return
-    blob = _writable(target.url, target.storage)
-    for lid in sorted(lease_ids):
-        try:
-            lease.release(blob, lid)
-        except PersistError as e:
-            log.warning("persist sink: releasing staging lease %s failed (%s); it will lapse",
-                        lid, e)
-
-
-def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
-          lease_id: str, at: int | None = None,
-          part_bytes: int = STAGED_PART_BYTES) -> Staged:
-    """Encodes a task's rows as parts and stores them (a Spark task's whole job), under the
-    job's staging lease ``lease_id`` (renewed before each part; see :func:`staging_lease`),
-    which keeps the leaked-blob sweeps away from them until the driver commits, however long
-    that takes.
+def stage(stager: persist.Stager, types: CollectionTypes, batches: Iterator[Any], *,
+          at: int | None = None, part_bytes: int = STAGED_PART_BYTES) -> Staged:
+    """Stages a task's rows as parts (a Spark task's whole job) with the job's ``stager``,
+    under its staging lease (renewed before each part), which keeps the leaked-blob sweeps
+    away from them until the driver commits, however long that takes.
 
     Rows are streamed: a part is cut whenever the rows buffered reach ``part_bytes`` (Arrow
     bytes as Spark hands them over), so a task holds about one part's rows, not its whole
@@ -182,7 +133,7 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
     ``at``: every row's time is set to it (an overwrite lands at one time).
     """
     qid = _task_query_id()
-    parts: list[PartMeta] = []
+    parts: list[StagedPart] = []
     tables: list[pa.Table] = []
     buffered = 0
     rows: list[dict[str, Any]] = []
@@ -192,36 +143,29 @@ def stage(target: Target, types: CollectionTypes, batches: Iterator[Any], *,
                 tables.append(pa.Table.from_batches([b]))
                 buffered += b.nbytes
                 if buffered >= part_bytes:
-                    parts.append(_stage_part(target, types, tables, lease_id, at))
+                    parts.append(_stage_part(stager, types, tables, at))
                     tables, buffered = [], 0
         else:  # pragma: no cover - pyspark 4.0 streaming writers get Rows
             rows.append(b.asDict())
     if rows:  # pragma: no cover
         tables.append(pa.Table.from_pylist(rows))
     if tables:
-        parts.append(_stage_part(target, types, tables, lease_id, at))
-    return Staged(tuple(parts), qid)
+        parts.append(_stage_part(stager, types, tables, at))
+    return Staged(tuple(parts), stager, qid)
 
 
-def _stage_part(target: Target, types: CollectionTypes, tables: list[pa.Table], lease_id: str,
-                at: int | None) -> PartMeta:
-    """Stores ``tables`` (Spark's rows) as one part staged under ``lease_id``."""
+def _stage_part(stager: persist.Stager, types: CollectionTypes, tables: list[pa.Table],
+                at: int | None) -> StagedPart:
+    """Stages ``tables`` (Spark's rows) as one part."""
     table = pa.concat_tables(tables, promote_options="permissive")
-    if at is not None:
-        i = table.schema.get_field_index("time")
-        if i >= 0:
-            table = table.set_column(i, "time", pa.repeat(pa.scalar(at, pa.int64()), len(table)))
-    table = from_spark(table, types)
-    schema = types.part_schema
-    updates = from_updates(table, schema, Codec(schema.field("key").type),
-                           Codec(schema.field("value").type))
-    c = CollectionMeta(id=types.cid, name=types.name, key_type=types.key_type,
-                       value_type=types.value_type)
-    blob = _writable(target.url, target.storage)
-    lid = staging_lease(blob, lease_id, f"spark write to {target.collection!r}")
-    part = write.new_part(blob, c, updates, inline_threshold=INLINE_BYTES, consolidated=False,
-                          lease_id=lid)
-    return evolve.tag(part, types.schema_id)
+    return stager.stage(from_spark(table, types), at=at)
+
+
+def _stager(target: Target, types: CollectionTypes, job: str) -> persist.Stager:
+    """A stager of ``types``'s schema version for a job, with a fresh staging lease."""
+    return persist.Stager.start(target.url, target.collection, job=job,
+                                storage_options=target.storage_options,
+                                schema_version=types.schema_id)
 
 
 # -- the driver -----------------------------------------------------------------------------
@@ -246,14 +190,15 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     """
     target = opts.target
     check_sink_schema(schema, None)
-    c = load_state(target).collections.get(target.collection)
-    if c is None:
+    if exists(target):
+        c = describe(target)
+    else:
         fields = {f.name: f.dataType for f in schema.fields}
         key = opts.key_type or arrow_type_for(fields["key"], column="key")
         value = opts.value_type or arrow_type_for(fields["value"], column="value")
         with _open(target, rid, opts.lock_timeout) as client:
             client.create_or_load(target.collection, key_type=key, value_type=value)
-            c = client.state.collections[target.collection]
+            c = client.info(target.collection)
     types = CollectionTypes.of(c)
     for opt, want, have in (("key_type", opts.key_type, types.key),
                             ("value_type", opts.value_type, types.value)):
@@ -269,43 +214,29 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
                     target.collection, key_type=None if key == types.key else key,
                     value_type=None if value == types.value else value,
                     expect_version=types.schema_id).result()
-                c = client.state.collections[target.collection]
-            log.info("mergeSchema: evolved %r to schema version %d", c.name,
-                     evolve.version(c))
+                c = client.info(target.collection)
+            log.info("mergeSchema: evolved %r to schema version %d", c.name, c.schema_version)
             types = CollectionTypes.of(c)
     check_sink_schema(schema, types)
     return types
 
 
-def _parts(messages: list[WriterCommitMessage | None]) -> list[PartMeta]:
+def _parts(messages: list[WriterCommitMessage | None]) -> list[StagedPart]:
     return [p for m in messages if isinstance(m, Staged) for p in m.parts]
-
-
-def discard(target: Target, parts: list[PartMeta]) -> None:
-    """Deletes staged blobs that no commit references (after a failed or skipped commit)."""
-    keys = [p.blob_key for p in parts if p.blob_key is not None]
-    if not keys:
-        return
-    # NB: check against the current state anyway: a staged part that some commit references
-    # must never be deleted, whatever the caller believes happened.
-    referenced = gc.referenced(load_state(target))
-    blob = _writable(target.url, target.storage)
-    for key in keys:
-        if key not in referenced:
-            blob.delete(key)
 
 
 Plan = Callable[[persist.Client], "dict[str, Any] | None"]
 
 
 def commit_once(
-    target: Target, rid: str, lock_timeout: float, parts: list[PartMeta], plan: Plan,
-    landed: Callable[[persist.Client, int], bool],
+    target: Target, rid: str, lock_timeout: float, stager: persist.Stager,
+    parts: list[StagedPart], plan: Plan, landed: Callable[[persist.Client, int], bool],
 ) -> bool:
     """Opens the location as writer ``rid``, commits ``plan(client)`` in one apply, closes.
 
     ``plan`` returns the ``Client.apply`` arguments, or None when there is nothing to commit
-    (the staged parts are then discarded). If the commit's outcome is unknown (the runtime
+    (the staged parts are then discarded, as they are when the apply's token was already
+    applied). If the commit's outcome is unknown (the runtime
     went fail-stop), the location is reopened under the same reentrance id — which fences any
     commit still in flight, so it can no longer land — and ``landed`` decides what happened.
 
@@ -321,40 +252,26 @@ def commit_once(
         with _open(target, rid, lock_timeout) as client:
             kwargs = plan(client)
             if kwargs is None:
-                discard(target, parts)
+                stager.discard(parts)
                 return False
-            seq = client.state.seq
-            client.apply(**kwargs).result()
+            seq = client.info(target.collection).seq
+            if client.apply(**kwargs).result() is None:
+                stager.discard(parts)  # its token was applied meanwhile: a replay
+                return False
             return True
     except (Determinate, InvalidUsage, LockHeld):
-        discard(target, parts)  # definitely nothing landed
+        stager.discard(parts)  # definitely nothing landed
         raise
     except PersistError as e:
         if seq is None:
-            discard(target, parts)
+            stager.discard(parts)
             raise
         with _open(target, rid, lock_timeout) as client:
             if landed(client, seq):
                 log.warning("persist commit to %r reported %s but landed", target.collection, e)
                 return True
-        discard(target, parts)
+        stager.discard(parts)
         raise
-
-
-def _added_since(target: Target, client: persist.Client, seq: int, ids: set[str]) -> bool:
-    """Whether a commit after ``seq`` (up to ``client``'s state) added any of the parts ``ids``.
-
-    NB: reads the log rather than the state: compaction may already have replaced the parts.
-    """
-    blob = blob_of(target)
-    for s in range(seq + 1, client.state.seq + 1):
-        data = blob.get(layout.log_key(s))
-        if data is None:
-            continue
-        entry = meta.decode_commit(layout.log_key(s), data)
-        if any(isinstance(op, AddPart) and op.part.id in ids for op in entry.ops):
-            return True
-    return False
 
 
 class PersistBatchWriter(DataSourceArrowWriter):
@@ -376,15 +293,13 @@ class PersistBatchWriter(DataSourceArrowWriter):
         self.rid = self.opts.reentrance_id or f"persist-spark-write:{uuid.uuid4().hex}"
         self.types = prepare(self.opts, schema, self.rid)
         target = self.opts.target
-        #: The job's staging lease (taken here, on the driver; tasks renew it as they stage;
-        #: released when the commit is decided).
-        self.lease_id = lease.take(_writable(target.url, target.storage),
-                                   job=f"spark batch write to {target.collection!r}")
+        #: The job's stager, with its staging lease (taken here, on the driver; tasks renew
+        #: it as they stage; released when the commit is decided).
+        self.stager = _stager(target, self.types, f"spark batch write to {target.collection!r}")
         #: Overwrite: the one time everything lands at (None: append).
         self.at: int | None = None
         if overwrite:
-            target = self.opts.target
-            self.at = load_state(target).collections[target.collection].upper
+            self.at = describe(target).upper
             if self.opts.upper is not None and self.opts.upper <= self.at:
                 raise InvalidUsage(
                     f"overwrite of {target.collection!r} lands at its upper {self.at}: option "
@@ -398,7 +313,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
             SchemaMismatch, InvalidUsage: rows that do not fit the collection.
             ExternalError: storing the part failed.
         """
-        return stage(self.opts.target, self.types, iterator, lease_id=self.lease_id, at=self.at)
+        return stage(self.stager, self.types, iterator, at=self.at)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """The driver: one apply of every staged part plus a seal to the ``upper`` option
@@ -429,15 +344,13 @@ class PersistBatchWriter(DataSourceArrowWriter):
                 staged.extend(self._retraction(client))
             return {"parts": {name: staged}, "seals": {name: seal}}
 
-        ids = {p.id for p in parts}
         try:
-            commit_once(self.opts.target, self.rid, self.opts.lock_timeout, staged, plan,
-                        lambda client, seq: _added_since(self.opts.target, client, seq,
-                                                         ids | {p.id for p in staged}))
+            commit_once(self.opts.target, self.rid, self.opts.lock_timeout, self.stager,
+                        staged, plan, lambda client, seq: client.landed(seq, staged))
         finally:
-            release(self.opts.target, {self.lease_id} | leases_of(staged))
+            self.stager.release(staged)
 
-    def _retraction(self, client: persist.Client) -> list[PartMeta]:
+    def _retraction(self, client: persist.Client) -> list[StagedPart]:
         """Overwrite: the snapshot as of ``T - 1`` with its diffs negated, at time ``T``, as
         staged parts, built one key-hash bucket at a time (so the driver holds about one
         bucket of the old contents, not all of it).
@@ -451,38 +364,29 @@ class PersistBatchWriter(DataSourceArrowWriter):
                 overwrite started (run it again).
         """
         assert self.at is not None
-        target, at = self.opts.target, self.at
-        c = client.state.collections[target.collection]
+        name, at = self.opts.target.collection, self.at
+        c = client.info(name)
         if c.upper != at:
             raise InvalidUsage(
-                f"overwrite of {c.name!r} planned at its upper {at}, but another write moved "
+                f"overwrite of {name!r} planned at its upper {at}, but another write moved "
                 f"the upper to {c.upper} meanwhile: nothing was written; run the overwrite again"
             )
-        if evolve.version(c) != self.types.schema_id:
+        if c.schema_version != self.types.schema_id:
             raise InvalidUsage(
-                f"overwrite of {c.name!r} planned with schema version {self.types.schema_id}, "
-                f"but the collection was evolved to {evolve.version(c)} meanwhile: nothing was "
+                f"overwrite of {name!r} planned with schema version {self.types.schema_id}, "
+                f"but the collection was evolved to {c.schema_version} meanwhile: nothing was "
                 f"written; run the overwrite again")
         if at == 0:
             return []
-        old = tuple(p for p in c.parts if p.rows)
-        n = max(1, -(-sum(p.rows for p in old) // RETRACT_ROWS_PER_BUCKET))
-        meta_c = CollectionMeta(id=self.types.cid, name=self.types.name,
-                                key_type=self.types.key_type, value_type=self.types.value_type)
-        blob = _writable(target.url, target.storage)
-        lid = staging_lease(blob, self.lease_id, f"spark overwrite of {c.name!r}")
-        out: list[PartMeta] = []
-        for b in range(n):
-            snap = bucket_snapshot(BucketPartition(target, self.types, at - 1, old, b, n))
-            if len(snap) == 0:
-                continue
-            negated = pa.Table.from_arrays(
-                [snap.column("key"), snap.column("value"), constant_times(at, len(snap)),
-                 pc.negate(snap.column("diff"))], schema=snap.schema)
-            out.append(evolve.tag(write.new_part(blob, meta_c, negated,
-                                                 inline_threshold=INLINE_BYTES,
-                                                 consolidated=False, lease_id=lid),
-                                  self.types.schema_id))
+        scan = c.snapshot(at - 1, schema_version=self.types.schema_id)
+        n = max(1, -(-scan.rows // RETRACT_ROWS_PER_BUCKET))
+        out: list[StagedPart] = []
+        for task in scan.tasks(consolidated=True, n=n):
+            for snap in persist.read_task(task):
+                if len(snap) == 0:
+                    continue
+                negated = snap.set_column(3, snap.schema.field(3), pc.negate(snap.column("diff")))
+                out.append(self.stager.stage(negated, at=at))
         return out
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -490,9 +394,9 @@ class PersistBatchWriter(DataSourceArrowWriter):
         its staging lease (what a lost task left is reclaimed by the sweeps)."""
         parts = _parts(messages)
         try:
-            discard(self.opts.target, parts)
+            self.stager.discard(parts)
         finally:
-            release(self.opts.target, {self.lease_id} | leases_of(parts))
+            self.stager.release(parts)
 
 
 class PersistStreamWriter(_StreamWriterBase):
@@ -508,17 +412,30 @@ class PersistStreamWriter(_StreamWriterBase):
         self.opts = WriteOptions.parse(options, "stream-write")
         self.types = prepare(self.opts, schema,
                              self.opts.reentrance_id or f"persist-spark-create:{uuid.uuid4().hex}")
-        target = self.opts.target
-        #: The query run's staging lease: renewed by every task that stages and by every
-        #: commit; never released (a stream has no end hook), so it lapses once the query
-        #: stops, and only then can what a lost task left be reclaimed.
-        self.lease_id = lease.take(_writable(target.url, target.storage),
-                                   job=f"spark stream write to {target.collection!r}")
+        #: The query run's stager and staging lease, taken when the writer is first shipped
+        #: to tasks (Spark makes a fresh writer for every commit, which needs none: it works
+        #: with the stager each task's message carries). The lease is renewed by every task
+        #: that stages and by every commit; never released (a stream has no end hook), so it
+        #: lapses once the query stops, and only then can what a lost task left be reclaimed.
+        self._stager: persist.Stager | None = None
+
+    @property
+    def stager(self) -> persist.Stager:
+        """The query run's stager (taking its lease on first use)."""
+        if self._stager is None:
+            target = self.opts.target
+            self._stager = _stager(target, self.types,
+                                   f"spark stream write to {target.collection!r}")
+        return self._stager
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.stager  # noqa: B018 - tasks stage under the query's lease, taken once, here
+        return dict(self.__dict__)
 
     def write(self, iterator: Iterator[Any]) -> Staged:
         """A task: stages its share of the micro-batch as one part, as the batch writer does,
         with the query's id."""
-        return stage(self.opts.target, self.types, iterator, lease_id=self.lease_id)
+        return stage(self.stager, self.types, iterator)
 
     def sink_for(self, query_id: str | None) -> str:
         """The sink id: the ``sinkId`` option, else ``<collection>@<query id>``.
@@ -574,16 +491,9 @@ class PersistStreamWriter(_StreamWriterBase):
                 log.warning("persist sink %r: micro-batch %d was already committed (last %d); "
                             "dropping the replay", sink, batchId, last)
                 return None
-            client.create_or_load(PROGRESS, key_type=pa.string(), value_type=pa.int64())
-            t = client.state.collections[PROGRESS].upper
-            rows: list[tuple[tuple[str, Any], int, int]] = [((sink, batchId), t, 1)]
-            if last is not None:
-                rows.append(((sink, last), t, -1))
-            writes: dict[str, Any] = {PROGRESS: rows}
-            seals = {PROGRESS: t + 1}
-            # NB: since follows upper on the bookkeeping collections, so compaction cancels
-            # each retraction against its addition: one row per sink.
-            sinces = {PROGRESS: t}
+            writes: dict[str, Any] = {}
+            seals: dict[str, int] = {}
+            sinces: dict[str, int] = {}
             if explicit and query is not None and query != before:
                 client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
                 tq = client.state.collections[QUERIES].upper
@@ -595,8 +505,8 @@ class PersistStreamWriter(_StreamWriterBase):
                 sinces[QUERIES] = tq
             if parts:
                 seals[name] = max(p.max_time for p in parts) + 1
-            return {"parts": {name: parts} if parts else None, "writes": writes,
-                    "seals": seals, "sinces": sinces}
+            return {"parts": {name: parts} if parts else None, "writes": writes or None,
+                    "seals": seals, "sinces": sinces, "token": persist.Token(sink, batchId)}
 
         def landed(client: persist.Client, seq: int) -> bool:
             last = progress(client, sink)
@@ -604,46 +514,42 @@ class PersistStreamWriter(_StreamWriterBase):
 
         # NB: keep the query's lease alive between micro-batches (a revoked one is replaced by
         # tasks with leases of their own, released here once the batch is decided).
-        target = self.opts.target
-        with contextlib.suppress(lease.LeaseRevoked):
-            lease.renew(_writable(target.url, target.storage), self.lease_id)
+        stager = next(m.stager for m in staged)
+        with contextlib.suppress(LeaseRevoked):
+            stager.renew()
         try:
-            commit_once(target, rid, self.opts.lock_timeout, parts, plan, landed)
+            commit_once(self.opts.target, rid, self.opts.lock_timeout, stager, parts, plan,
+                        landed)
         finally:
-            release(target, leases_of(parts) - {self.lease_id})
+            stager.release(parts, keep_own=True)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """The micro-batch failed: deletes its staged blobs that no commit references (and
         releases the leases of its own that a task took)."""
-        parts = _parts(messages)
+        staged = [m for m in messages if isinstance(m, Staged)]
+        if not staged:
+            return
+        stager, parts = staged[0].stager, _parts(messages)
         try:
-            discard(self.opts.target, parts)
+            stager.discard(parts)
         finally:
-            release(self.opts.target, leases_of(parts) - {self.lease_id})
-
-
-def _latest(client: persist.Client, name: str, value_type: pa.DataType,
-            sink_id: str) -> pa.Table | None:
-    c = client.state.collections.get(name)
-    if c is None or c.upper == 0:
-        return None
-    _, read = client.create_or_load(name, key_type=pa.string(), value_type=value_type)
-    t = read.snapshot(c.upper - 1).to_arrow()
-    return t.filter(pc.equal(t.column("key"), pa.scalar(sink_id, pa.string())))
+            stager.release(parts, keep_own=True)
 
 
 def progress(client: persist.Client, sink_id: str) -> int | None:
-    """The last batchId streaming sink ``sink_id`` committed at ``client``'s location."""
-    mine = _latest(client, PROGRESS, pa.int64(), sink_id)
-    if mine is None or len(mine) == 0:
-        return None
-    return int(pc.max(mine.column("value")).as_py())
+    """The last batchId streaming sink ``sink_id`` committed at ``client``'s location (its
+    idempotency token's last seq)."""
+    return client.token(sink_id)
 
 
 def sink_query(client: persist.Client, sink_id: str) -> str | None:
     """The streaming query that last committed under explicit sink ``sink_id`` (None: not
     recorded, e.g. by a persist before query ids were recorded)."""
-    mine = _latest(client, QUERIES, pa.string(), sink_id)
-    if mine is None or len(mine) == 0:
+    if QUERIES not in client.collections:
         return None
-    return str(mine.column("value")[0].as_py())
+    c = client.info(QUERIES)
+    if c.upper == 0:
+        return None
+    _, read = client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
+    mine = read.snapshot(c.upper - 1, filter=persist.col("key") == sink_id).to_arrow()
+    return str(mine.column("value")[0].as_py()) if len(mine) else None

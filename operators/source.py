@@ -13,11 +13,15 @@ never holds part of a time, and replaying a batch after a restart reads the same
 Where work happens (Spark runs a Python data source in several processes):
 
 * the DataSource (``schema()``) and the readers are built in short-lived planning processes on
-  the driver; they read the metadata log only (:class:`persist.indexed.machine.Machine`), never
-  data;
+  the driver; they read the metadata log only (``persist.describe``), never data, and plan with
+  the engine's public API (``CollectionInfo.snapshot``/``changes``, ``Scan.tasks``);
 * a streaming reader's offset methods run in one long-lived driver process, which keeps a
-  cached view of the metadata (:class:`_Watch`, refreshed at most every ``refreshInterval``);
-* executors read storage parts straight from the blob store (:mod:`operators.partitions`).
+  cached view of the metadata (``persist.Watch``, refreshed at most every ``refreshInterval``);
+* executors read the engine's tasks straight from the blob store (:mod:`operators.partitions`).
+
+Like any other engine reading persist, this module uses only the public ``persist`` names
+(``tests/test_layering.py`` enforces it): which parts a read needs, and whether it is exact,
+is the engine's to say.
 
 Spark pickles readers into every task, so nothing that holds a connection or a cache is pickled
 with them (see ``__getstate__``).
@@ -26,8 +30,6 @@ with them (see ``__getstate__``).
 from __future__ import annotations
 
 import logging
-import math
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -41,32 +43,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StringType, StructField, StructType
 
-from operators import filters, holds
+import persist
+from operators import filters
 from operators.filters import Pushed
-from operators.options import ReadOptions, Target
-from operators.partitions import (
-    BucketPartition,
-    RangePartition,
-    SnapshotPartition,
-    blob_of,
-    exact,
-    group,
-    load_state,
-    prune,
-    range_parts,
-    read_bucket,
-    read_range,
-    read_snapshot,
-    share,
-    snapshot_parts,
-)
+from operators.options import ReadOptions
+from operators.partitions import TaskPartition, describe, partitions_of
+from operators.partitions import read as read_partition
 from operators.schema import MAX_LONG, CollectionTypes
-from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import evolve, history
-from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta
-from persist.indexed.read import PartReader, check_as_of
-from persist.indexed.state import collection, effective_since
+from persist import CollectionInfo, InvalidUsage, SchemaMismatch
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
@@ -92,11 +76,6 @@ except ImportError:  # pragma: no cover - pyspark 4.0/4.1
 
 log = logging.getLogger("persist.spark")
 
-#: Consolidated reads: one key-hash bucket per this many rows (capped at MAX_BUCKETS).
-ROWS_PER_BUCKET = 10_000_000
-MAX_BUCKETS = 8
-
-
 #: The column a change feed adds: ``insert`` for an update with a positive diff, ``delete``
 #: for a negative one (Delta's names; persist has no pre/post images, an update is its diffs).
 CHANGE_TYPE = "_change_type"
@@ -107,7 +86,7 @@ def change_feed_schema(schema: StructType) -> StructType:
     return StructType([*schema.fields, StructField(CHANGE_TYPE, StringType(), False)])
 
 
-def _types_for(c: CollectionMeta, schema: StructType, *, change_feed: bool = False
+def _types_for(c: CollectionInfo, schema: StructType, *, change_feed: bool = False
                ) -> CollectionTypes:
     types = CollectionTypes.of(c)
     if change_feed and schema.fieldNames()[-1:] == [CHANGE_TYPE]:
@@ -162,15 +141,14 @@ class PersistBatchReader(DataSourceReader):
     """
 
     def __init__(self, opts: ReadOptions, schema: StructType, pinned_as_of: int | None) -> None:
-        target = opts.target
-        c = collection(load_state(target, must_exist=True).collections, target.collection)
+        c = describe(opts.target)
         self.types = _types_for(c, schema, change_feed=opts.change_feed)
         #: A change feed's times ``[lo, hi)`` (None: a snapshot read).
         self.changes: tuple[int, int] | None = None
         if opts.change_feed:
             self.changes = _feed_range(c, opts)
         if opts.timestamp_as_of is not None:
-            as_of: int | None = history.as_of_at(c, opts.timestamp_as_of)
+            as_of: int | None = c.as_of_timestamp(opts.timestamp_as_of)
         elif opts.change_feed:
             as_of = self.changes[1] - 1 if self.changes else None
         else:
@@ -182,7 +160,7 @@ class PersistBatchReader(DataSourceReader):
                     f"time to read as of"
                 )
             as_of = c.upper - 1
-        check_as_of(c, as_of)
+        c.snapshot(as_of)  # checks as_of against the frontiers now, where the user acts
         if as_of > MAX_LONG:
             raise InvalidUsage(f"as_of {as_of} does not fit Spark's long")
         self.as_of = as_of
@@ -192,33 +170,27 @@ class PersistBatchReader(DataSourceReader):
         self.pushed = Pushed(None, ())
         #: The collection's metadata as of construction: planning happens on the driver, after
         #: Spark pushed its filters (or did not), when it first asks for the partitions.
-        self._meta: CollectionMeta | None = c
+        self._meta: CollectionInfo | None = c
         self._planned: list[InputPartition] | None = None
 
-    def _plan(self, opts: ReadOptions, c: CollectionMeta) -> list[InputPartition]:
+    def _plan(self, opts: ReadOptions, c: CollectionInfo) -> list[InputPartition]:
+        sid = self.types.schema_id
         if self.changes is not None:
             lo, hi = self.changes
-            groups = group(range_parts(c, lo, hi), opts.partition_rows) or [()]
-            return [RangePartition(opts.target, self.types, lo, hi, g) for g in groups]
-        f = self.pushed.filter
-        parts, skipped = prune(snapshot_parts(c, self.as_of), f, self.types)
-        audit = skipped if opts.audit_pruning else ()
-        if skipped:
+            scan = c.changes(lo, hi, schema_version=sid)
+            return partitions_of(scan.tasks(rows_per_task=opts.partition_rows), self.types)
+        scan = c.snapshot(self.as_of, filter=self.pushed.filter, schema_version=sid,
+                          audit=opts.audit_pruning)
+        if scan.skipped_parts:
             log.info("read of %r as of %d: pushed filters prune %d of %d parts (%s)",
-                     c.name, self.as_of, len(skipped), len(skipped) + len(parts),
-                     "audited" if audit else "not audited")
+                     c.name, self.as_of, len(scan.skipped_parts),
+                     len(scan.skipped_parts) + len(scan.kept),
+                     "audited" if opts.audit_pruning else "not audited")
         if self.mode == "consolidated":
-            rows = sum(p.rows for p in parts)
-            n = opts.num_partitions or default_buckets(rows)
-            return [BucketPartition(opts.target, self.types, self.as_of, parts, b, n, filter=f,
-                                    audit=share(audit, b, n),
-                                    audited=opts.audit_pruning and f is not None)
-                    for b in range(n)]
-        groups = group(parts, opts.partition_rows) or [()]
-        return [SnapshotPartition(opts.target, self.types, self.as_of, g, filter=f,
-                                  audit=share(audit, i, len(groups)),
-                                  audited=opts.audit_pruning and f is not None)
-                for i, g in enumerate(groups)]
+            tasks = scan.tasks(consolidated=True, n=opts.num_partitions)
+        else:
+            tasks = scan.tasks(rows_per_task=opts.partition_rows)
+        return partitions_of(tasks, self.types)
 
     def __getstate__(self) -> dict[str, Any]:
         # NB: the reader is pickled into every task; the metadata and the plan (with inline
@@ -258,9 +230,7 @@ class PersistBatchReader(DataSourceReader):
                 "filterPushdown=true on a pyspark that reuses a pushed read plan for later "
                 "queries of the same DataFrame that push no filter (see docs/spark.md, "
                 "'Filters and pruning'): load() the collection again for each filtered query")
-        c = self._meta
-        self.pushed, rest = filters.push(spark_filters, self.types, key_codec=c.key_codec,
-                                         value_codec=c.value_codec)
+        self.pushed, rest = filters.push(spark_filters, self._meta, self.types.schema_id)
         return rest
 
     def partitions(self) -> Sequence[InputPartition]:
@@ -278,22 +248,20 @@ class PersistBatchReader(DataSourceReader):
         return self._planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """A task: reads its partition straight from the blob store (see
-        :func:`~operators.partitions.read_bucket`, :func:`~operators.partitions.read_snapshot`).
+        """A task: reads its engine task straight from the blob store (see
+        :func:`operators.partitions.read`); a change feed's rows get ``_change_type``.
 
         Raises:
-            InvalidUsage: not a batch partition of persist's.
+            InvalidUsage: not a partition of persist's.
         """
-        if isinstance(partition, RangePartition):
-            return _with_change_type(read_range(partition))
-        if isinstance(partition, BucketPartition):
-            return read_bucket(partition)
-        if isinstance(partition, SnapshotPartition):
-            return read_snapshot(partition)
-        raise InvalidUsage(f"not a persist batch partition: {partition!r}")
+        if not isinstance(partition, TaskPartition):
+            raise InvalidUsage(f"not a persist partition: {partition!r}")
+        if partition.task.kind == "changes":
+            return _with_change_type(read_partition(partition))
+        return read_partition(partition)
 
 
-def _feed_range(c: CollectionMeta, opts: ReadOptions) -> tuple[int, int]:
+def _feed_range(c: CollectionInfo, opts: ReadOptions) -> tuple[int, int]:
     """A change feed's times ``[lo, hi)``: ``startingVersion`` to ``endingVersion``
     inclusive (default: everything sealed).
 
@@ -311,8 +279,8 @@ def _feed_range(c: CollectionMeta, opts: ReadOptions) -> tuple[int, int]:
     if lo >= hi:
         raise InvalidUsage(f"change feed of {c.name!r} from startingVersion {lo}: nothing is "
                            f"sealed at or after it (upper {c.upper})")
-    since = effective_since(c)
-    if lo > 0 and lo - 1 < since:
+    since = c.since
+    if not c.exact(lo, hi):
         raise InvalidUsage(
             f"change feed of {c.name!r} from startingVersion {lo} is no longer exact: its "
             f"since is {since} (updates before {lo} may have been compacted into it); start "
@@ -327,17 +295,6 @@ def _with_change_type(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBa
         yield pa.RecordBatch.from_arrays(
             [*b.columns, kind.cast(pa.string())],
             schema=b.schema.append(pa.field(CHANGE_TYPE, pa.string(), nullable=False)))
-
-
-def default_buckets(rows: int) -> int:
-    """Consolidated reads: how many key-hash buckets (tasks) for ``rows`` updates.
-
-    Each bucket task decodes every part but aggregates only its share. Decoding costs about
-    as much as consolidating pairs that occur once (the common case, see
-    ``operators.buckets.consolidate``), so buckets pay off only for big snapshots or many
-    repeated pairs: measured on 2 cores, 10 M unique rows read fastest as one bucket.
-    """
-    return max(1, min(MAX_BUCKETS, math.ceil(rows / ROWS_PER_BUCKET)))
 
 
 # -- streaming -----------------------------------------------------------------------------
@@ -357,44 +314,19 @@ def _offset(upper: int) -> dict[str, int]:
     return {"upper": upper}
 
 
-class _Watch:
-    """The streaming driver's view of one collection's metadata, refreshed at most every
-    ``interval`` seconds (Spark asks for the latest offset about every 10 ms when idle)."""
-
-    def __init__(self, target: Target, interval: float | None) -> None:
-        blob = blob_of(target)
-        self.name = target.collection
-        # NB: a local location answers a poll in microseconds; S3 charges per request and
-        # answers in milliseconds, so poll it less often.
-        self.interval = interval if interval is not None else (0.1 if blob.is_local else 1.0)
-        self.machine = Machine(blob)
-        self.reader = PartReader(blob)
-        self.state = self.machine.load()
-        self.at = time.monotonic()
-
-    def current(self, *, fresh: bool = False) -> CollectionMeta:
-        now = time.monotonic()
-        if fresh or now - self.at >= self.interval:
-            self.state = self.machine.refresh(self.state)
-            self.at = now
-        return collection(self.state.collections, self.name)
-
-
 class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """A collection's updates, micro-batch by micro-batch, as its upper advances."""
 
     def __init__(self, opts: ReadOptions, schema: StructType) -> None:
         self.opts = opts
         self.target = opts.target
-        c = collection(load_state(self.target, must_exist=True).collections,
-                       self.target.collection)
-        self.types = _types_for(c, schema)
-        self._watch: _Watch | None = None
+        self.types = _types_for(describe(self.target), schema)
+        self._watch: persist.Watch | None = None
         #: Trigger.AvailableNow: the upper to stop at.
         self._stop_at: int | None = None
         #: The frontier of our durable read hold as last committed by this process.
         self._held: int | None = None
-        self._memo: tuple[CollectionMeta, int, int, int, int] | None = None
+        self._memo: tuple[CollectionInfo, int, int, int, int] | None = None
         self._hold_tried = False
         self._warned: tuple[int, int] | None = None
 
@@ -406,9 +338,11 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_memo"] = None
         return state
 
-    def _current(self, *, fresh: bool = False) -> CollectionMeta:
+    def _current(self, *, fresh: bool = False) -> CollectionInfo:
         if self._watch is None:
-            self._watch = _Watch(self.target, self.opts.refresh_interval)
+            t = self.target
+            self._watch = persist.Watch(t.url, t.collection, storage_options=t.storage_options,
+                                        interval=self.opts.refresh_interval)
             return self._watch.current()
         return self._watch.current(fresh=fresh)
 
@@ -443,9 +377,9 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # is busy, commit() retries rather than every 10 ms poll waiting for the lock.
             self._hold_tried = True
             self._hold_for(lo, c)
-        if lo > 0 and lo - 1 < effective_since(c):
+        if lo > 0 and lo - 1 < c.since:
             self._data_loss(c, lo)
-        if target <= lo or (lo == 0 and effective_since(c) >= target):
+        if target <= lo or (lo == 0 and c.since >= target):
             # NB: from 0 the first batch must reach past since to include forwarded history.
             return _offset(lo)
         if isinstance(limit, ReadMaxRows):
@@ -467,7 +401,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Trigger.AvailableNow: read up to the upper sealed right now, then stop."""
         self._stop_at = self._current(fresh=True).upper
 
-    def _admit(self, c: CollectionMeta, lo: int, target: int, max_rows: int) -> int:
+    def _admit(self, c: CollectionInfo, lo: int, target: int, max_rows: int) -> int:
         """The largest end in ``(lo, target]`` whose batch holds at most ``max_rows`` rows,
         cut only between times; a single time with more rows is taken whole."""
         if self._memo is not None:
@@ -485,32 +419,9 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._memo = (c, lo, target, max_rows, end)
         return end
 
-    def _rows_per_time(self, c: CollectionMeta, lo: int, target: int) -> Counter[int]:
-        counts: Counter[int] = Counter()
+    def _rows_per_time(self, c: CollectionInfo, lo: int, target: int) -> Counter[int]:
         assert self._watch is not None
-        lo_s, hi_s = pa.scalar(lo, pa.uint64()), pa.scalar(target, pa.uint64())
-        for p in range_parts(c, lo, target):
-            if p.min_time == p.max_time:
-                counts[p.min_time] += p.rows  # metadata alone: every row is at this time
-                continue
-            # NB: a part spanning several times (a multi-time append, or compaction output)
-            # is read to count its rows per time; the driver's part cache keeps it for the
-            # polls that follow, and the micro-batch reads it anyway.
-            # (as stored, whatever its schema version: only its times are counted)
-            tc = evolve.View.of(c).stored(self._watch.reader, p).column("time")
-            tc = tc.filter(pc.and_(pc.greater_equal(tc, lo_s), pc.less(tc, hi_s)))
-            vc = pc.value_counts(tc)
-            for t, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist(),
-                            strict=True):
-                counts[int(t)] += int(n)
-        if lo == 0:
-            # NB: from 0, every time at or below since is one indivisible step: compaction
-            # may have merged them all into time since.
-            since = effective_since(c)
-            low = sum(n for t, n in counts.items() if t <= since)
-            counts = Counter({t: n for t, n in counts.items() if t > since})
-            counts[since] += low
-        return counts
+        return self._watch.rows_per_time(c, lo, target)
 
     # -- micro-batches ---------------------------------------------------------------------
 
@@ -538,37 +449,37 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"micro-batch [{lo}, {hi}) of {c.name!r} ends beyond its upper {c.upper}: "
                     f"the checkpoint belongs to another location or collection"
                 )
-        if evolve.version(c) != self.types.schema_id:
+        if c.schema_version != self.types.schema_id:
             raise SchemaMismatch(
-                f"the schema of {c.name!r} evolved to version {evolve.version(c)} since this "
+                f"the schema of {c.name!r} evolved to version {c.schema_version} since this "
                 f"stream started with version {self.types.schema_id}: restart the query (from "
                 f"its checkpoint) to read the new schema")
-        if self._holding_below(lo - 1) and lo - 1 >= effective_since(c):
+        if self._holding_below(lo - 1) and lo - 1 >= c.since:
             # NB: Spark plans a batch only once the one before it committed (a replay after a
             # restart starts where the last committed batch ended), so nothing below lo is
             # needed again. commit(end) alone would lag a batch: Spark commits a source's
             # offsets lazily, and never the last batch of a Trigger.AvailableNow run.
             self._set_hold(lo - 1)
-        if not exact(c, lo, hi):
+        if not c.exact(lo, hi):
             self._data_loss(c, lo)
             if lo == 0:
                 return []
-            lo = effective_since(c) + 1
+            lo = c.since + 1
             if lo >= hi:
                 return []
-        return [RangePartition(self.target, self.types, lo, hi, g)
-                for g in group(range_parts(c, lo, hi), self.opts.partition_rows)]
+        scan = c.changes(lo, hi, schema_version=self.types.schema_id, held=True)
+        return partitions_of(scan.tasks(rows_per_task=self.opts.partition_rows), self.types)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """A task: reads its range from the blob store (see
-        :func:`~operators.partitions.read_range`).
+        :func:`operators.partitions.read`).
 
         Raises:
             InvalidUsage: not a streaming partition of persist's.
         """
-        if not isinstance(partition, RangePartition):
+        if not isinstance(partition, TaskPartition) or partition.task.kind != "changes":
             raise InvalidUsage(f"not a persist streaming partition: {partition!r}")
-        return read_range(partition)
+        return read_partition(partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Spark processed every update below ``end``: move the read hold up to it."""
@@ -584,8 +495,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- data loss and the read hold -------------------------------------------------------
 
-    def _data_loss(self, c: CollectionMeta, lo: int) -> None:
-        since = effective_since(c)
+    def _data_loss(self, c: CollectionInfo, lo: int) -> None:
+        since = c.since
         msg = (
             f"persist stream of {c.name!r} lost data: its next micro-batch starts at upper {lo}, "
             f"but history up to {since} (since) was compacted, so the updates at times in "
@@ -600,12 +511,12 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._warned = (lo, since)
             log.warning("%s Skipping ahead to upper %d (failOnDataLoss=false).", msg, since + 1)
 
-    def _hold_for(self, upper: int, c: CollectionMeta) -> None:
+    def _hold_for(self, upper: int, c: CollectionInfo) -> None:
         """Establishes the read hold for a stream that has delivered everything below
         ``upper``: at ``upper - 1`` (or, from 0, at the current since)."""
         if self.opts.read_hold is None:
             return
-        since = effective_since(c)
+        since = c.since
         frontier = upper - 1 if upper > 0 else since
         if frontier < since or (self._held is not None and self._held >= frontier):
             return  # already lost (the data-loss check reports it), or already held
@@ -617,6 +528,8 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _set_hold(self, frontier: int) -> None:
         assert self.opts.read_hold is not None
-        if holds.set_hold(self.target, self.opts.read_hold, frontier,
-                          lock_timeout=self.opts.read_hold_lock_timeout):
+        t = self.target
+        if persist.set_read_hold(t.url, t.collection, self.opts.read_hold, frontier,
+                                 lock_timeout=self.opts.read_hold_lock_timeout,
+                                 storage_options=t.storage_options):
             self._held = frontier

@@ -12,6 +12,19 @@ Any read as of a time in ``[since, upper)`` is definite: the same everywhere, al
 """
 
 from persist import aio
+from persist.distributed import (
+    Address,
+    CollectionInfo,
+    PartHandle,
+    ReadTask,
+    Scan,
+    Stager,
+    Watch,
+    describe,
+    read_part,
+    read_task,
+    set_read_hold,
+)
 from persist.errors import (
     ChecksumMismatch,
     CommitDeadline,
@@ -22,8 +35,10 @@ from persist.errors import (
     IncompatibleFormat,
     Indeterminate,
     InvalidUsage,
+    LeaseRevoked,
     LockHeld,
     MissingResource,
+    PartMissing,
     PersistError,
     ReadOnly,
     RuntimeShutdown,
@@ -31,9 +46,9 @@ from persist.errors import (
     Timeout,
     UnknownCollection,
 )
-from persist.indexed.filter import Filter, col
+from persist.indexed.filter import Column, Filter, col
 from persist.indexed.indexed import Options
-from persist.indexed.records import arrow, decimal
+from persist.indexed.records import arrow, check_type, decimal
 from persist.location import open
 from persist.runtime.client import (
     Client,
@@ -43,15 +58,20 @@ from persist.runtime.client import (
     ListenProgress,
     ListenUpdates,
     ReadHandle,
+    StagedPart,
+    Token,
     WriteHandle,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Address",
     "ChecksumMismatch",
     "Client",
     "ClientSnapshot",
+    "CollectionInfo",
+    "Column",
     "CommitDeadline",
     "Corruption",
     "Determinate",
@@ -61,6 +81,7 @@ __all__ = [
     "IncompatibleFormat",
     "Indeterminate",
     "InvalidUsage",
+    "LeaseRevoked",
     "ListenEvent",
     "ListenProgress",
     "ListenUpdates",
@@ -68,17 +89,30 @@ __all__ = [
     "LockHeld",
     "MissingResource",
     "Options",
+    "PartHandle",
+    "PartMissing",
     "PersistError",
     "ReadHandle",
     "ReadOnly",
+    "ReadTask",
     "RuntimeShutdown",
+    "Scan",
     "SchemaMismatch",
+    "StagedPart",
+    "Stager",
     "Timeout",
+    "Token",
     "UnknownCollection",
+    "Watch",
     "WriteHandle",
     "aio",
     "arrow",
+    "check_type",
     "col",
     "decimal",
+    "describe",
     "open",
+    "read_part",
+    "read_task",
+    "set_read_hold",
 ]

@@ -42,12 +42,13 @@ from persist.errors import (
     InvalidUsage,
     LockHeld,
     MissingResource,
+    PartMissing,
     PersistError,
 )
 from persist.indexed import columnar, evolve, meta
 from persist.indexed.indexed import Options
 from persist.indexed.machine import Machine
-from persist.indexed.read import PartMissing, Snapshot, Types
+from persist.indexed.read import Snapshot, Types
 from persist.indexed.state import collection, effective_since
 from persist.indexed.verify import delete_leaked, require_metadata, verify
 from persist.location import Location, resolve

@@ -71,6 +71,16 @@ class CommitDeadline(Determinate):
     have deleted them. Nothing was committed; retrying writes the data again."""
 
 
+class PartMissing(Determinate):
+    """A part referenced by the state being read is gone: GC removed it after the grace period.
+    Retry on a newer state."""
+
+
+class LeaseRevoked(Determinate):
+    """The staging lease was revoked (it lapsed, or its job released it): parts staged under it
+    may be reclaimed, so they cannot be committed. Nothing was committed; rerun the job."""
+
+
 class Indeterminate(ExternalError):
     """The operation may or may not have taken effect (for example a timeout after sending)."""
 

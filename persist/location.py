@@ -204,7 +204,7 @@ def open(
                 f"no persist location at {loc.url!r}: nothing was ever committed there (a "
                 f"mistyped URL?); pass missing_ok=True to open a replica that waits for its "
                 f"first writer")
-        return Client(loc.url, ix, follower=follower)
+        return Client(loc.url, ix, follower=follower, storage_options=storage_options)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     lock = loc.lock()
     lease = lock.acquire(rid, timeout=lock_timeout)
@@ -219,7 +219,8 @@ def open(
     if notify:
         notifier = Notifier.start(loc.blob, runtime.published, epoch=lease.generation, writer=rid,
                                   transport="tcp" if notify == "tcp" else "unix")
-    return Client(loc.url, ix, runtime=runtime, notifier=notifier)
+    return Client(loc.url, ix, runtime=runtime, notifier=notifier,
+                  storage_options=storage_options)
 
 
 __all__ = ["Location", "open", "resolve"]

@@ -9,10 +9,13 @@ The layers, bottom up (DESIGN.md §2)::
     runtime       persist.runtime.*                 (may use indexed, lock, blob)
     top           persist.location (the composition root: URL -> blob + lock + runtime),
                   persist.aio, persist.cli, persist (the public face)
-    operators     operators.*                       (the Spark side)
+    operators     operators.*                       (the Spark side: the public face only)
 
 Every import counts, including the ones inside functions and under ``TYPE_CHECKING``: a lazy
 import is still an arrow, and hiding a cycle inside a function only moves where it breaks.
+
+``operators/`` stands on the engine's public API alone, as any other engine would: it imports
+``persist`` itself and uses only the names of ``persist.__all__`` (:func:`private_uses`).
 """
 
 from __future__ import annotations
@@ -165,6 +168,65 @@ def _is_face(module: str) -> bool:
     # X`` of a submodule passes through the package; the package itself is the face, not a
     # layer, and importing *from* it is how operators are meant to reach the engine.
     return module in PACKAGES
+
+
+def public_names(root: Path) -> set[str]:
+    """``persist.__all__``, read from ``persist/__init__.py`` without importing it."""
+    tree = ast.parse((root / "persist" / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            value = ast.literal_eval(node.value)
+            return {str(v) for v in value}
+    return set()
+
+
+def private_uses(root: Path) -> list[str]:
+    """Every place ``operators/`` reaches past the public face of persist: an import of a
+    persist submodule, a name imported from ``persist`` that ``persist.__all__`` lacks, or an
+    attribute ``persist.X`` it lacks; one readable line each."""
+    public = public_names(root)
+    out = []
+    for path in sorted((root / "operators").rglob("*.py")):
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                out += [f"{rel}:{node.lineno}: import {a.name} (only `import persist`)"
+                        for a in node.names if a.name.startswith("persist.")]
+            elif isinstance(node, ast.ImportFrom) and node.module and \
+                    _top(node.module) == "persist":
+                if node.module != "persist":
+                    out.append(f"{rel}:{node.lineno}: from {node.module} import ... (a persist "
+                               f"internal; use the names of persist.__all__)")
+                else:
+                    out += [f"{rel}:{node.lineno}: from persist import {a.name} (not in "
+                            f"persist.__all__)" for a in node.names if a.name not in public]
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                    node.value.id == "persist" and node.attr not in public:
+                out.append(f"{rel}:{node.lineno}: persist.{node.attr} (not in persist.__all__)")
+    return out
+
+
+def test_operators_use_only_the_public_engine_api() -> None:
+    problems = private_uses(ROOT)
+    assert problems == [], "operators/ reaches into persist internals:\n" + "\n".join(problems)
+
+
+def test_the_boundary_check_catches_private_uses(tmp_path: Path) -> None:
+    (tmp_path / "persist").mkdir()
+    (tmp_path / "operators").mkdir()
+    (tmp_path / "persist" / "__init__.py").write_text('__all__ = ["describe", "open"]\n')
+    (tmp_path / "operators" / "x.py").write_text(
+        "import persist\nfrom persist import describe, layout\n"
+        "from persist.indexed import read\nimport persist.location\n"
+        "def f():\n    return persist.open, persist.Machine\n")
+    assert private_uses(tmp_path) == [
+        "operators/x.py:2: from persist import layout (not in persist.__all__)",
+        "operators/x.py:3: from persist.indexed import ... (a persist internal; use the names "
+        "of persist.__all__)",
+        "operators/x.py:4: import persist.location (only `import persist`)",
+        "operators/x.py:6: persist.Machine (not in persist.__all__)",
+    ]
 
 
 def test_no_import_cycles() -> None:

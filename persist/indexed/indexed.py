@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from persist import crashpoints
+from persist import crashpoints, layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
@@ -51,6 +51,7 @@ from persist.indexed.meta import (
     SetHold,
     State,
     check_op,
+    decode_commit,
 )
 from persist.indexed.read import PartReader, Snapshot, Types, updates_between
 from persist.indexed.state import apply, apply_op, check, collection, plan
@@ -457,6 +458,25 @@ class Indexed:
         """Follows the log cheaply (read-only replicas)."""
         self.state = self.machine.refresh(self.state)
         return self.state
+
+    def added_since(self, lo_seq: int, hi_seq: int, part_ids: set[str]) -> bool:
+        """Whether a commit with ``lo_seq < seq <= hi_seq`` added any part in ``part_ids``.
+
+        NB: reads the log rather than the state: compaction may already have replaced the
+        parts. An entry trimmed from the log (after a rollup) counts as not found.
+
+        Raises:
+            ExternalError, Corruption: reading the log failed.
+        """
+        for s in range(lo_seq + 1, hi_seq + 1):
+            key = layout.log_key(s)
+            data = self.blob.get(key)
+            if data is None:
+                continue
+            entry = decode_commit(key, data)
+            if any(isinstance(op, AddPart) and op.part.id in part_ids for op in entry.ops):
+                return True
+        return False
 
     # -- convenience: one command per commit --------------------------------------------------
 

@@ -48,7 +48,7 @@ import msgspec
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Corruption, Determinate, IncompatibleFormat, InvalidUsage
+from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, LeaseRevoked
 
 #: The format of a lease record.
 LEASE_FORMAT_VERSION = 1
@@ -86,11 +86,6 @@ class LeaseState(Enum):
     LAPSED = "lapsed"
     #: Revoked: its parts are unreferenced for good once the grace has passed.
     REVOKED = "revoked"
-
-
-class LeaseRevoked(Determinate):
-    """The staging lease was revoked (it lapsed, or its job released it): parts staged under it
-    may be reclaimed, so they cannot be committed. Nothing was committed; rerun the job."""
 
 
 def _check_id(lease_id: object) -> str:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
-from persist.errors import Corruption, Determinate, InvalidUsage
+from persist.errors import Corruption, InvalidUsage, PartMissing
 from persist.indexed import columnar, evolve
 from persist.indexed.columnar import Codec
 from persist.indexed.evolve import View
@@ -24,11 +24,6 @@ from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.meta import CollectionMeta, PartMeta
 from persist.indexed.prune import PruneCounts, Pruner
 from persist.indexed.state import check_time, effective_since
-
-
-class PartMissing(Determinate):
-    """A part referenced by the state being read is gone: GC removed it after the grace period.
-    Retry on a newer state."""
 
 
 @dataclass(frozen=True)

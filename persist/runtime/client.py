@@ -15,12 +15,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 from persist import layout
 from persist.errors import (
     Fenced,
     InvalidUsage,
+    PartMissing,
     ReadOnly,
     RuntimeShutdown,
     SchemaMismatch,
@@ -28,11 +30,12 @@ from persist.errors import (
 )
 from persist.indexed import evolve, history
 from persist.indexed.columnar import Codec
-from persist.indexed.filter import Filter
+from persist.indexed.filter import Filter, col
 from persist.indexed.indexed import Indexed, Options, check_types
 from persist.indexed.meta import CollectionMeta, PartMeta, State
 from persist.indexed.prune import PruneCounts
-from persist.indexed.read import PartMissing, Snapshot, Types, updates_between
+from persist.indexed.read import Snapshot, Types, updates_between
+from persist.indexed.scan import Address, CollectionInfo
 from persist.indexed.state import check_time, collection, effective_since
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
@@ -41,6 +44,52 @@ from persist.runtime.replica import Follower
 from persist.runtime.runtime import LocalHolds, Published, Runtime
 
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
+
+#: The collection where idempotency tokens are recorded (key: the token id, value: its last
+#: applied seq). Named after the Spark sink, which introduced it: the sinks' records are tokens.
+TOKENS = "__sink_progress"
+
+
+class StagedPart(msgspec.Struct, frozen=True):
+    """A part another process encoded and stored for ``collection``, not yet committed:
+    what ``persist.Stager.stage`` returns and ``Client.apply(parts=...)`` commits.
+
+    Serializable (pickle, msgspec): it travels from the worker that staged it to the writer.
+    """
+
+    collection: str
+    part: PartMeta
+
+    @property
+    def rows(self) -> int:
+        """Rows in the part."""
+        return self.part.rows
+
+    @property
+    def min_time(self) -> int:
+        """The part's smallest time."""
+        return self.part.min_time
+
+    @property
+    def max_time(self) -> int:
+        """The part's largest time."""
+        return self.part.max_time
+
+
+class Token(msgspec.Struct, frozen=True):
+    """An idempotency token for ``Client.apply``: the apply lands at most once per ``id``
+    and ``seq``, and only if ``seq`` is above every seq applied under ``id`` before
+    (Delta's ``txnAppId``/``txnVersion``). A retried or replayed apply is then a no-op."""
+
+    id: str
+    seq: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise InvalidUsage(f"a token id must be a non-empty str, not {self.id!r}")
+        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or \
+                not 0 <= self.seq < 1 << 63:
+            raise InvalidUsage(f"a token seq must be an int in [0, 2**63), not {self.seq!r}")
 
 #: How many states a read tries before a vanished part (GC) is reported as PartMissing.
 _READ_ATTEMPTS = 8
@@ -63,8 +112,14 @@ class Client:
         runtime: Runtime | None = None,
         follower: Follower | None = None,
         notifier: Notifier | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.url = url
+        #: Where the location is, as other processes open it (distributed reads and writes).
+        self.address = Address.of(url, storage_options)
+        # NB: token applies read the last seq and then apply; one at a time, each until its
+        # commit resolved, so none decides on a record another is about to replace.
+        self._token_lock = threading.Lock()
         self._ix = ix
         self._runtime = runtime
         self._follower = follower
@@ -185,8 +240,9 @@ class Client:
         writes: Mapping[str, Any] | None = None,
         seals: Mapping[str, int] | None = None,
         sinces: Mapping[str, int] | None = None,
-        parts: Mapping[str, Sequence[PartMeta]] | None = None,
+        parts: Mapping[str, Sequence[StagedPart | PartMeta]] | None = None,
         holds: Mapping[str, Mapping[str, int | None]] | None = None,
+        token: Token | None = None,
     ) -> PersistFuture:
         """Writes, seals and advances since for several collections atomically: all or nothing.
 
@@ -194,21 +250,94 @@ class Client:
             writes: updates per collection (as accepted by :meth:`WriteHandle.write`).
             seals: the new ``upper`` per collection.
             sinces: the new ``since`` per collection.
-            parts: parts per collection that another process already encoded and stored in
-                this location's blob store (``persist.indexed.write.new_part``), added as
-                they are: a Spark job's tasks stage their data this way and the driver commits
-                it with one apply. Every row must be at a time >= the collection's upper.
+            parts: parts per collection that other processes staged in this location's blob
+                store (:meth:`persist.Stager.stage`), added as they are: a Spark job's tasks
+                stage their data this way and the driver commits it with one apply. Every row
+                must be at a time >= the collection's upper.
             holds: durable read holds per collection, ``{hold id: frontier}``; a frontier of
                 None releases the hold. See :meth:`WriteHandle.hold`.
+            token: apply at most once per token (see :class:`Token`): if a seq at or above
+                ``token.seq`` was already applied under ``token.id``, nothing is written and
+                the future resolves to None (the caller discards its staged parts). Else the
+                token is recorded in the same atomic commit. Token applies of one client run
+                one at a time.
 
         Returns:
-            A future resolved (with the commit's sequence number) once durable.
+            A future resolved (with the commit's sequence number; None: a token already
+            applied) once durable.
 
         Raises:
-            InvalidUsage: a part that is neither inline nor under ``data/`` (the future fails
-                instead for anything decided against the state: times below upper, ...).
+            InvalidUsage: a part that is neither inline nor under ``data/``, or staged for
+                another collection; a malformed token (the future fails instead for anything
+                decided against the state: times below upper, ...).
         """
-        return self._apply(writes=writes, seals=seals, sinces=sinces, parts=parts, holds=holds)
+        if token is None:
+            return self._apply(writes=writes, seals=seals, sinces=sinces, parts=parts,
+                               holds=holds)
+        if not isinstance(token, Token):
+            raise InvalidUsage(f"token must be a persist.Token, not {type(token).__name__}")
+        if TOKENS in (writes or {}) or TOKENS in (seals or {}) or TOKENS in (sinces or {}):
+            raise InvalidUsage(f"collection {TOKENS!r} records tokens: apply cannot also "
+                               f"write, seal or compact it")
+        self._writer()
+        self._token_lock.acquire()
+        try:
+            last = self.token(token.id)
+            if last is not None and token.seq <= last:
+                done = PersistFuture()
+                done.set_result(None)
+                self._token_lock.release()
+                return done
+            self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
+            t = self.state.collections[TOKENS].upper
+            rows: list[tuple[tuple[str, int], int, int]] = [((token.id, token.seq), t, 1)]
+            if last is not None:
+                rows.append(((token.id, last), t, -1))
+            # NB: since follows upper, so compaction cancels each retraction against its
+            # addition: one row per token id.
+            fut = self._apply(writes={**(writes or {}), TOKENS: rows},
+                              seals={**(seals or {}), TOKENS: t + 1},
+                              sinces={**(sinces or {}), TOKENS: t}, parts=parts, holds=holds)
+        except BaseException:
+            self._token_lock.release()
+            raise
+        fut.add_done_callback(lambda _: self._token_lock.release())
+        return fut
+
+    def token(self, token_id: str) -> int | None:
+        """The last seq applied under token ``token_id`` (None: never), as of this client's
+        newest state."""
+        c = self.state.collections.get(TOKENS)
+        if c is None or c.upper == 0:
+            return None
+        _, read = self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
+        t = read.snapshot(c.upper - 1, filter=col("key") == token_id).to_arrow()
+        if len(t) == 0:
+            return None
+        return int(max(t.column("value").to_pylist()))
+
+    def info(self, name: str) -> CollectionInfo:
+        """Collection ``name`` as this client's newest state shows it, from which distributed
+        reads are planned (see :mod:`persist.distributed`).
+
+        Raises:
+            UnknownCollection: no such collection.
+        """
+        state = self.state
+        return CollectionInfo(self.address, collection(state.collections, name), state.seq)
+
+    def landed(self, since_seq: int, staged: Sequence[StagedPart | PartMeta]) -> bool:
+        """Whether a commit after ``since_seq`` (up to this client's state) added any of
+        ``staged``: how a writer whose commit's outcome was unknown learns what happened,
+        after reopening (which fences the old commit, so it can no longer land).
+
+        NB: reads the log rather than the state: compaction may already have replaced them.
+
+        Raises:
+            ExternalError, Corruption: reading the log failed.
+        """
+        ids = {s.part.id if isinstance(s, StagedPart) else s.id for s in staged}
+        return self._ix.added_since(since_seq, self.state.seq, ids)
 
     def _apply(
         self,
@@ -216,7 +345,7 @@ class Client:
         writes: Mapping[str, Any] | None = None,
         seals: Mapping[str, int] | None = None,
         sinces: Mapping[str, int] | None = None,
-        parts: Mapping[str, Sequence[PartMeta]] | None = None,
+        parts: Mapping[str, Sequence[StagedPart | PartMeta]] | None = None,
         holds: Mapping[str, Mapping[str, int | None]] | None = None,
         versions: Mapping[str, int] | None = None,
     ) -> PersistFuture:
@@ -232,7 +361,8 @@ class Client:
                 sid = evolve.version(collection(state.collections, name))
             tables.append((name, _normalize(state, name, updates, sid)))
             written.append((name, sid))
-        staged = tuple((name, p) for name, ps in (parts or {}).items() for p in ps)
+        staged = tuple((name, _part_of(name, p)) for name, ps in (parts or {}).items()
+                       for p in ps)
         for name, p in staged:
             _check_staged_part(name, p)
         return runtime.submit(cmd.Apply(
@@ -336,6 +466,15 @@ def _shutdown(
         notifier.close()
     if follower is not None:
         follower.stop()
+
+
+def _part_of(name: str, p: StagedPart | PartMeta) -> PartMeta:
+    if isinstance(p, StagedPart):
+        if p.collection != name:
+            raise InvalidUsage(f"part {p.part.id} was staged for {p.collection!r}, not "
+                               f"{name!r}")
+        return p.part
+    return p
 
 
 def _check_staged_part(name: str, p: PartMeta) -> None:

@@ -135,7 +135,7 @@ def test_types_and_exact_arrow_schema(spark: Any, tmp_path: Path) -> None:
     # the batches we yield must match what Spark derives from the declared schema, exactly
     with persist.open(url, read_only=True) as client:
         for name in ("u", "p", "s"):
-            types = CollectionTypes.of(client.state.collections[name])
+            types = CollectionTypes.of(client.info(name))
             assert to_arrow_schema(types.spark_schema).equals(types.arrow_schema)
 
 

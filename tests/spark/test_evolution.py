@@ -25,7 +25,6 @@ import persist
 from operators.options import WriteOptions
 from operators.schema import CollectionTypes, merged_types
 from persist.indexed import evolve
-from persist.indexed.columnar import serialize_type
 from tests.spark.support import Collected, location
 
 pytestmark = pytest.mark.spark
@@ -108,7 +107,7 @@ def test_merge_schema_appends_dataframes_with_new_fields(spark: Any, tmp_path: P
     with persist.open(url, read_only=True) as client:
         c = client.state.collections["c"]
         assert evolve.version(c) == 2
-        value = CollectionTypes.of(c).value
+        value = CollectionTypes.of(client.info("c")).value
         assert value.field("score").nullable
         assert value.field("score").type == pa.int32()
     back = spark.read.format("persist").option("collection", "c").load(url)
@@ -131,7 +130,7 @@ def test_merge_schema_appends_dataframes_with_new_fields(spark: Any, tmp_path: P
 def test_merged_types_add_only_new_nullable_fields() -> None:
     stored = pa.struct([pa.field("id", pa.int64(), nullable=False),
                         pa.field("items", pa.list_(pa.struct([pa.field("sku", pa.string())])))])
-    types = CollectionTypes("c", 1, serialize_type(pa.int64()), serialize_type(stored))
+    types = CollectionTypes("c", 1, pa.int64(), stored)
     value = StructType([
         StructField("id", LongType(), nullable=False),
         StructField("new", StringType(), nullable=False),

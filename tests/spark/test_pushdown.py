@@ -21,15 +21,14 @@ from pyspark.sql import datasource as sds
 
 import persist
 from operators import filters
-from operators.options import ReadOptions, Target
-from operators.partitions import SnapshotPartition, prune, read_snapshot
-from operators.schema import CollectionTypes
+from operators.options import ReadOptions
 from persist.errors import Corruption, InvalidUsage
 from persist.indexed import stats
 from persist.indexed.columnar import serialize_type
 from persist.indexed.compact import CompactionPolicy
 from persist.indexed.filter import Filter, col
-from persist.indexed.meta import PartMeta
+from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.indexed.scan import Address, CollectionInfo
 from tests.spark.support import compact, location
 
 pytestmark = pytest.mark.spark
@@ -200,7 +199,7 @@ def test_parts_the_stats_exclude_are_not_read_unless_audited(spark: Any,
         c = client.state.collections["rec"]
     cond, f = CASES[0]  # value.amount > 1500: only the parts written at times 2, 3 and 4
     assert f is not None
-    _, skipped = prune(c.parts, f, CollectionTypes.of(c))
+    skipped = CollectionInfo(Address(url), c).snapshot(filter=f).skipped_parts
     assert {p.min_time for p in skipped} == {0, 1}
     want, want_raw = engine(url, f, raw=False), engine(url, f, raw=True)
     for p in skipped:  # the observable: a part that is not there cannot have been read
@@ -229,24 +228,22 @@ def test_audit_fails_loudly_on_stats_that_lie(tmp_path: Path) -> None:
     fill(url)
     with persist.open(url, read_only=True) as client:
         c = client.state.collections["rec"]
-    types = CollectionTypes.of(c)
-    target = Target(url, (), "rec")
     f = col("key.id") == 10  # held by the part written at time 0
     first = next(p for p in c.parts if p.min_time == 0)
     assert isinstance(first.stats, stats.PartStats)
     lying = msgspec.structs.replace(first, stats=stats.PartStats(leaves=(
         stats.LeafStats("key.id", 0, 0, 5000, 6000),)))
     parts: tuple[PartMeta, ...] = tuple(lying if p is first else p for p in c.parts)
-    kept, skipped = prune(parts, f, types)
+    info = CollectionInfo(Address(url), msgspec.structs.replace(c, parts=parts))
+    scan = info.snapshot(AS_OF, filter=f)
     # only the part written at time 4 holds every key; the liar is skipped with the others
-    assert [p.min_time for p in kept] == [4]
-    assert lying in skipped
-    quiet = SnapshotPartition(target, types, AS_OF, kept, filter=f)
-    assert sum(b.num_rows for b in read_snapshot(quiet)) == 0  # wrong, and silently so
-    audited = SnapshotPartition(target, types, AS_OF, kept, filter=f, audit=skipped,
-                                audited=True)
+    assert [p.min_time for p in scan.kept] == [4]
+    assert lying in scan.skipped_parts
+    quiet = [t for task in scan.tasks() for t in persist.read_task(task)]
+    assert sum(len(t) for t in quiet) == 0  # wrong, and silently so
+    audited = info.snapshot(AS_OF, filter=f, audit=True)
     with pytest.raises(Corruption, match="pruning skipped the part"):
-        list(read_snapshot(audited))
+        [t for task in audited.tasks() for t in persist.read_task(task)]
 
 
 # -- what is and is not pushed ---------------------------------------------------------------
@@ -257,7 +254,8 @@ def test_translation_is_exact_or_refused() -> None:
                        pa.field("small", pa.uint8()), pa.field("label", pa.string()),
                        pa.field("amount", pa.decimal128(5, 2)),
                        pa.field("tags", pa.list_(pa.int32()))])
-    types = CollectionTypes("c", 1, serialize_type(KEY), serialize_type(value))
+    info = CollectionInfo(Address("mem://x"), CollectionMeta(
+        id=1, name="c", key_type=serialize_type(KEY), value_type=serialize_type(value)))
     at = datetime.datetime(2024, 3, 1, 8, tzinfo=UTC)
     ok = [
         sds.EqualTo(("key", "id"), 3),
@@ -285,14 +283,16 @@ def test_translation_is_exact_or_refused() -> None:
         sds.EqualTo(("value", "nope"), 1),                           # no such field
         sds.StringStartsWith(("value", "label"), "a\U0010ffff"),     # no successor
     ]
-    pushed, rest = filters.push(ok + refused, types)
+    pushed, rest = filters.push(ok + refused, info, 0)
     assert rest == refused
     assert all(a is b for a, b in zip(rest, refused, strict=True))
     assert len(pushed.accepted) == len(ok)
     # a msgpack-stored column (a Python class) has no fields: nothing on it is pushed
-    coded = CollectionTypes("c", 1, serialize_type(pa.binary()), serialize_type(pa.int64()))
+    coded = CollectionInfo(Address("mem://x"), CollectionMeta(
+        id=1, name="c", key_type=serialize_type(pa.binary()),
+        value_type=serialize_type(pa.int64()), key_codec="myapp.Key"))
     on_bytes = [sds.EqualTo(("key",), b"x"), sds.IsNull(("key",))]
-    assert filters.push(on_bytes, coded, key_codec="myapp.Key")[1] == on_bytes
+    assert filters.push(on_bytes, coded, 0)[1] == on_bytes
     assert filters.translate(sds.StringStartsWith(("value", "label"), "a\ud7ff")) == (
         (col("value.label") >= "a\ud7ff") & (col("value.label") < "a\ue000"))
     assert filters.translate(sds.Not(sds.EqualNullSafe(("key", "id"), 1))) == (

@@ -32,7 +32,6 @@ from pyspark.sql.types import (
 )
 
 import persist
-from operators import buckets
 from operators.schema import (
     CollectionTypes,
     arrow_type_for,
@@ -41,7 +40,8 @@ from operators.schema import (
     to_spark,
 )
 from persist.errors import SchemaMismatch
-from persist.indexed.columnar import contents_at, part_schema, serialize_type
+from persist.indexed import buckets
+from persist.indexed.columnar import contents_at, part_schema
 from tests.spark.support import Collected, expected_updates, location
 
 pytestmark = pytest.mark.spark
@@ -154,7 +154,7 @@ def read(spark: Any, url: str, name: str = "rec", **options: Any) -> Any:
 
 
 def test_types_map_exactly_and_back() -> None:
-    rec = CollectionTypes("c", 1, serialize_type(KEY), serialize_type(VALUE))
+    rec = CollectionTypes("c", 1, KEY, VALUE)
     assert rec.spark_schema["value"].dataType == SPARK_VALUE
     assert rec.spark_schema["key"].dataType == StructType([
         StructField("id", LongType(), nullable=False), StructField("name", StringType())])
@@ -180,7 +180,7 @@ def test_types_map_exactly_and_back() -> None:
                                      fields=list(strict), mask=pa.array([False, True]))
     t = pa.table({"key": pa.array([1, 2]), "value": col, "time": pa.array([0, 0], pa.uint64()),
                   "diff": [1, 1]}, schema=part_schema(pa.int64(), strict))
-    types = CollectionTypes("c", 1, serialize_type(pa.int64()), serialize_type(strict))
+    types = CollectionTypes("c", 1, pa.int64(), strict)
     cast = to_spark(t, types.arrow_schema)
     assert cast.schema.field("value").type == pa.struct([pa.field(
         "w", pa.list_(pa.field("element", pa.int16(), False)), nullable=False)])
@@ -218,8 +218,7 @@ def test_struct_keys_bucket_and_consolidate_as_the_engine_does() -> None:
     got = pa.concat_tables([buckets.consolidate(
         table.filter(buckets.bucket_mask(table.column("key"), b, 3)), 5) for b in range(3)])
     assert rows_of(got) == rows_of(want)
-    spark_rows = to_spark(got, CollectionTypes("c", 1, serialize_type(KEY),
-                                               serialize_type(VALUE)).arrow_schema)
+    spark_rows = to_spark(got, CollectionTypes("c", 1, KEY, VALUE).arrow_schema)
     assert rows_of(spark_rows) == rows_of(want)
 
 
@@ -266,8 +265,7 @@ def test_sink_writes_record_dataframes(spark: Any, tmp_path: Path) -> None:
     # a new collection gets the Arrow types that read back as the DataFrame's exactly
     df.write.format("persist").mode("append").option("collection", "copy").save(url)
     with persist.open(url, read_only=True) as client:
-        c = client.state.collections["copy"]
-        copy = CollectionTypes.of(c)
+        copy = CollectionTypes.of(client.info("copy"))
         assert copy.spark_schema == df.schema
         assert copy.key == pa.struct([pa.field("id", pa.int64(), nullable=False),
                                       pa.field("name", pa.string())])

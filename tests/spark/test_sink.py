@@ -126,13 +126,13 @@ def test_stream_writer_commit_is_idempotent_per_batch_id(spark: Any, tmp_path: P
     def staged(times: range) -> Any:
         table = pa.table(dict(zip(("key", "value", "time", "diff"),
                                   map(list, zip(*rows(times, 3000), strict=True)), strict=True)))
-        return stage(writer.opts.target, writer.types, iter(table.to_batches()),
-                     lease_id=writer.lease_id)
+        return stage(writer.stager, writer.types, iter(table.to_batches()))
 
     first = staged(range(0, 2))
     assert len(first.parts) == 1
-    assert first.parts[0].blob_key is not None  # big enough to be staged as its own blob
-    assert layout.lease_of(first.parts[0].blob_key) == writer.lease_id  # the query's lease
+    assert first.parts[0].part.blob_key is not None  # big enough to be staged as its own blob
+    # the query's lease
+    assert layout.lease_of(first.parts[0].part.blob_key) == writer.stager.lease_id
     writer.commit([first], 0)
     writer.commit([staged(range(0, 2))], 0)  # a retry of batch 0 (another task attempt)
     writer.commit([staged(range(2, 3)), None], 1)
@@ -160,8 +160,7 @@ def test_a_task_streams_its_rows_into_bounded_parts(spark: Any, tmp_path: Path) 
                               map(list, zip(*want, strict=True)), strict=True)))
     batches = table.to_batches(max_chunksize=500)
     size = max(b.nbytes for b in batches)
-    staged = stage(writer.opts.target, writer.types, iter(batches), lease_id=writer.lease_id,
-                   part_bytes=2 * size)
+    staged = stage(writer.stager, writer.types, iter(batches), part_bytes=2 * size)
     assert len(staged.parts) == -(-len(batches) // 2)  # two batches per part
     assert sum(p.rows for p in staged.parts) == len(want)
     writer.commit([staged], 0)

@@ -179,13 +179,13 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
     fill(url, "events", range(6), rows=60)
     monkeypatch.setattr(sink_mod, "RETRACT_ROWS_PER_BUCKET", 25)
     buckets: list[int] = []
-    real = sink_mod.bucket_snapshot
+    real = persist.read_task
 
-    def counted(p: Any) -> pa.Table:
-        buckets.append(p.bucket)
-        return real(p)
+    def counted(task: Any) -> Any:
+        buckets.append(task.bucket)
+        return real(task)
 
-    monkeypatch.setattr(sink_mod, "bucket_snapshot", counted)
+    monkeypatch.setattr(persist, "read_task", counted)
     with persist.open(url, read_only=True) as client:
         _, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         before = sums(r.snapshot(5).to_arrow())
@@ -193,8 +193,7 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
                                 StructType.fromDDL(SCHEMA), True)
     assert writer.at == 6
     table = pa.table({"key": ["x", "y"], "value": [1, 2], "time": [0, 0], "diff": [1, 3]})
-    writer.commit([stage(writer.opts.target, writer.types, iter(table.to_batches()),
-                         lease_id=writer.lease_id, at=6)])
+    writer.commit([stage(writer.stager, writer.types, iter(table.to_batches()), at=6)])
     assert len(buckets) > 3
     assert buckets == list(range(len(buckets)))
     with persist.open(url, read_only=True) as client:

@@ -11,13 +11,13 @@ import pyarrow as pa
 import pytest
 
 import persist
-from operators import buckets
 from operators.options import ReadOptions, WriteOptions
-from operators.partitions import exact, group
-from operators.source import PersistStreamReader, _upper, default_buckets
+from operators.source import PersistStreamReader, _upper
 from persist.errors import InvalidUsage
+from persist.indexed import buckets
 from persist.indexed.columnar import contents_at, part_schema
 from persist.indexed.meta import PartMeta
+from persist.indexed.scan import Address, CollectionInfo, default_buckets, group
 from tests.spark.support import updates_at
 
 pytestmark = pytest.mark.spark
@@ -90,17 +90,17 @@ def test_options_are_read_lower_cased_and_checked() -> None:
 
 
 def test_exactness_rule() -> None:
-    def meta(since: int, holds: dict[str, int] | None = None) -> persist.indexed.meta.CollectionMeta:
-        return persist.indexed.meta.CollectionMeta(
+    def info(since: int, holds: dict[str, int] | None = None) -> CollectionInfo:
+        return CollectionInfo(Address("mem://x"), persist.indexed.meta.CollectionMeta(
             id=1, name="c", key_type=b"", value_type=b"", since=since, upper=20,
-            holds=holds or {})
+            holds=holds or {}))
 
-    assert exact(meta(0), 0, 1)
-    assert exact(meta(4), 0, 5)
-    assert not exact(meta(5), 0, 5)
-    assert exact(meta(4), 5, 9)
-    assert not exact(meta(5), 5, 9)
-    assert exact(meta(9, {"h": 4}), 5, 9)  # a hold keeps the range exact
+    assert info(0).exact(0, 1)
+    assert info(4).exact(0, 5)
+    assert not info(5).exact(0, 5)
+    assert info(4).exact(5, 9)
+    assert not info(5).exact(5, 9)
+    assert info(9, {"h": 4}).exact(5, 9)  # a hold keeps the range exact
 
 
 def test_grouping_and_bucket_defaults() -> None:
@@ -124,7 +124,7 @@ def test_stream_reader_pickles_without_its_metadata_view(tmp_path: object) -> No
     from operators.schema import CollectionTypes
 
     with persist.open(url, read_only=True) as client:
-        types_schema = CollectionTypes.of(client.state.collections["c"]).spark_schema
+        types_schema = CollectionTypes.of(client.info("c")).spark_schema
     reader = PersistStreamReader(ReadOptions.parse({"path": url, "collection": "c"}),
                                  types_schema)
     assert reader.initialOffset() == {"upper": 0}

@@ -1,4 +1,5 @@
-"""Consolidating a snapshot in parallel: key-hash buckets, one per Spark task.
+"""Consolidating a snapshot in parallel: key-hash buckets, one per reading task (a Spark task, a
+Dask task, ...; see :mod:`persist.indexed.scan`).
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place,
 and storage parts are not partitioned by key: any part may hold any key. So each of ``n``

@@ -1,0 +1,195 @@
+"""The engine's API for distributed readers and writers (``persist.distributed``): plans made
+on one process, tasks and staged parts serialized, read and staged in other processes, one
+atomic commit with an idempotency token."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import pickle
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import persist
+from persist import InvalidUsage, MissingResource, SchemaMismatch, UnknownCollection
+
+
+def _sums(tables: list[pa.Table]) -> Counter[tuple[Any, Any]]:
+    out: Counter[tuple[Any, Any]] = Counter()
+    for t in tables:
+        for k, v, d in zip(t.column("key").to_pylist(), t.column("value").to_pylist(),
+                           t.column("diff").to_pylist(), strict=True):
+            out[(k, v)] += d
+    return +out
+
+
+def _fill(url: str) -> dict[tuple[Any, Any], int]:
+    """Five sealed times of updates to ``c`` (string -> int64), some retracted; returns the
+    contents as of time 4."""
+    with persist.open(url) as client:
+        w, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        for t in range(5):
+            rows = [((f"k{i}", i % 7), t, 1) for i in range(t * 300, t * 300 + 500)]
+            if t:
+                rows += [((f"k{i}", i % 7), t, -1) for i in range(t * 300 - 300, t * 300 - 200)]
+            w.append(rows, upper=t + 1).result()
+        want = r.snapshot(4).to_arrow()
+    return dict(_sums([want]))
+
+
+def _read_encoded(data: bytes) -> list[pa.Table]:
+    """Another process's side: a task from its bytes, read there."""
+    return list(persist.read_task(persist.ReadTask.from_bytes(data)))
+
+
+def _stage_in_child(stager_bytes: bytes, rows: list[tuple[tuple[str, int], int, int]]) -> bytes:
+    stager: persist.Stager = pickle.loads(stager_bytes)
+    return pickle.dumps(stager.stage(rows))
+
+
+@pytest.fixture
+def pool() -> Any:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=ctx) as p:
+        yield p
+
+
+def test_consolidated_tasks_read_in_other_processes_are_the_snapshot(
+        tmp_path: Path, pool: Any) -> None:
+    url = f"file://{tmp_path}/loc"
+    want = _fill(url)
+    info = persist.describe(url, "c")
+    assert (info.upper, info.since, info.schema_version) == (5, 0, 0)
+    scan = info.snapshot(4)
+    tasks = scan.tasks(consolidated=True, n=3)
+    assert [t.bucket for t in tasks] == [0, 1, 2]
+    outs = list(pool.map(_read_encoded, [t.to_bytes() for t in tasks]))
+    keys = [set(_sums(o)) for o in outs]
+    assert not (keys[0] & keys[1]) and not (keys[1] & keys[2]) and not (keys[0] & keys[2])
+    assert _sums([t for o in outs for t in o]) == want
+    for o in outs:  # consolidated: every (key, value) once, at the as-of time
+        for t in o:
+            assert set(t.column("time").to_pylist()) <= {4}
+    # raw tasks, grouped small: their sum is the snapshot too
+    raw = scan.tasks(rows_per_task=600)
+    assert len(raw) >= 1
+    assert _sums([t for task in raw for t in persist.read_task(task)]) == want
+
+
+def test_parts_are_handles_read_anywhere_with_filters_and_columns(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    want = _fill(url)
+    scan = persist.describe(url, "c").snapshot()
+    assert scan.as_of == 4
+    assert sum(h.rows for h in scan.parts) == scan.rows > 0
+    handles = [persist.PartHandle.from_bytes(h.to_bytes()) for h in scan.parts]
+    assert handles == list(scan.parts)
+    assert _sums([persist.read_part(h) for h in handles]) == want
+    f = persist.col("value") == 3
+    got = _sums([persist.read_part(h, filter=f) for h in handles])
+    assert got == {kv: d for kv, d in want.items() if kv[1] == 3}
+    t = persist.read_part(handles[0], columns=["key", "diff"])
+    assert t.column_names == ["key", "diff"]
+    with pytest.raises(InvalidUsage, match="unknown columns"):
+        persist.read_part(handles[0], columns=["nope"])
+    with pytest.raises(InvalidUsage, match="not an encoded persist part handle"):
+        persist.PartHandle.from_bytes(b"\x01junk")
+
+
+def test_a_change_range_is_exact_or_refused(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    _fill(url)
+    info = persist.describe(url, "c")
+    tasks = info.changes(2, 4).tasks()
+    got = [t for task in tasks for t in persist.read_task(task)]
+    assert {x for t in got for x in t.column("time").to_pylist()} == {2, 3}
+    with persist.open(url, read_only=True) as client:
+        _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        assert _sums(got) == +(Counter(dict(_sums([r.snapshot(3).to_arrow()])))
+                               - Counter(dict(_sums([r.snapshot(1).to_arrow()]))))
+    with pytest.raises(InvalidUsage, match="not sealed yet"):
+        info.changes(2, 9)
+    with pytest.raises(InvalidUsage, match="read raw"):
+        info.changes(2, 4).tasks(consolidated=True)
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        w.allow_compaction(3).result()
+    with pytest.raises(InvalidUsage, match="no longer exact"):
+        persist.describe(url, "c").changes(2, 4)
+    with pytest.raises(InvalidUsage, match=r"outside|since"):
+        persist.describe(url, "c").snapshot(1)
+
+
+def test_bad_inputs_are_typed_errors(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    with pytest.raises(MissingResource, match="no persist location"):
+        persist.describe(url, "c")
+    _fill(url)
+    with pytest.raises(UnknownCollection):
+        persist.describe(url, "nope")
+    info = persist.describe(url, "c")
+    with pytest.raises(SchemaMismatch):
+        info.snapshot(filter=persist.col("value.x") == 1)
+    with pytest.raises(InvalidUsage, match="n must be"):
+        info.snapshot().tasks(n=0)
+    with pytest.raises(InvalidUsage, match="token id"):
+        persist.Token("", 1)
+    with pytest.raises(InvalidUsage, match="token seq"):
+        persist.Token("a", -1)
+
+
+def test_staged_anywhere_commits_once_per_token(tmp_path: Path, pool: Any) -> None:
+    url = f"file://{tmp_path}/loc"
+    with persist.open(url) as client:
+        client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+    stager = persist.Stager.start(url, "c", job="test")
+    rows = [[((f"k{i}", j), 0, 1) for i in range(j * 2000, j * 2000 + 2000)] for j in range(3)]
+    staged = [pickle.loads(b) for b in pool.map(_stage_in_child,
+                                                 [pickle.dumps(stager)] * 3, rows)]
+    assert all(isinstance(s, persist.StagedPart) for s in staged)
+    with persist.open(url, reentrance_id="loader") as client:
+        seq = client.info("c").seq
+        done = client.apply(parts={"c": staged}, seals={"c": 1},
+                            token=persist.Token("load", 1)).result()
+        assert done is not None
+        assert client.token("load") == 1 and client.token("other") is None
+        assert client.landed(seq, staged)
+        # a replay of the same token writes nothing, and says so
+        again = stager.stage([(("late", 1), 1, 1)])
+        assert client.apply(parts={"c": [again]}, seals={"c": 2},
+                            token=persist.Token("load", 1)).result() is None
+        assert client.info("c").upper == 1
+        stager.discard([again])
+        assert not client.landed(seq + 1, [again])
+        with pytest.raises(InvalidUsage, match="staged for 'c'"):
+            client.apply(parts={"d": staged})
+        with pytest.raises(InvalidUsage, match="records tokens"):
+            client.apply(writes={"__sink_progress": []}, token=persist.Token("x", 1))
+        # the next seq lands, and the token keeps one row per id
+        more = stager.stage([(("late", 1), 1, 1)])
+        assert client.apply(parts={"c": [more]}, seals={"c": 2},
+                            token=persist.Token("load", 2)).result() is not None
+        assert client.token("load") == 2
+        _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        assert len(r.snapshot(1).to_arrow()) == 6001
+    stager.release([*staged, more])
+    blobs = {p.name for p in (tmp_path / "loc" / "data").rglob("*") if p.is_file()}
+    assert not any(again.part.id in b for b in blobs)  # the discarded replay is gone
+
+
+def test_read_holds_and_watch(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    _fill(url)
+    watch = persist.Watch(url, "c", interval=3600)
+    first = watch.current()
+    assert persist.set_read_hold(url, "c", "stream", 2, lock_timeout=5)
+    assert watch.current() is first  # cached until the interval passes
+    now = watch.current(fresh=True)
+    assert now.holds == {"stream": 2} and now.seq > first.seq
+    assert watch.rows_per_time(now, 1, 3) == Counter({1: 600, 2: 600})
+    assert persist.set_read_hold(url, "c", "stream", None, lock_timeout=5)
+    assert watch.current(fresh=True).holds == {}
