@@ -382,12 +382,18 @@ def _value_decoder(hint: Any) -> Callable[[Any], Any] | None:
 
 # -- equality of whole records ---------------------------------------------------------------
 
-_NAN64 = pa.scalar(float("nan"), pa.float64())
-_NAN32 = pa.scalar(float("nan"), pa.float32())
 _NAN_BITS = {8: np.array([np.nan], dtype=np.float64).view(np.uint8),
              4: np.array([np.nan], dtype=np.float32).view(np.uint8)}
 
 Col: TypeAlias = pa.ChunkedArray | pa.Array
+
+
+@functools.cache
+def _nan(t: pa.DataType) -> pa.Scalar:
+    """The one NaN of float type ``t`` that :func:`frame` makes every NaN of ``t`` into."""
+    # NB: built on first use, not at import: pyarrow's first conversion of a Python object
+    # imports pandas (~150 ms), which every Spark worker that imports persist would pay.
+    return pa.scalar(float("nan"), t)
 
 
 def frame(col: Col) -> list[Col]:
@@ -411,8 +417,7 @@ def frame(col: Col) -> list[Col]:
             return [pa.chunked_array([list_bytes(c) for c in col.chunks], pa.large_binary())]
         return [list_bytes(col)]
     if pa.types.is_floating(t) and pc.any(pc.is_nan(col)).as_py():
-        nan = _NAN64 if t == pa.float64() else _NAN32
-        return [pc.if_else(pc.is_nan(col), nan, col)]
+        return [pc.if_else(pc.is_nan(col), _nan(t), col)]
     return [col]
 
 
