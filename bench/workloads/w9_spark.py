@@ -16,6 +16,13 @@ same rows, and seal -> micro-batch latency.
    batch being written (its file's mtime: the micro-batch is then committed). persist only: a
    Parquet directory has no change feed.
 
+3. **First micro-batch.** In a fresh SparkSession (its own JVM), the time from
+   ``readStream...load()`` of the session's first streaming query (the persist source, default
+   trigger, ``noop`` sink) to its first micro-batch's commit-log entry; against the same with a
+   Python source that stores nothing (the *python source* column: Spark's own cost). Target:
+   <= 3 s (issue 16). Each fresh Python worker Spark starts for it (planning, the stream reader,
+   the read task) imports the source's module, so this is where import costs show.
+
 ``--quick`` starts the JVM with C1 only and the serial GC (about twice as fast to start); the full
 run keeps the default JIT, so Spark's own reader runs at its steady-state speed.
 """
@@ -45,6 +52,10 @@ WID = "W9"
 TITLE = "Spark read path"
 REPO = Path(__file__).resolve().parents[2]
 
+FIRST_BATCH = "first micro-batch, first stream of a fresh session (s; target <= 3)"
+FIRST_START = "first stream: load() to start() returned (s)"
+#: W9's own column for the first micro-batch: a Python stream source that stores nothing.
+PYSOURCE = "python source"
 RAW = "raw read records/s"
 CONSOLIDATED = "consolidated read records/s (mode=consolidated)"
 CONSOLIDATED_2 = "consolidated read records/s, numPartitions=2"
@@ -261,6 +272,116 @@ def latency(spark: Any, root: Path, seals: int, gap: float) -> tuple[list[float]
     return [processed[t] - sealed[t] for t in done], committed
 
 
+def _nothing_source() -> type:
+    """A Python stream source that stores nothing: one row at offset 1, then no more. What a
+    persist stream costs beyond it is persist's.
+
+    NB: the classes are defined in this function so that cloudpickle sends them by value: by
+    reference, every Spark worker would import this module (pyarrow.parquet, numpy, bench.*)
+    and the floor would pay imports of its own.
+    """
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    class NothingReader(DataSourceStreamReader):  # type: ignore[misc]
+        def initialOffset(self) -> dict[str, int]:
+            return {"o": 0}
+
+        def latestOffset(self, start: Any = None, limit: Any = None) -> dict[str, int]:
+            return {"o": 1}
+
+        def partitions(self, start: Any, end: Any) -> list[Any]:
+            return [InputPartition(0)]
+
+        def read(self, partition: Any) -> Iterator[tuple[int, int]]:
+            yield (1, 1)
+
+    class NothingSource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "w9nothing"
+
+        def schema(self) -> Any:
+            return StructType([StructField("key", LongType()), StructField("diff", LongType())])
+
+        def streamReader(self, schema: Any) -> Any:
+            return NothingReader()
+
+    return NothingSource
+
+
+def _first_batch(stream: Callable[[], Any], ckpt: Path) -> tuple[float, float]:
+    """Creates the streaming DataFrame (``stream()``: Spark asks the source its schema) and
+    starts a query of it into the ``noop`` sink; returns the seconds from the call until
+    ``start()`` returned and until the first micro-batch's commit-log entry existed.
+
+    Raises:
+        RuntimeError: the query stopped, or no micro-batch committed within 120 s.
+    """
+    first = ckpt / "commits" / "0"
+    t0 = time.perf_counter()
+    q = stream().writeStream.format("noop").option("checkpointLocation", str(ckpt)).start()
+    started = time.perf_counter() - t0
+    try:
+        # NB: polled every 5 ms: the resolution of the number, next to seconds measured
+        while not first.exists():
+            if not q.isActive:
+                raise RuntimeError(f"W9 first-batch query stopped: {q.exception()}")
+            if time.perf_counter() - t0 > 120:
+                raise RuntimeError("W9 first-batch query: no micro-batch within 120 s")
+            time.sleep(0.005)
+        return started, time.perf_counter() - t0
+    finally:
+        q.stop()
+
+
+def _first_stream(spark: Any, column: str, url: str) -> Callable[[], Any]:
+    """What creates the streaming DataFrame of ``column`` (persist, or :data:`PYSOURCE`)."""
+    if column == "persist":
+        return lambda: (spark.readStream.format("persist").option("collection", "first")
+                        .load(url))
+    spark.dataSource.register(_nothing_source())
+    return lambda: spark.readStream.format("w9nothing").load()
+
+
+def first_micro_batch(ctx: Context, res: WorkloadResult, root: Path, *, fast_start: bool,
+                      repeats: int) -> None:
+    """Seconds to the first micro-batch of the first streaming query of a fresh session (its
+    own JVM: no Python worker is warm), from the ``readStream...load()`` that creates its
+    DataFrame (Spark asks the source its schema there) to its first commit-log entry; persist
+    against a source that stores nothing (:func:`_nothing_source`), ``repeats`` rounds, order
+    rotated. Adds :data:`FIRST_BATCH` and :data:`FIRST_START`; skips them (with the reason)
+    if Spark does not start."""
+    import persist
+
+    url = f"file://{root}/first"
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("first", key_type=pa.int64(), value_type=pa.int64())
+        w.append(make_batch(9990, 100, time_lo=0), upper=1).result()
+    res.extra.append(PYSOURCE)
+    res.columns[PYSOURCE] = "python source (stores nothing)"
+    for r in range(repeats):
+        for column in rotate(["persist", PYSOURCE], r):
+            ctx.log(f"W9 first micro-batch round {r + 1}/{repeats}: {column}, fresh session")
+            settle()
+            try:
+                with spark_session(fast_start=fast_start) as spark:
+                    started, first = _first_batch(_first_stream(spark, column, url),
+                                                  root / f"first-ckpt-{r}-{column}")
+            except RuntimeError as e:
+                res.skip("persist", f"first micro-batch not measured: {e}")
+                return
+            res.add(FIRST_BATCH, "s", "lower", column, first)
+            res.add(FIRST_START, "s", "lower", column, started)
+    res.notes.append(
+        f"first micro-batch: {repeats} round(s), each in a fresh local[2] session (its own JVM, "
+        "so every Python worker starts cold), from readStream...load() of the session's first "
+        "streaming query (default trigger, noop sink) to its first commit-log entry (and to "
+        "start() returning); persist: a collection of 100 records sealed at upper 1; "
+        f"'{PYSOURCE}': a Python stream source that stores nothing (one row), Spark's own cost "
+        "of a Python source; target <= 3 s (issue 16)")
+
+
 def run(ctx: Context) -> list[WorkloadResult]:
     a = ctx.args
     rows, part_rows, repeats = a.w9_rows, a.w9_part_rows, a.w9_repeats
@@ -285,6 +406,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
         ctx.log(f"W9: writing {rows:,} records to persist and to Parquet")
         url, parquet = prepare(root, rows, part_rows)
         settle()
+        first_micro_batch(ctx, res, root, fast_start=bool(a.quick), repeats=repeats)
         ctx.log("W9: starting Spark")
         with contextlib.ExitStack() as stack:
             try:
