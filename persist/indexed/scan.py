@@ -25,11 +25,14 @@ The rules, stated once:
 * **Exactness.** A snapshot is definite for ``as_of`` in ``[since, upper)``
   (:func:`persist.indexed.read.check_as_of`). A range is exact while nothing before it was
   forwarded into it (:func:`exact`).
-* **Consolidated tasks** split the keys into disjoint hash buckets
-  (:mod:`persist.indexed.buckets`): every key lands in exactly one task, so the tasks'
-  outputs are disjoint and their union is the snapshot. A task that finds a part gone (GC
-  after compaction replaced it) re-plans on the newest state: its answer is definite, so the
-  same. Raw and change tasks do not (raw rows are not definite).
+* **Consolidated tasks** split the keys into disjoint ranges (:mod:`persist.indexed.split`,
+  from the sorted parts' per-batch key stats: a task decodes only the parts and record
+  batches that may hold its keys) or, where the keys have no usable order or stats, into
+  disjoint hash buckets (:mod:`persist.indexed.buckets`: each task decodes every part and
+  keeps its share). Either way every key lands in exactly one task, so the tasks' outputs are
+  disjoint and their union is the snapshot. A task that finds a part gone (GC after
+  compaction replaced it) re-plans on the newest state: its answer is definite, so the same.
+  Raw and change tasks do not (raw rows are not definite).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
 from persist.errors import InvalidUsage, PartMissing, SchemaMismatch
-from persist.indexed import buckets, columnar, evolve, history
+from persist.indexed import buckets, columnar, evolve, history, split
 from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, PartMeta, State
@@ -56,8 +59,12 @@ from persist.indexed.prune import Pruner
 from persist.indexed.read import PartReader, check_as_of
 from persist.indexed.state import collection, effective_since
 
-#: Consolidated reads: one key-hash bucket (task) per this many rows, by default.
+#: Consolidated reads: one key-hash bucket (task) per this many rows, by default (each bucket
+#: decodes every part, so more buckets pay off only for big snapshots).
 ROWS_PER_BUCKET = 10_000_000
+#: Consolidated reads split by key range: one range (task) per this many rows, by default
+#: (a range decodes only its own share, so ranges pay off early).
+ROWS_PER_RANGE = 1_000_000
 #: Raw and change reads: parts are grouped into tasks of about this many rows, by default.
 ROWS_PER_TASK = 4_000_000
 
@@ -159,8 +166,9 @@ class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
 
     * ``snapshot``: the raw updates of ``parts`` at or before ``hi - 1`` (the as-of time), with
       times forwarded to it;
-    * ``consolidated``: the contents as of ``hi - 1`` of the keys in hash bucket ``bucket`` of
-      ``buckets``: every ``(key, value)`` once, its diffs summed (never 0), time ``hi - 1``;
+    * ``consolidated``: the contents as of ``hi - 1`` of the keys in ``key_range`` (or, without
+      one, in hash bucket ``bucket`` of ``buckets``): every ``(key, value)`` once, its diffs
+      summed (never 0), time ``hi - 1``;
     * ``changes``: the updates of ``parts`` with ``lo <= time < hi``, original times.
 
     With a ``filter``, exactly the rows that match it. ``audit``: this task's share of the
@@ -177,6 +185,8 @@ class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
     filter: Filter | None = None
     bucket: int = 0
     buckets: int = 1
+    #: A consolidated task over a key range (None: over hash bucket ``bucket``).
+    key_range: split.KeyRange | None = None
     audit: tuple[PartMeta, ...] = ()
     audited: bool = False
 
@@ -534,6 +544,16 @@ class Scan:
         if consolidated:
             if self.kind != "snapshot":
                 raise InvalidUsage("a range of changes is read raw, not consolidated")
+            key_type = self.info.types(self.schema_version)[0]
+            want = n or max(1, math.ceil(self.rows / ROWS_PER_RANGE))
+            ranges = split.plan(self.kept, want, key_type) if want > 1 else None
+            if ranges is not None and len(ranges) > 1:
+                return [ReadTask(kind="consolidated", key_range=r, bucket=i, buckets=len(ranges),
+                                 parts=tuple(p for p in self.kept
+                                             if split.part_in(p, r, key_type)),
+                                 audit=_share(self.skipped_parts, i, len(ranges))
+                                 if audited else (), **common)
+                        for i, r in enumerate(ranges)]
             k = n or default_buckets(self.rows)
             return [ReadTask(kind="consolidated", parts=self.kept, bucket=b, buckets=k,
                              audit=_share(self.skipped_parts, b, k) if audited else (),
@@ -659,6 +679,9 @@ def _consolidated(reader: PartReader, task: ReadTask, fresh: Any) -> pa.Table:
                     f"{evolve.version(c)}); run it again") from None
             parts, skipped = _prune(snapshot_parts(c, task.as_of), task.filter, c,
                                     task.schema_version)
+            if task.key_range is not None:
+                key_type = task.schema.field("key").type
+                parts = tuple(p for p in parts if split.part_in(p, task.key_range, key_type))
             audit = _share(skipped, task.bucket, task.buckets) if task.audited else ()
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -671,6 +694,8 @@ def _bucket(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
     _audit(reader, pr, audit)
     tables: list[pa.Table] = []
     hashes: list[npt.NDArray[np.uint64]] = []
+    if task.key_range is not None:
+        return _ranged(reader, task, parts, view, pr)
     for part in parts:
         t = _load(reader, view, pr, part, 0, task.hi)
         if t is None:
@@ -687,6 +712,35 @@ def _bucket(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
         return view.schema.empty_table()
     return buckets.consolidate(pa.concat_tables(tables), task.as_of,
                                key_hashes=np.concatenate(hashes))
+
+
+def _ranged(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
+            view: evolve.View, pr: Pruner | None) -> pa.Table:
+    """A key-range task's consolidation: each part's record batches that may hold a key of the
+    range (and, with a filter, may match it) are decoded, and only the range's rows kept."""
+    r = task.key_range
+    assert r is not None
+    tables: list[pa.Table] = []
+    for part in parts:
+        if pr is not None:
+            # NB: the filter's own batch pruning decides what is decoded; the range's rows are
+            # then cut exactly (both only ever drop rows that are not wanted).
+            t = _load(reader, view, pr, part, 0, task.hi)
+            if t is None:
+                continue
+            t = split.rows_in(t, r)
+        else:
+            stored = view.schemas.part_schema(evolve.part_version(part))
+            t, _ = split.load(reader, part, stored, r)
+            t = evolve.migrate(t, view.schemas, evolve.part_version(part), view.target,
+                               view.name)
+            if len(t) and part.max_time > task.as_of:
+                t = t.filter(pc.less(t.column("time"), pa.scalar(task.hi, pa.uint64())))
+        if len(t):
+            tables.append(t)
+    if not tables:
+        return view.schema.empty_table()
+    return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
 def load_state(blob: BlobRead) -> State:
