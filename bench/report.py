@@ -168,6 +168,21 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
                 lo, hi = min(sizes), max(sizes)
                 add(f"W6.{dim}", f"W6 persist median append latency, {hi:,} vs {lo:,} {dim}",
                     "<=", 1.5, med("W6", f"ratio {hi:,}/{lo:,} {dim}", "persist"))
+    if "W9" in ws:
+        def w9(metric: str, system: str = "persist") -> float | None:
+            return med("W9", metric, system)
+
+        raw, cons = "raw read records/s", "consolidated read records/s (mode=consolidated)"
+        add("W9.raw/parquet", "W9 Spark raw read records/s, persist/spark.read.parquet", ">=",
+            0.9, _div(w9(raw), w9(raw, "floor")))
+        add("W9.consolidated/parquet",
+            "W9 Spark consolidated read records/s, persist/spark.read.parquet", ">=", 0.5,
+            _div(w9(cons), w9(raw, "floor")))
+        add("W9.lookup/parquet", "W9 Spark point lookup ms, persist pushed / Parquet pushed",
+            "<=", 2.0, _div(w9("point lookup on the key (ms)"),
+                            w9("point lookup on the key (ms)", "floor")))
+        add("W9.first-batch", "W9 first micro-batch of the first stream in a fresh session (s)",
+            "<=", 3.0, w9("first micro-batch, first stream of a fresh session (s; target <= 3)"))
     if "W10" in ws:
         def w10(metric: str, system: str = "persist") -> float | None:
             return med("W10", metric, system)

@@ -59,6 +59,9 @@ PYSOURCE = "python source"
 RAW = "raw read records/s"
 CONSOLIDATED = "consolidated read records/s (mode=consolidated)"
 CONSOLIDATED_2 = "consolidated read records/s, numPartitions=2"
+#: One key's rows: persist consolidated with its filter pushed (filterPushdown=true), Parquet
+#: with Spark's own pushdown (row-group stats), the same key.
+LOOKUP = "point lookup on the key (ms)"
 NO_READER = {
     "delta": "not measured: reading Delta from Spark needs the delta-spark JARs (not installed)",
     "iceberg": "not measured: reading Iceberg from Spark needs the iceberg-spark-runtime JAR "
@@ -209,13 +212,22 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
     ]
     if with_parquet:
         cases.insert(0, ("floor", RAW, lambda: spark.read.parquet(parquet)))
+        key = int(spark.read.parquet(parquet).select("key").first()[0])
+        cases += [
+            ("persist", LOOKUP, lambda: persist_df(mode="consolidated", filterPushdown="true")
+             .where(f"key = {key}")),
+            ("floor", LOOKUP, lambda: spark.read.parquet(parquet).where(f"key = {key}")),
+        ]
     for _, _, factory in cases[:2]:  # warm the JVM (JIT, codegen) and the Python workers
         _materialize(factory)
     for r in range(repeats):
         for column, metric, factory in rotate(cases, r):
             ctx.log(f"W9 read round {r + 1}/{repeats}: {column}, {metric}")
             settle()
-            res.add(metric, "rec/s", "higher", column, rows / _materialize(factory))
+            if metric == LOOKUP:
+                res.add(metric, "ms", "lower", column, 1000 * _materialize(factory))
+            else:
+                res.add(metric, "rec/s", "higher", column, rows / _materialize(factory))
 
 
 def latency(spark: Any, root: Path, seals: int, gap: float) -> tuple[list[float], list[float]]:
