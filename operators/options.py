@@ -19,6 +19,7 @@ option) and ``queryName`` (when the query is named). Those are accepted where Sp
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass

@@ -50,8 +50,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
-from persist.errors import InvalidUsage, PartMissing, SchemaMismatch
-from persist.indexed import buckets, columnar, evolve, history, split
+from persist.errors import Corruption, InvalidUsage, PartMissing, SchemaMismatch
+from persist.indexed import buckets, columnar, evolve, history, split, stats
 from persist.indexed.filter import Bound, Filter, bind
 from persist.indexed.machine import Machine
 from persist.indexed.meta import CollectionMeta, PartMeta, State
@@ -65,7 +65,8 @@ ROWS_PER_BUCKET = 10_000_000
 #: Consolidated reads split by key range: one range (task) per this many rows, by default
 #: (a range decodes only its own share, so ranges pay off early).
 ROWS_PER_RANGE = 1_000_000
-#: Raw and change reads: parts are grouped into tasks of about this many rows, by default.
+#: Raw and change reads: tasks of about this many rows, by default (about Spark's default
+#: 128 MiB file split for two int64 columns).
 ROWS_PER_TASK = 4_000_000
 
 
@@ -187,6 +188,10 @@ class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
     buckets: int = 1
     #: A consolidated task over a key range (None: over hash bucket ``bucket``).
     key_range: split.KeyRange | None = None
+    #: Raw and change tasks: parts read only in part, ``(part id, first batch, end batch)``
+    #: (record batches ``first <= i < end``, as the part's stats count them); other parts are
+    #: read whole. Lets tasks be balanced finer than by whole parts.
+    slices: tuple[tuple[str, int, int], ...] = ()
     audit: tuple[PartMeta, ...] = ()
     audited: bool = False
 
@@ -465,6 +470,49 @@ def group(parts: Sequence[PartMeta], rows: int) -> list[tuple[PartMeta, ...]]:
     return out
 
 
+Share = tuple[tuple[PartMeta, ...], tuple[tuple[str, int, int], ...]]
+
+
+def balanced(parts: Sequence[PartMeta], rows: int) -> list[Share]:
+    """Parts split into ``ceil(total / rows)`` tasks of nearly equal rows (at least one,
+    possibly empty), cutting parts between record batches where their stats count them (a part
+    without per-batch counts stays whole): each task's parts, and the batch ranges of those it
+    reads only in part.
+    """
+    total = sum(p.rows for p in parts)
+    k = max(1, math.ceil(total / max(rows, 1)))
+    quota = total / k
+    out: list[Share] = []
+    cur: list[PartMeta] = []
+    cur_slices: list[tuple[str, int, int]] = []
+    filled = 0.0
+
+    def flush() -> None:
+        nonlocal cur, cur_slices, filled
+        out.append((tuple(cur), tuple(cur_slices)))
+        cur, cur_slices, filled = [], [], 0.0
+
+    for p in sorted(parts, key=lambda p: (p.min_time, p.id)):
+        s = p.stats
+        sizes = s.batch_rows if isinstance(s, stats.PartStats) and s.batch_rows else (p.rows,)
+        first = 0
+        for i, n in enumerate(sizes):
+            filled += n
+            if filled >= quota and len(out) < k - 1:
+                cur.append(p)
+                if not (first == 0 and i == len(sizes) - 1):
+                    cur_slices.append((p.id, first, i + 1))
+                flush()
+                first = i + 1
+        if first < len(sizes):
+            cur.append(p)
+            if first > 0:
+                cur_slices.append((p.id, first, len(sizes)))
+    if cur or not out:
+        flush()
+    return out
+
+
 def default_buckets(rows: int) -> int:
     """Consolidated reads: how many key-hash buckets (tasks) for ``rows`` updates.
 
@@ -559,8 +607,11 @@ class Scan:
                              audit=_share(self.skipped_parts, b, k) if audited else (),
                              **common)
                     for b in range(k)]
-        groups = group(self.kept, rows_per_task) or [()]
         kind: TaskKind = "changes" if self.kind == "changes" else "snapshot"
+        if self.filter is None:
+            shares = balanced(self.kept, rows_per_task)
+            return [ReadTask(kind=kind, parts=g, slices=sl, **common) for g, sl in shares]
+        groups = group(self.kept, rows_per_task) or [()]
         return [ReadTask(kind=kind, parts=g,
                          audit=_share(self.skipped_parts, i, len(groups)) if audited else (),
                          **common)
@@ -613,6 +664,32 @@ def _load(reader: PartReader, view: evolve.View, pr: Pruner | None, part: PartMe
     return t
 
 
+def _slice(reader: PartReader, view: evolve.View, part: PartMeta, first: int, end: int,
+           lo: int, hi: int) -> pa.Table:
+    """Record batches ``first <= i < end`` of ``part``, migrated, rows with ``lo <= time <
+    hi``.
+
+    Raises:
+        Corruption: the part has no per-batch counts, or not that many batches.
+    """
+    s = part.stats
+    if not isinstance(s, stats.PartStats) or not 0 <= first < end <= len(s.batch_rows):
+        raise Corruption(part.blob_key or f"inline part {part.id}",
+                         f"a task reads its record batches [{first}, {end}), which its stats "
+                         f"do not count")
+    keep = [first <= i < end for i in range(len(s.batch_rows))]
+    sid = evolve.part_version(part)
+    t = reader.read_batches(part, view.schemas.part_schema(sid), keep, s.batch_rows)
+    t = evolve.migrate(t, view.schemas, sid, view.target, view.name)
+    if len(t) and (part.min_time < lo or part.max_time >= hi):
+        tc = t.column("time")
+        keep_rows = pc.less(tc, pa.scalar(hi, pa.uint64()))
+        if lo > 0:
+            keep_rows = pc.and_(keep_rows, pc.greater_equal(tc, pa.scalar(lo, pa.uint64())))
+        t = t.filter(keep_rows)
+    return t
+
+
 def _audit(reader: PartReader, pr: Pruner | None, parts: Sequence[PartMeta]) -> None:
     """Re-reads ``parts`` (which the planner's pruning skipped) through an auditing ``pr``.
 
@@ -646,8 +723,12 @@ def read_task(reader: PartReader, task: ReadTask,
     pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited)
     _audit(reader, pr, task.audit)
     as_of = task.as_of
+    sliced = {pid: (a, b) for pid, a, b in task.slices}
     for part in task.parts:
-        t = _load(reader, view, pr, part, task.lo, task.hi)
+        if part.id in sliced:
+            t: pa.Table | None = _slice(reader, view, part, *sliced[part.id], task.lo, task.hi)
+        else:
+            t = _load(reader, view, pr, part, task.lo, task.hi)
         if t is None or not len(t):
             continue
         if task.kind == "snapshot":

@@ -226,3 +226,28 @@ def test_read_holds_and_watch(tmp_path: Path) -> None:
     assert watch.rows_per_time(now, 1, 3) == Counter({1: 600, 2: 600})
     assert persist.set_read_hold(url, "c", "stream", None, lock_timeout=5)
     assert watch.current(fresh=True).holds == {}
+
+
+def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    with persist.open(url, options=persist.Options(batch_rows=1000)) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(3):
+            keys = list(range(t * 10_000, t * 10_000 + 10_000))
+            w.append(pa.table({"key": keys, "value": keys, "time": [t] * 10_000,
+                               "diff": [1] * 10_000}), upper=t + 1).result()
+        want = _sums([r.snapshot(2).to_arrow()])
+    scan = persist.describe(url, "c").snapshot(2)
+    tasks = scan.tasks(rows_per_task=15_000)
+    assert len(tasks) == 2
+    assert any(t.slices for t in tasks)  # the middle part is cut between its batches
+    outs = [[t for t in persist.read_task(persist.ReadTask.from_bytes(task.to_bytes()))]
+            for task in tasks]
+    assert [sum(len(t) for t in o) for o in outs] == [15_000, 15_000]
+    assert _sums([t for o in outs for t in o]) == want
+    # a range of changes is cut the same way
+    changes = persist.describe(url, "c").changes(1, 3).tasks(rows_per_task=7_000)
+    got = [t for task in changes for t in persist.read_task(task)]
+    assert len(changes) == 3
+    assert sum(len(t) for t in got) == 20_000
