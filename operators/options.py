@@ -328,7 +328,7 @@ class ReadOptions:
             as_of=as_of if as_of is not None else version,
             mode="raw" if mode == "raw" else "consolidated",
             num_partitions=_int(options, "numPartitions", minimum=1),
-            partition_rows=_int(options, "partitionRows", minimum=1) or 1_000_000,
+            partition_rows=_int(options, "partitionRows", minimum=1) or 4_000_000,
             starting_upper=starting,
             max_rows_per_trigger=_int(options, "maxRowsPerTrigger", minimum=1),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
