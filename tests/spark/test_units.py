@@ -110,8 +110,9 @@ def test_grouping_and_bucket_defaults() -> None:
     parts = [part(10, 0), part(10, 1), part(500, 2), part(10, 3), part(95, 4)]
     assert [sum(p.rows for p in g) for g in group(parts, 100)] == [500, 30, 95]
     assert default_buckets(0) == 1
-    assert default_buckets(10_000_000) == 1
-    assert default_buckets(25_000_000) == 3
+    assert default_buckets(4_000_000) == 1
+    assert default_buckets(5_000_000) == 2
+    assert default_buckets(12_000_000) == 3
     assert default_buckets(10**12) == 8
 
 
