@@ -183,6 +183,8 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
                             w9("point lookup on the key (ms)", "floor")))
         add("W9.first-batch", "W9 first micro-batch of the first stream in a fresh session (s)",
             "<=", 3.0, w9("first micro-batch, first stream of a fresh session (s; target <= 3)"))
+        add("W9.sink-overhead", "W9 persist sink ms per micro-batch over the noop sink", "<=",
+            20.0, w9("persist sink per micro-batch over noop (ms; target <= 20)"))
     if "W10" in ws:
         def w10(metric: str, system: str = "persist") -> float | None:
             return med("W10", metric, system)

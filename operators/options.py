@@ -56,7 +56,7 @@ SUPPORTED: dict[Kind, tuple[str, ...]] = {
     "stream": _COMMON + _STREAM_READ,
     "any-read": tuple(dict.fromkeys(_COMMON + _BATCH_READ + _STREAM_READ)),
     "write": _COMMON + _WRITE + ("upper",),
-    "stream-write": _COMMON + _WRITE + ("sinkId",) + SPARK_STREAM_WRITE,
+    "stream-write": _COMMON + _WRITE + ("sinkId", "writerIdleTimeout") + SPARK_STREAM_WRITE,
 }
 
 _WHAT: dict[Kind, str] = {
@@ -344,6 +344,12 @@ class ReadOptions:
         )
 
 
+#: Default ``writerIdleTimeout``: long enough to span the gap between back-to-back
+#: micro-batches (about 0.2-1 s), short enough that another writer of the location waiting
+#: for the lock (``lockTimeout`` 60 s by default) gets it soon after the stream goes idle.
+WRITER_IDLE_TIMEOUT = 5.0
+
+
 @dataclass(frozen=True)
 class WriteOptions:
     """Options of ``df.write`` / ``df.writeStream``."""
@@ -362,11 +368,14 @@ class WriteOptions:
     lock_timeout: float
     #: Evolve the collection's schema first when the DataFrame adds nullable struct fields.
     merge_schema: bool = False
+    #: Streaming: seconds the sink keeps its writer (and so the location's writer lock) open
+    #: after a micro-batch's commit, for the next one to reuse; 0 closes it after every commit.
+    writer_idle_timeout: float = WRITER_IDLE_TIMEOUT
 
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "write") -> WriteOptions:
         """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s;
-        mergeSchema false).
+        mergeSchema false; a stream's writerIdleTimeout 5 s, where 0 means close at once).
 
         ``kind`` is ``"write"`` (batch) or ``"stream-write"``.
 
@@ -382,6 +391,10 @@ class WriteOptions:
         key_alias, value_alias = _get(options, "key_type"), _get(options, "value_type")
         sink_id = _get(options, "sinkId")
         rid = _get(options, "reentranceId")
+        idle = _float(options, "writerIdleTimeout")
+        if idle is not None and not math.isfinite(idle):
+            raise InvalidUsage(f"option writerIdleTimeout={idle} must be a finite number of "
+                               f"seconds")
         return cls(
             target=target,
             key_type=parse_arrow_type(key_alias, option="key_type") if key_alias else None,
@@ -392,4 +405,6 @@ class WriteOptions:
             reentrance_id=rid.strip() if rid and rid.strip() else None,
             lock_timeout=_float(options, "lockTimeout") or 60.0,
             merge_schema=_bool(options, "mergeSchema", False),
+            # NB: unlike lockTimeout, 0 is meaningful here (no writer kept between commits)
+            writer_idle_timeout=WRITER_IDLE_TIMEOUT if idle is None else idle,
         )

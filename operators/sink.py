@@ -36,8 +36,10 @@ one apply (:meth:`PersistBatchWriter.commit`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -228,9 +230,145 @@ def _parts(messages: list[WriterCommitMessage | None]) -> list[StagedPart]:
 Plan = Callable[[persist.Client], "dict[str, Any] | None"]
 
 
+#: A kept writer's key: its location (URL and storage options) and its reentrance id.
+WriterKey = tuple[str, tuple[tuple[str, Any], ...], str]
+
+
+class Writers:
+    """Writer clients a streaming sink keeps open between micro-batch commits, in the process
+    that commits, one per location and reentrance id.
+
+    NB: pyspark 4.3 makes a fresh ``PersistStreamWriter`` for every commit, but runs the
+    commits of a query in one reused Python worker (checked with ``os.getpid()``), so a
+    module-level cache is what survives from one micro-batch to the next. Opening a writer
+    (lock, fence commit, runtime) is most of a commit's cost; reusing one leaves the apply.
+
+    The price is the location's writer lock, held while a writer is kept: other writers of
+    the location (a batch job, a read hold of a streaming reader, the user's own writer) wait
+    for it. So a kept writer is closed once it has sat idle for its timeout (a daemon timer),
+    and at interpreter exit.
+
+    Invariant: a writer is either idle here (its timer armed) or checked out by one commit
+    (:meth:`take` until :meth:`keep`); the timer only ever closes an idle one.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[WriterKey, tuple[persist.Client, threading.Timer]] = {}
+
+    def take(self, key: WriterKey) -> persist.Client | None:
+        """Checks out ``key``'s idle writer: None if there is none, or if it went away (it
+        stopped, or its lock was taken over; it is closed then)."""
+        with self._lock:
+            entry = self._idle.pop(key, None)
+        if entry is None:
+            return None
+        client, timer = entry
+        timer.cancel()
+        if client.stopped or client.lock_lost is not None:
+            log.info("persist sink: the kept writer of %s went away (%s); opening a new one",
+                     key[0], client.lock_lost or "stopped")
+            client.stop()
+            return None
+        return client
+
+    def keep(self, key: WriterKey, client: persist.Client, idle: float) -> None:
+        """Returns a checked-out ``client`` as ``key``'s idle writer, closed once it has been
+        idle for ``idle`` seconds (at once if ``idle`` is 0 or it went away)."""
+        if idle <= 0 or client.stopped or client.lock_lost is not None:
+            client.stop()
+            return
+        timer = threading.Timer(idle, self._expire, (key, client))
+        timer.daemon = True
+        with self._lock:
+            old = self._idle.pop(key, None)
+            self._idle[key] = (client, timer)
+            timer.start()
+        if old is not None and old[0] is not client:  # pragma: no cover - concurrent commits
+            old[1].cancel()
+            old[0].stop()
+
+    def _expire(self, key: WriterKey, client: persist.Client) -> None:
+        with self._lock:
+            entry = self._idle.get(key)
+            if entry is None or entry[0] is not client:
+                return  # taken (or replaced) meanwhile
+            del self._idle[key]
+        log.info("persist sink: closing the idle writer of %s (releasing its lock)", key[0])
+        client.stop()
+
+    def idle(self) -> list[WriterKey]:
+        """The keys of the writers kept idle now."""
+        with self._lock:
+            return list(self._idle)
+
+    def close(self) -> None:
+        """Closes every idle writer, releasing their locks (at interpreter exit)."""
+        with self._lock:
+            entries = list(self._idle.values())
+            self._idle.clear()
+        for client, timer in entries:
+            timer.cancel()
+            client.stop()
+
+
+#: This process's kept streaming writers.
+WRITERS = Writers()
+# NB: persist stops its live clients at exit too; closing here first also cancels the timers.
+atexit.register(WRITERS.close)
+
+
+class _MaybeLanded(Exception):
+    """An apply was sent and failed without saying whether it landed."""
+
+    def __init__(self, seq: int, cause: PersistError) -> None:
+        super().__init__(str(cause))
+        #: The state's seq the apply was planned on (what ``landed`` looks after).
+        self.seq = seq
+        self.cause = cause
+
+
+def _attempt(client: persist.Client, target: Target, stager: persist.Stager,
+             parts: list[StagedPart], plan: Plan) -> bool:
+    """One commit of ``plan(client)`` on the open writer ``client``.
+
+    Returns:
+        True if it landed; False if ``plan`` declined or the apply's token was applied
+        before (a replay): the staged parts are then discarded.
+
+    Raises:
+        _MaybeLanded: the apply was sent and failed with an unknown outcome.
+        PersistError: nothing landed.
+    """
+    kwargs = plan(client)
+    if kwargs is None:
+        stager.discard(parts)
+        return False
+    seq = client.info(target.collection).seq
+    try:
+        applied = client.apply(**kwargs).result()
+    except (Determinate, InvalidUsage, LockHeld):
+        raise  # definitely nothing landed
+    except PersistError as e:
+        raise _MaybeLanded(seq, e) from e
+    if applied is None:
+        stager.discard(parts)  # its token was applied meanwhile: a replay
+        return False
+    return True
+
+
+def _put_back(writers: Writers | None, key: WriterKey, client: persist.Client,
+              idle: float) -> None:
+    if writers is None:
+        client.stop()
+    else:
+        writers.keep(key, client, idle)
+
+
 def commit_once(
     target: Target, rid: str, lock_timeout: float, stager: persist.Stager,
-    parts: list[StagedPart], plan: Plan, landed: Callable[[persist.Client, int], bool],
+    parts: list[StagedPart], plan: Plan, landed: Callable[[persist.Client, int], bool], *,
+    writers: Writers | None = None, idle: float = 0.0,
 ) -> bool:
     """Opens the location as writer ``rid``, commits ``plan(client)`` in one apply, closes.
 
@@ -240,6 +378,14 @@ def commit_once(
     went fail-stop), the location is reopened under the same reentrance id — which fences any
     commit still in flight, so it can no longer land — and ``landed`` decides what happened.
 
+    With ``writers`` (a stream), the writer ``writers`` keeps for the location and ``rid`` is
+    used instead of opening one, and the writer is kept there afterwards, for ``idle``
+    seconds. A kept writer may have lost its lock without noticing yet (another process
+    opened the location as ``rid``, fencing it: its commit then fails as a conflict before
+    the runtime learns why). So when a kept writer's commit fails, it is closed and the commit
+    runs once more on a freshly opened writer — safe, as nothing of it landed (an unknown
+    outcome is first settled by the reopen and ``landed``, as above).
+
     Returns:
         True if this call's data is committed (now or by an earlier attempt), False if ``plan``
         declined.
@@ -247,31 +393,67 @@ def commit_once(
     Raises:
         PersistError: the commit definitely failed; the staged parts were discarded.
     """
-    seq: int | None = None
+    key: WriterKey = (target.url, target.storage, rid)
+    kept = writers.take(key) if writers is not None else None
+    if kept is not None:
+        try:
+            done = _attempt(kept, target, stager, parts, plan)
+        except _MaybeLanded as m:
+            kept.stop()
+            if _landed_after_reopen(target, rid, lock_timeout, m, landed, writers, key, idle):
+                return True
+            log.info("persist sink: commit to %r on a kept writer failed (%s) and did not "
+                     "land; retrying on a new writer", target.collection, m.cause)
+        except PersistError as e:
+            kept.stop()
+            log.info("persist sink: commit to %r on a kept writer failed (%s: %s), nothing "
+                     "landed; retrying on a new writer", target.collection, type(e).__name__, e)
+        except BaseException:
+            kept.stop()
+            raise
+        else:
+            _put_back(writers, key, kept, idle)
+            return done
     try:
-        with _open(target, rid, lock_timeout) as client:
-            kwargs = plan(client)
-            if kwargs is None:
-                stager.discard(parts)
-                return False
-            seq = client.info(target.collection).seq
-            if client.apply(**kwargs).result() is None:
-                stager.discard(parts)  # its token was applied meanwhile: a replay
-                return False
-            return True
-    except (Determinate, InvalidUsage, LockHeld):
+        client = _open(target, rid, lock_timeout)
+    except PersistError:
         stager.discard(parts)  # definitely nothing landed
         raise
-    except PersistError as e:
-        if seq is None:
-            stager.discard(parts)
-            raise
-        with _open(target, rid, lock_timeout) as client:
-            if landed(client, seq):
-                log.warning("persist commit to %r reported %s but landed", target.collection, e)
-                return True
+    try:
+        done = _attempt(client, target, stager, parts, plan)
+    except _MaybeLanded as m:
+        client.stop()
+        if _landed_after_reopen(target, rid, lock_timeout, m, landed, writers, key, idle):
+            return True
         stager.discard(parts)
+        raise m.cause from m.cause.__cause__
+    except PersistError:
+        client.stop()
+        stager.discard(parts)  # definitely nothing landed
         raise
+    except BaseException:
+        client.stop()
+        raise
+    _put_back(writers, key, client, idle)
+    return done
+
+
+def _landed_after_reopen(target: Target, rid: str, lock_timeout: float, m: _MaybeLanded,
+                         landed: Callable[[persist.Client, int], bool],
+                         writers: Writers | None, key: WriterKey, idle: float) -> bool:
+    """Reopens the location as ``rid`` (fencing the commit ``m`` left in flight, so it can no
+    longer land) and asks ``landed`` whether it did; the new writer is kept (``writers``) or
+    closed."""
+    client = _open(target, rid, lock_timeout)
+    try:
+        ok = landed(client, m.seq)
+    except BaseException:
+        client.stop()
+        raise
+    _put_back(writers, key, client, idle)
+    if ok:
+        log.warning("persist commit to %r reported %s but landed", target.collection, m.cause)
+    return ok
 
 
 class PersistBatchWriter(DataSourceArrowWriter):
@@ -519,7 +701,7 @@ class PersistStreamWriter(_StreamWriterBase):
             stager.renew()
         try:
             commit_once(self.opts.target, rid, self.opts.lock_timeout, stager, parts, plan,
-                        landed)
+                        landed, writers=WRITERS, idle=self.opts.writer_idle_timeout)
         finally:
             stager.release(parts, keep_own=True)
 

@@ -394,6 +394,69 @@ def first_micro_batch(ctx: Context, res: WorkloadResult, root: Path, *, fast_sta
         "of a Python source; target <= 3 s (issue 16)")
 
 
+#: W9's column for the sink overhead: the same stream into Spark's ``noop`` sink.
+NOOP = "noop sink"
+SINK_OVERHEAD = "persist sink per micro-batch over noop (ms; target <= 20)"
+SINK_ADD_BATCH = "micro-batch addBatch, median (ms)"
+#: Sealed times (one 40-row micro-batch each) the sink-overhead stream reads.
+SINK_BATCHES = 16
+
+
+def _add_batch_ms(spark: Any, src: str, sink: str, root: Path, tag: str) -> list[float]:
+    """``addBatch`` (ms) of each micro-batch but the first (warm-up) of an availableNow
+    stream of ``src``'s collection ``sink`` into ``sink``: one micro-batch per sealed time
+    (``maxRowsPerTrigger`` 40, the rows of one time)."""
+    w = (spark.readStream.format("persist").option("collection", "sink")
+         .option("maxRowsPerTrigger", 40).load(src)
+         .writeStream.format(sink).option("checkpointLocation", str(root / f"ckpt-{tag}")))
+    if sink == "persist":
+        q = w.option("collection", "copy").trigger(availableNow=True) \
+            .start(f"file://{root}/sink-{tag}")
+    else:
+        q = w.trigger(availableNow=True).start()
+    q.awaitTermination(300)
+    if q.exception() is not None:
+        raise RuntimeError(f"W9 sink stream into {sink} failed: {q.exception()}")
+    return [float(p["durationMs"]["addBatch"]) for p in q.recentProgress[1:]
+            if "addBatch" in p["durationMs"]]
+
+
+def sink_overhead(ctx: Context, res: WorkloadResult, spark: Any, root: Path, *,
+                  repeats: int) -> None:
+    """What the persist sink adds to a micro-batch: the median ``addBatch`` (Spark's write
+    job plus the sink's commit, from ``query.recentProgress``) of a persist -> persist
+    stream minus that of the same stream into the ``noop`` sink, :data:`SINK_BATCHES` micro-batches
+    of 40 rows each, ``repeats`` rounds, order rotated. Adds :data:`SINK_OVERHEAD` (target
+    <= 20 ms, issue 16) and :data:`SINK_ADD_BATCH` for both sinks."""
+    import persist
+
+    src = f"file://{root}/sink-src"
+    with persist.open(src) as client:
+        w, _ = client.create_or_load("sink", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(SINK_BATCHES):
+            w.append(make_batch(9800 + t, 40, time_lo=t), upper=t + 1).result()
+    ms: dict[str, list[float]] = {"noop": [], "persist": []}
+    for r in range(repeats):
+        for sink in rotate(["noop", "persist"], r):
+            ctx.log(f"W9 sink overhead round {r + 1}/{repeats}: {sink} sink")
+            ms[sink] += _add_batch_ms(spark, src, sink, root / "sink", f"{sink}-{r}")
+    if not ms["noop"] or not ms["persist"]:
+        res.notes.append("sink overhead: no micro-batch progress reported")
+        return
+    res.extra.append(NOOP)
+    res.columns[NOOP] = "noop sink (the same stream)"
+    noop, mine = statistics.median(ms["noop"]), statistics.median(ms["persist"])
+    res.add(SINK_ADD_BATCH, "ms", "lower", "persist", mine)
+    res.add(SINK_ADD_BATCH, "ms", "lower", NOOP, noop)
+    res.add(SINK_OVERHEAD, "ms", "lower", "persist", mine - noop)
+    res.notes.append(
+        f"sink overhead: a persist -> persist stream (availableNow, one 40-row micro-batch "
+        f"per sealed time, {SINK_BATCHES} times, the first batch dropped as warm-up) against "
+        f"the same stream into the noop sink; median addBatch (query.recentProgress) of "
+        f"{repeats} round(s); the sink keeps its writer open between micro-batches "
+        f"(writerIdleTimeout); target <= 20 ms over noop (issue 16)")
+
+
 def run(ctx: Context) -> list[WorkloadResult]:
     a = ctx.args
     rows, part_rows, repeats = a.w9_rows, a.w9_part_rows, a.w9_repeats
@@ -432,6 +495,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
                   with_parquet="floor" in ctx.systems)
             ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
             processed, committed = latency(spark, root, seals, gap)
+            sink_overhead(ctx, res, spark, root, repeats=repeats)
     finally:
         remove(root)
     for label, xs in (("processed", processed), ("committed", committed)):
