@@ -698,7 +698,7 @@ class PersistStreamWriter(_StreamWriterBase):
         # tasks with leases of their own, released here once the batch is decided).
         stager = next(m.stager for m in staged)
         with contextlib.suppress(LeaseRevoked):
-            stager.renew()
+            stager.renew(at_most_every=persist.RENEW_EVERY_SECONDS)
         try:
             commit_once(self.opts.target, rid, self.opts.lock_timeout, stager, parts, plan,
                         landed, writers=WRITERS, idle=self.opts.writer_idle_timeout)

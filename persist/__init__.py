@@ -13,6 +13,7 @@ Any read as of a time in ``[since, upper)`` is definite: the same everywhere, al
 
 from persist import aio
 from persist.distributed import (
+    RENEW_EVERY_SECONDS,
     Address,
     CollectionInfo,
     PartHandle,
@@ -66,6 +67,7 @@ from persist.runtime.client import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "RENEW_EVERY_SECONDS",
     "Address",
     "ChecksumMismatch",
     "Client",

@@ -83,6 +83,15 @@ __all__ = [
     "set_read_hold",
 ]
 
+#: A process renews a staging lease at most this often (seconds): a lease lives
+#: ``lease.DEFAULT_TTL_SECONDS`` (10 min) from its last renewal and is revoked only after it
+#: lapsed, so a part staged within this long of a renewal is protected for 9 min at least, and
+#: staging many small parts (a stream's micro-batches) costs no lease write each.
+RENEW_EVERY_SECONDS = 60.0
+
+#: When this process last renewed each staging lease (``time.monotonic``).
+_renewed: dict[str, float] = {}
+
 #: Staged parts up to this many encoded bytes ride inline in the commit (and the metadata);
 #: larger ones get their own blob. Below the writer's default, so that a job of many tasks
 #: does not make one huge metadata commit.
@@ -315,6 +324,7 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
         info = describe(url, collection_name, storage_options=storage_options)
         sid = evolve.View.of(info.meta, schema_version).target
         lid = lease.take(_writable(info.address.url, info.address.storage), job=job)
+        _renewed[lid] = time.monotonic()
         return cls(address=info.address, collection=_stripped(info.meta), schema_version=sid,
                    lease_id=lid, job=job, inline_bytes=inline_bytes)
 
@@ -327,16 +337,26 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
         return _writable(self.address.url, self.address.storage)
 
     def _lease(self, blob: Blob) -> str:
-        """The lease to stage under: ours, renewed; or, if a sweep revoked it (the job sat
-        idle past its lease), a fresh one of this call's own (released with the commit)."""
+        """The lease to stage under: ours, renewed (at most every ``RENEW_EVERY_SECONDS``);
+        or, if a sweep revoked it (the job sat idle past its lease), a fresh one of this
+        call's own (released with the commit)."""
         try:
-            lease.renew(blob, self.lease_id)
+            self._renew(blob, at_most_every=RENEW_EVERY_SECONDS)
         except lease.LeaseRevoked:
             fresh = lease.take(blob, job=self.job)
+            _renewed[fresh] = time.monotonic()
             log.warning("staging lease %s was revoked; staging under %s instead",
                         self.lease_id, fresh)
             return fresh
         return self.lease_id
+
+    def _renew(self, blob: Blob, *, at_most_every: float) -> None:
+        last = _renewed.get(self.lease_id)
+        now = time.monotonic()
+        if last is not None and now - last < at_most_every:
+            return
+        lease.renew(blob, self.lease_id)
+        _renewed[self.lease_id] = now
 
     def stage(self, updates: Any, *, at: int | None = None) -> StagedPart:
         """Encodes ``updates`` as one part and stores it: invisible until a commit references
@@ -371,15 +391,19 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
                               consolidated=False, lease_id=self._lease(blob))
         return StagedPart(self.collection.name, evolve.tag(part, self.schema_version))
 
-    def renew(self) -> None:
+    def renew(self, *, at_most_every: float = 0.0) -> None:
         """Renews the job's lease (a job idle between stages, e.g. a stream between
         micro-batches, keeps its parts protected).
+
+        Args:
+            at_most_every: skip the renewal if this process renewed the lease less than this
+                many seconds ago (``RENEW_EVERY_SECONDS`` is safe: see there).
 
         Raises:
             LeaseRevoked: a sweep revoked it (stages then take leases of their own).
             ExternalError: storage failed.
         """
-        lease.renew(self._blob(), self.lease_id)
+        self._renew(self._blob(), at_most_every=at_most_every)
 
     def release(self, staged: Iterable[StagedPart] = (), *, keep_own: bool = False) -> None:
         """Releases the job's lease and the leases ``staged`` were staged under, once their
@@ -397,6 +421,7 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
             ids.add(self.lease_id)
         blob = self._blob()
         for lid in sorted(ids):
+            _renewed.pop(lid, None)
             try:
                 lease.release(blob, lid)
             except PersistError as e:

@@ -251,3 +251,34 @@ def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
     got = [t for task in changes for t in persist.read_task(task)]
     assert len(changes) == 3
     assert sum(len(t) for t in got) == 20_000
+
+
+def test_a_revoked_staging_lease_is_replaced_or_refused_never_committed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from persist import distributed, layout
+    from persist.indexed import lease
+
+    url = f"file://{tmp_path}/loc"
+    with persist.open(url) as client:
+        client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+    stager = persist.Stager.start(url, "c", job="test", inline_bytes=0)
+    blob = persist.location.resolve(url).blob
+    lease.revoke(blob, stager.lease_id)
+    # renewed moments ago in this process: staging skips the renewal, so the part is staged
+    # under the revoked lease, and the commit refuses it (definitely nothing lands)
+    early = stager.stage([(("a", 1), 0, 1)])
+    assert layout.lease_of(early.part.blob_key or "") == stager.lease_id
+    with persist.open(url) as client:
+        with pytest.raises(persist.LeaseRevoked):
+            client.apply(parts={"c": [early]}, seals={"c": 1}).result()
+        assert client.info("c").upper == 0
+    # past the renewal interval, staging notices the revocation and takes a lease of its own
+    monkeypatch.setattr(distributed, "RENEW_EVERY_SECONDS", 0.0)
+    late = stager.stage([(("a", 1), 0, 1)])
+    own = layout.lease_of(late.part.blob_key or "")
+    assert own is not None
+    assert own != stager.lease_id
+    with persist.open(url) as client:
+        assert client.apply(parts={"c": [late]}, seals={"c": 1}).result() is not None
+    stager.release([late])
+    assert lease.read(blob, own) is None
