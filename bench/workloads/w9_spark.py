@@ -197,6 +197,40 @@ def _materialize(factory: Callable[[], Any]) -> float:
     return t.seconds
 
 
+def _memory_source(rows: int, partitions: int) -> type:
+    """A Python batch source that yields ``rows`` int64 rows (``key, value, time, diff``) from
+    Arrow arrays built in memory, in ``partitions`` tasks: the fastest any Python data source
+    can hand rows to Spark, the ceiling of persist's reads. Defined here so that Spark pickles
+    it by value (workers never import bench code)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    class MemoryReader(DataSourceReader):  # type: ignore[misc]
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(partitions)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import numpy as np
+            import pyarrow as pa
+
+            n = rows // partitions + (partition.value < rows % partitions)
+            col = pa.array(np.arange(n, dtype=np.int64))
+            t = pa.table({"key": col, "value": col, "time": col, "diff": col})
+            yield from t.to_batches(max_chunksize=1 << 17)
+
+    class MemorySource(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "bench_memory"
+
+        def schema(self) -> str:
+            return "key long, value long, time long, diff long"
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return MemoryReader()
+
+    return MemorySource
+
+
 def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str, *,
           rows: int, repeats: int, with_parquet: bool) -> None:
     def persist_df(**opts: Any) -> Any:
@@ -210,6 +244,12 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
         ("persist", CONSOLIDATED, lambda: persist_df(mode="consolidated")),
         ("persist", CONSOLIDATED_2, lambda: persist_df(mode="consolidated", numPartitions=2)),
     ]
+    # NB: the same number of tasks as persist's raw read by default (one per 4 M rows)
+    spark.dataSource.register(_memory_source(rows, max(1, -(-rows // 4_000_000))))
+    if PYSOURCE not in res.extra:
+        res.extra.append(PYSOURCE)
+        res.columns[PYSOURCE] = "python source (stores nothing)"
+    cases.append((PYSOURCE, RAW, lambda: spark.read.format("bench_memory").load()))
     if with_parquet:
         cases.insert(0, ("floor", RAW, lambda: spark.read.parquet(parquet)))
         key = int(spark.read.parquet(parquet).select("key").first()[0])
@@ -515,4 +555,10 @@ def run(ctx: Context) -> list[WorkloadResult]:
                      "entry for it (default trigger); persist only (Parquet has no change feed)")
     res.notes.append(f"reads: {repeats} round(s) (--w9-repeats) after one warm-up read each of "
                      "Parquet and persist raw; the noop sink materializes every row")
+    res.notes.append("python source on the raw row: a Python data source handing the same "
+                     "number of int64 rows to Spark from Arrow arrays already in memory, in as "
+                     "many tasks as persist's raw read: the most any Python source reaches "
+                     "through pyspark's Arrow hand-off, i.e. the ceiling of persist's reads; "
+                     "point lookup: persist consolidated with filterPushdown=true vs Parquet "
+                     "with Spark's own pushdown, the same key")
     return [res]
