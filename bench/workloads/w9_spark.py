@@ -442,6 +442,37 @@ SINK_ADD_BATCH = "micro-batch addBatch, median (ms)"
 SINK_BATCHES = 16
 
 
+#: A Python stream sink that stores nothing: Spark's own cost of any Python sink.
+PYSINK = "python sink (stores nothing)"
+#: What persist's sink adds over a Python sink that stores nothing.
+SINK_OVER_PYSINK = "persist sink per micro-batch over a Python sink that stores nothing (ms)"
+
+
+def _nothing_sink() -> type:
+    """A Python data source whose stream writer stores nothing (each task returns an empty
+    message, the commit does nothing). Defined here so that Spark pickles it by value."""
+    from pyspark.sql.datasource import DataSource, DataSourceStreamWriter, WriterCommitMessage
+
+    class NothingWriter(DataSourceStreamWriter):  # type: ignore[misc]
+        def write(self, iterator: Iterator[Any]) -> WriterCommitMessage:
+            for _ in iterator:
+                pass
+            return WriterCommitMessage()
+
+        def commit(self, messages: list[Any], batchId: int) -> None:
+            pass
+
+    class NothingSink(DataSource):  # type: ignore[misc]
+        @classmethod
+        def name(cls) -> str:
+            return "bench_nothing_sink"
+
+        def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamWriter:
+            return NothingWriter()
+
+    return NothingSink
+
+
 def _add_batch_ms(spark: Any, src: str, sink: str, root: Path, tag: str) -> list[float]:
     """``addBatch`` (ms) of each micro-batch but the first (warm-up) of an availableNow
     stream of ``src``'s collection ``sink`` into ``sink``: one micro-batch per sealed time
@@ -475,9 +506,10 @@ def sink_overhead(ctx: Context, res: WorkloadResult, spark: Any, root: Path, *,
         w, _ = client.create_or_load("sink", key_type=pa.int64(), value_type=pa.int64())
         for t in range(SINK_BATCHES):
             w.append(make_batch(9800 + t, 40, time_lo=t), upper=t + 1).result()
-    ms: dict[str, list[float]] = {"noop": [], "persist": []}
+    spark.dataSource.register(_nothing_sink())
+    ms: dict[str, list[float]] = {"noop": [], "persist": [], "bench_nothing_sink": []}
     for r in range(repeats):
-        for sink in rotate(["noop", "persist"], r):
+        for sink in rotate(["noop", "persist", "bench_nothing_sink"], r):
             ctx.log(f"W9 sink overhead round {r + 1}/{repeats}: {sink} sink")
             ms[sink] += _add_batch_ms(spark, src, sink, root / "sink", f"{sink}-{r}")
     if not ms["noop"] or not ms["persist"]:
@@ -489,6 +521,12 @@ def sink_overhead(ctx: Context, res: WorkloadResult, spark: Any, root: Path, *,
     res.add(SINK_ADD_BATCH, "ms", "lower", "persist", mine)
     res.add(SINK_ADD_BATCH, "ms", "lower", NOOP, noop)
     res.add(SINK_OVERHEAD, "ms", "lower", "persist", mine - noop)
+    if ms["bench_nothing_sink"]:
+        nothing = statistics.median(ms["bench_nothing_sink"])
+        res.extra.append(PYSINK)
+        res.columns[PYSINK] = PYSINK
+        res.add(SINK_ADD_BATCH, "ms", "lower", PYSINK, nothing)
+        res.add(SINK_OVER_PYSINK, "ms", "lower", "persist", mine - nothing)
     res.notes.append(
         f"sink overhead: a persist -> persist stream (availableNow, one 40-row micro-batch "
         f"per sealed time, {SINK_BATCHES} times, the first batch dropped as warm-up) against "
