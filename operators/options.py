@@ -345,9 +345,10 @@ class ReadOptions:
 
 
 #: Default ``writerIdleTimeout``: long enough to span the gap between back-to-back
-#: micro-batches (about 0.2-1 s), short enough that another writer of the location waiting
-#: for the lock (``lockTimeout`` 60 s by default) gets it soon after the stream goes idle.
-WRITER_IDLE_TIMEOUT = 5.0
+#: micro-batches (about 0.1-0.5 s on a busy stream), short enough that another writer of the
+#: location gets the lock about a second after the stream goes idle or stops (a
+#: ``persist.open`` right after ``awaitTermination()`` still needs a ``lock_timeout``).
+WRITER_IDLE_TIMEOUT = 1.0
 
 
 @dataclass(frozen=True)
@@ -375,7 +376,7 @@ class WriteOptions:
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "write") -> WriteOptions:
         """Parses and validates every write option (default lock timeout 60 s; 0 means 60 s;
-        mergeSchema false; a stream's writerIdleTimeout 5 s, where 0 means close at once).
+        mergeSchema false; a stream's writerIdleTimeout 1 s, where 0 means close at once).
 
         ``kind`` is ``"write"`` (batch) or ``"stream-write"``.
 

@@ -678,7 +678,7 @@ class PersistStreamWriter(_StreamWriterBase):
             sinces: dict[str, int] = {}
             if explicit and query is not None and query != before:
                 client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
-                tq = client.state.collections[QUERIES].upper
+                tq = client.info(QUERIES).upper
                 qrows: list[tuple[tuple[str, Any], int, int]] = [((sink, query), tq, 1)]
                 if before is not None:
                     qrows.append(((sink, before), tq, -1))

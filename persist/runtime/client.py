@@ -288,7 +288,8 @@ class Client:
                 done.set_result(None)
                 self._token_lock.release()
                 return done
-            self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
+            if TOKENS not in self.state.collections:
+                self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
             t = self.state.collections[TOKENS].upper
             rows: list[tuple[tuple[str, int], int, int]] = [((token.id, token.seq), t, 1)]
             if last is not None:
@@ -310,7 +311,10 @@ class Client:
         c = self.state.collections.get(TOKENS)
         if c is None or c.upper == 0:
             return None
-        _, read = self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
+        # NB: a handle on the existing collection, without create_or_load's trip through the
+        # runtime thread (a streaming sink asks at every micro-batch).
+        k, v = Codec.of(pa.string(), "key"), Codec.of(pa.int64(), "value")
+        read = ReadHandle(self, TOKENS, k, v, check_types(c, k, v))
         t = read.snapshot(c.upper - 1, filter=col("key") == token_id).to_arrow()
         if len(t) == 0:
             return None
