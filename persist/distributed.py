@@ -47,7 +47,7 @@ from persist.indexed import columnar, evolve, gc, lease, write
 from persist.indexed.filter import Filter
 from persist.indexed.indexed import Indexed
 from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, PartMeta, State
+from persist.indexed.meta import CollectionMeta, State
 from persist.indexed.read import PartReader
 from persist.indexed.scan import (
     Address,
@@ -139,12 +139,6 @@ def describe(url: str, collection_name: str, *,
     address = Address.of(url, storage_options)
     state = _state(address, must_exist=True, name=collection_name)
     return CollectionInfo(address, collection(state.collections, collection_name), state.seq)
-
-
-def collections(url: str, *, storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """The names of the collections at ``url`` (empty if no location exists there)."""
-    address = Address.of(url, storage_options)
-    return sorted(_state(address, must_exist=False).collections)
 
 
 def _reader(address: Address) -> PartReader:
@@ -451,7 +445,3 @@ def leases_of(staged: Iterable[StagedPart]) -> set[str]:
     return {lid for s in staged if s.part.blob_key is not None
             and (lid := lease_of(s.part.blob_key)) is not None}
 
-
-def parts_of(staged: Iterable[StagedPart | PartMeta]) -> list[PartMeta]:
-    """The part metadata of ``staged`` (internal: what ``Client.apply`` commits)."""
-    return [s.part if isinstance(s, StagedPart) else s for s in staged]
