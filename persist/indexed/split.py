@@ -1,8 +1,8 @@
 """Key-range splits of a snapshot: disjoint key ranges that parallel consolidated reads own.
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place.
-Hash buckets (``operators.buckets``) give that, but every task must then decode every part. A
-split by key *range* lets each task decode only the record batches that may hold its keys:
+Hash buckets (:mod:`persist.indexed.buckets`) give that, but every task must then decode every
+part. A split by key *range* lets each task decode only the record batches that may hold its keys:
 compaction output is sorted by key (``PartMeta.consolidated``), cut into bounded parts, and its
 per-batch key bounds (:mod:`persist.indexed.stats`) say which batches a range needs. Three
 steps, all pure:
