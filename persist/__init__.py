@@ -9,6 +9,11 @@ Any read as of a time in ``[since, upper)`` is definite: the same everywhere, al
         write, read = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         write.append([(("a", 1), 0, 1)], upper=1).result()
         read.snapshot(0).to_arrow()
+
+Distributed readers and writers (Spark's executors, Dask, Ray) plan with ``persist.describe``
+and read with ``persist.read_task`` / ``persist.read_part`` on any machine; they stage with a
+``persist.Stager`` and commit once with ``Client.apply(parts=..., token=persist.Token(...))``
+(see :mod:`persist.distributed`).
 """
 
 from persist import aio

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -700,7 +700,7 @@ def _audit(reader: PartReader, pr: Pruner | None, parts: Sequence[PartMeta]) -> 
 
 
 def read_task(reader: PartReader, task: ReadTask,
-              fresh: Any = None) -> Iterator[pa.Table]:
+              fresh: Callable[[], State] | None = None) -> Iterator[pa.Table]:
     """Reads ``task``, yielding tables of ``task.schema`` (see :class:`ReadTask`).
 
     Args:
@@ -733,7 +733,8 @@ def read_task(reader: PartReader, task: ReadTask,
         yield t
 
 
-def _consolidated(reader: PartReader, task: ReadTask, fresh: Any) -> pa.Table:
+def _consolidated(reader: PartReader, task: ReadTask,
+                  fresh: Callable[[], State] | None) -> pa.Table:
     parts, audit = task.parts, task.audit
     for attempt in range(4):
         try:
@@ -743,7 +744,7 @@ def _consolidated(reader: PartReader, task: ReadTask, fresh: Any) -> pa.Table:
             # are definite, so every state with as_of >= since yields this bucket's same rows.
             if attempt == 3 or fresh is None:
                 raise
-            state: State = fresh()
+            state = fresh()
             c = collection(state.collections, task.collection.name)
             if task.as_of < effective_since(c):
                 raise InvalidUsage(
