@@ -61,13 +61,13 @@ def describe(target: Target) -> persist.CollectionInfo:
                             storage_options=target.storage_options)
 
 
-def exists(target: Target) -> bool:
-    """Whether ``target``'s collection exists (a sink creates it otherwise)."""
+def find(target: Target) -> persist.CollectionInfo | None:
+    """``target``'s collection as :func:`describe` shows it; None if it does not exist yet
+    (a sink creates it)."""
     try:
-        describe(target)
+        return describe(target)
     except (MissingResource, persist.UnknownCollection):
-        return False
-    return True
+        return None
 
 
 def _batches(table: pa.Table) -> Iterator[pa.RecordBatch]:

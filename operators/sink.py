@@ -53,7 +53,7 @@ from pyspark.sql.types import StructType
 
 import persist
 from operators.options import Target, WriteOptions
-from operators.partitions import describe, exists
+from operators.partitions import describe, find
 from operators.schema import (
     CollectionTypes,
     arrow_type_for,
@@ -192,8 +192,11 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     """
     target = opts.target
     check_sink_schema(schema, None)
-    if exists(target):
-        c = describe(target)
+    # NB: one metadata read: a stream's commit makes a fresh writer, and so runs this, every
+    # micro-batch.
+    found = find(target)
+    if found is not None:
+        c = found
     else:
         fields = {f.name: f.dataType for f in schema.fields}
         key = opts.key_type or arrow_type_for(fields["key"], column="key")

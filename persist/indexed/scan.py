@@ -771,10 +771,10 @@ def _bucket(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
     n, me = np.uint64(task.buckets), np.uint64(task.bucket)
     pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited)
     _audit(reader, pr, audit)
-    tables: list[pa.Table] = []
-    hashes: list[npt.NDArray[np.uint64]] = []
     if task.key_range is not None:
         return _ranged(reader, task, parts, view, pr)
+    tables: list[pa.Table] = []
+    hashes: list[npt.NDArray[np.uint64]] = []
     for part in parts:
         t = _load(reader, view, pr, part, 0, task.hi)
         if t is None:
