@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pyarrow as pa
 
 from bench.workloads.w10_records import consolidate_inputs, with_retractions
-from persist.indexed import columnar
+from persist.indexed.format import columnar
 
 
 def best(f: Callable[[pa.Table], object], table: pa.Table, repeat: int) -> float:

@@ -1,4 +1,4 @@
-"""Spark's pushed filters in persist's filter form (:mod:`persist.indexed.filter`).
+"""Spark's pushed filters in persist's filter form (:mod:`persist.indexed.read.filter`).
 
 Spark (pyspark >= 4.1, with ``spark.sql.python.filterPushdown.enabled=true``) hands a batch
 reader the conjuncts of a query's ``WHERE`` that it can express as
@@ -31,7 +31,7 @@ never pushes a lossy version of a filter.
 
 Why pushing is sound for every read mode: a persist filter reads only ``(key, value)``, and
 gives equal records the same answer (see ``Snapshot._matching`` in
-:mod:`persist.indexed.read`), so every group of rows that consolidates together is kept whole
+:mod:`persist.indexed.read.parts`), so every group of rows that consolidates together is kept whole
 or dropped whole; filtering before consolidating equals filtering after. Raw rows are filtered
 one by one. Spark's semantics and persist's agree on every pushed form: SQL's three-valued
 logic, a field of a null struct is null, strings and binaries compare bytewise (code point

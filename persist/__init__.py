@@ -52,9 +52,9 @@ from persist.errors import (
     Timeout,
     UnknownCollection,
 )
-from persist.indexed.filter import Column, Filter, col
-from persist.indexed.indexed import Options
-from persist.indexed.records import arrow, check_type, decimal
+from persist.indexed.engine import Options
+from persist.indexed.format.records import arrow, check_type, decimal
+from persist.indexed.read.filter import Column, Filter, col
 from persist.location import open
 from persist.runtime.client import (
     Client,

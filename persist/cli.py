@@ -45,12 +45,12 @@ from persist.errors import (
     PartMissing,
     PersistError,
 )
-from persist.indexed import columnar, evolve, meta
-from persist.indexed.indexed import Options
-from persist.indexed.machine import Machine
-from persist.indexed.read import Snapshot, Types
-from persist.indexed.state import collection, effective_since
-from persist.indexed.verify import delete_leaked, require_metadata, verify
+from persist.indexed.engine import Options
+from persist.indexed.format import columnar, evolve, meta
+from persist.indexed.maintenance.verify import delete_leaked, require_metadata, verify
+from persist.indexed.read.parts import Snapshot, Types
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import collection, effective_since
 from persist.location import Location, resolve
 from persist.lock.base import LockRecord
 
@@ -335,7 +335,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     """``snapshot``: writes a definite snapshot to Parquet by atomic rename; exit 0/2/3/5."""
     import pyarrow.parquet as pq
 
-    from persist.indexed.indexed import Indexed
+    from persist.indexed.engine import Indexed
 
     loc = open_location(args.url, args.storage_options)
     require_metadata(loc.read_half(), loc.url)
@@ -383,8 +383,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """``history``: prints a collection's recent seals (``DESCRIBE HISTORY``); exit 0/2/3/5."""
-    from persist.indexed import history
-    from persist.indexed.indexed import Indexed
+    from persist.indexed.engine import Indexed
+    from persist.indexed.state import history
 
     loc = open_location(args.url, args.storage_options)
     require_metadata(loc.read_half(), loc.url)

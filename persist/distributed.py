@@ -21,7 +21,7 @@ Writing: stage anywhere, commit once::
     stager.release(staged_parts)
 
 A staged part is invisible until a commit references it, and is kept from the leaked-blob
-sweeps by its staging lease (:mod:`persist.indexed.lease`) for as long as the job renews it.
+sweeps by its staging lease (:mod:`persist.indexed.state.lease`) for as long as the job renews it.
 A commit with an idempotency token lands at most once per ``(token id, seq)``: a retried
 commit whose token was already applied resolves to None and writes nothing.
 
@@ -43,13 +43,13 @@ import pyarrow as pa
 
 from persist.blob.base import Blob, BlobRead
 from persist.errors import InvalidUsage, LockHeld, MissingResource, PersistError
-from persist.indexed import columnar, evolve, gc, lease, write
-from persist.indexed.filter import Filter
-from persist.indexed.indexed import Indexed
-from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, State
-from persist.indexed.read import PartReader
-from persist.indexed.scan import (
+from persist.indexed.engine import Indexed
+from persist.indexed.format import columnar, evolve, write
+from persist.indexed.format.meta import CollectionMeta, State
+from persist.indexed.maintenance import gc
+from persist.indexed.read.filter import Filter
+from persist.indexed.read.parts import PartReader
+from persist.indexed.read.scan import (
     Address,
     CollectionInfo,
     PartHandle,
@@ -58,9 +58,11 @@ from persist.indexed.scan import (
     _stripped,
     rows_per_time,
 )
-from persist.indexed.scan import read_part as _read_part
-from persist.indexed.scan import read_task as _read_task
-from persist.indexed.state import collection
+from persist.indexed.read.scan import read_part as _read_part
+from persist.indexed.read.scan import read_task as _read_task
+from persist.indexed.state import lease
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import collection
 from persist.layout import lease_of
 from persist.location import resolve
 from persist.runtime.client import StagedPart, Token
@@ -174,7 +176,7 @@ def read_part(handle: PartHandle, *, filter: Filter | None = None,
 
 
 def read_task(task: ReadTask) -> Iterator[pa.Table]:
-    """Reads one task of a scan (see :class:`~persist.indexed.scan.ReadTask`), on any machine.
+    """Reads one task of a scan (see :class:`~persist.indexed.read.scan.ReadTask`), on any machine.
 
     A consolidated task that finds a part collected re-plans its bucket on the newest state
     (its answer is definite, so the same); other tasks raise ``PartMissing``.
@@ -238,7 +240,7 @@ class Watch:
 
     def rows_per_time(self, info: CollectionInfo, lo: int, hi: int) -> Counter[int]:
         """Updates per time in ``[lo, hi)`` of ``info`` (see
-        :func:`persist.indexed.scan.rows_per_time`); multi-time parts are read once and
+        :func:`persist.indexed.read.scan.rows_per_time`); multi-time parts are read once and
         cached."""
         return rows_per_time(self._reader, info, lo, hi)
 

@@ -22,6 +22,8 @@ layer included, may use it.
 
 from __future__ import annotations
 
+import uuid
+
 #: Every metadata key lies under this prefix.
 META_PREFIX = "meta/"
 #: The metadata log: one entry per commit, created with set_if_absent.
@@ -46,7 +48,7 @@ PENDING_PREFIX = "_pending/"
 #: Spark sink) start with this. The commit deadline does not cover them (they may wait minutes
 #: for their driver), so the writer's automatic leaked-blob sweep leaves them alone.
 STAGED_PART_PREFIX = "staged-"
-#: Staging leases (``persist.indexed.lease``): one record per lease, renewed in place.
+#: Staging leases (``persist.indexed.state.lease``): one record per lease, renewed in place.
 LEASE_PREFIX = "leases/staging/"
 #: Revocations of staging leases: created once, never deleted.
 REVOKED_PREFIX = "leases/revoked/"
@@ -94,6 +96,12 @@ def lease_of(key: str) -> str | None:
     rest = key.rsplit("/", 1)[-1][len(STAGED_PART_PREFIX):]
     lease, sep, tail = rest.partition("-")
     return lease if sep and len(lease) == 32 and len(tail) == 32 else None
+
+
+def staged_part_id(lease_id: str) -> str:
+    """A fresh id for a part staged under staging lease ``lease_id``:
+    ``staged-<lease id>-<uuid>`` (what :func:`lease_of` reads back from its key)."""
+    return f"{STAGED_PART_PREFIX}{lease_id}-{uuid.uuid4().hex}"
 
 
 def lease_key(lease_id: str) -> str:
@@ -146,4 +154,5 @@ __all__ = [
     "revoked_key",
     "rollup_key",
     "seq_of",
+    "staged_part_id",
 ]

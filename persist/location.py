@@ -25,7 +25,7 @@ from persist.blob.file import MAP_MIN_BYTES, FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.blob.options import option_bool, option_size_or_off
 from persist.errors import Fenced, InvalidUsage, MissingResource
-from persist.indexed.indexed import Indexed, Options
+from persist.indexed.engine import Indexed, Options
 from persist.lock.base import WriterLock
 from persist.lock.file import FileLock
 from persist.lock.memory import MemoryLock

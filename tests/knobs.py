@@ -47,8 +47,8 @@ from typing import Any
 
 import persist.location
 from persist.blob.file import MAP_MIN_BYTES, FileBlob
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import MAX_INLINE_THRESHOLD, Options
+from persist.indexed.engine import MAX_INLINE_THRESHOLD, Options
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 ENV = "PERSIST_KNOBS"
 #: ``Options`` fields every test process gets unless the caller passes them (any set or none).

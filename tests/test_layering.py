@@ -5,7 +5,8 @@ The layers, bottom up (DESIGN.md §2)::
     ground floor  persist.errors, persist.layout, persist.crashpoints, persist.metrics
     blob          persist.blob.*                    (stores, envelope, AWS plumbing)
     lock          persist.lock.*                    (may use blob)
-    indexed       persist.indexed.*                 (may use blob)
+    indexed       persist.indexed.*                 (may use blob); inside it, bottom up:
+                  format, state, read, maintenance, engine
     runtime       persist.runtime.*                 (may use indexed, lock, blob)
     top           persist.location (the composition root: URL -> blob + lock + runtime),
                   persist.aio, persist.cli, persist (the public face)
@@ -41,6 +42,19 @@ RULES: tuple[tuple[str, str, str], ...] = (
                   "operators")),
     *(("persist.indexed", bad, "the engine never reaches up into its runtime or Spark")
       for bad in ("persist.runtime", "persist.location", "persist.cli", "operators")),
+    # Inside the engine: format (what is stored) is its floor; the state machine stands on
+    # format; reading on format and state; maintenance on all three; only engine.py (the
+    # Indexed facade) ties them together, and nothing inside imports it.
+    *(("persist.indexed.format", bad, "the storage format is the engine's floor")
+      for bad in ("persist.indexed.state", "persist.indexed.read",
+                  "persist.indexed.maintenance", "persist.indexed.engine")),
+    *(("persist.indexed.state", bad, "the metadata state stands on the format only")
+      for bad in ("persist.indexed.read", "persist.indexed.maintenance",
+                  "persist.indexed.engine")),
+    *(("persist.indexed.read", bad, "reading stands on the format and the state only")
+      for bad in ("persist.indexed.maintenance", "persist.indexed.engine")),
+    ("persist.indexed.maintenance", "persist.indexed.engine",
+     "maintenance is driven by the engine, never the other way round"),
     *(("persist.runtime", bad, "the runtime is assembled by the composition root, never the "
                                "other way round")
       for bad in ("operators", "persist.cli", "persist.location", "persist.aio")),

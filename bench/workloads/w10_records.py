@@ -526,7 +526,7 @@ def _open_lookups(url: str, keys: list[int]) -> float:
 
 def _consolidate(ctx: Context, res: WorkloadResult) -> None:
     """``columnar.consolidate`` of a record part against the same rows with an int64 value."""
-    from persist.indexed import columnar
+    from persist.indexed.format import columnar
 
     n = ctx.args.w10_consolidate_rows
     ctx.log(f"W10: consolidating {n:,} rows (record vs int64 value)")
@@ -549,7 +549,7 @@ def _consolidate(ctx: Context, res: WorkloadResult) -> None:
         res.add(CONS, "x", "lower", "persist", ms["record"][r] / ms["int64"][r])
         res.add(CONS_R, "x", "lower", "persist",
                 ms["record retractions"][r] / ms["int64 retractions"][r])
-    res.notes.append(f"consolidate: persist.indexed.columnar.consolidate of {n:,} rows, keys "
+    res.notes.append(f"consolidate: persist.indexed.format.columnar.consolidate of {n:,} rows, keys "
                      f"drawn from {int(n * 0.7):,}, times 0-3; 'with retractions' adds a "
                      f"retraction of a quarter of the rows (the grouping path); the ratios are "
                      f"per round")

@@ -9,7 +9,7 @@ by ``link(2)``, a dict, an S3 object, a DynamoDB item). All policy
 Safety does not depend on this lock or on any clock. Every acquisition bumps ``generation``, the
 new holder immediately commits a fence at that generation to the metadata log, and every metadata
 commit is a conditional create that refuses to follow a state of a higher generation (see
-``persist.indexed.machine``). A holder paused past its lease and resumed can therefore never
+``persist.indexed.state.machine``). A holder paused past its lease and resumed can therefore never
 commit after its successor took over: its next commit loses the race for the log key and then
 sees the newer generation. Clocks only decide *liveness*: when a crashed holder of another
 reentrance id may be replaced.

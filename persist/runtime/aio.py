@@ -14,8 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from persist.indexed.filter import Filter
-from persist.indexed.history import Seal
+from persist.indexed.read.filter import Filter
+from persist.indexed.state.history import Seal
 from persist.runtime import client as sync
 from persist.runtime.client import ListenEvent
 

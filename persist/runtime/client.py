@@ -28,15 +28,16 @@ from persist.errors import (
     SchemaMismatch,
     Timeout,
 )
-from persist.indexed import evolve, history
-from persist.indexed.columnar import Codec
-from persist.indexed.filter import Filter, col
-from persist.indexed.indexed import Indexed, Options, check_types
-from persist.indexed.meta import CollectionMeta, PartMeta, State
-from persist.indexed.prune import PruneCounts
-from persist.indexed.read import Snapshot, Types, updates_between
-from persist.indexed.scan import Address, CollectionInfo
-from persist.indexed.state import check_time, collection, effective_since
+from persist.indexed.engine import Indexed, Options, check_types
+from persist.indexed.format import evolve
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.meta import CollectionMeta, PartMeta, State
+from persist.indexed.read.filter import Filter, col
+from persist.indexed.read.parts import Snapshot, Types, updates_between
+from persist.indexed.read.prune import PruneCounts
+from persist.indexed.read.scan import Address, CollectionInfo
+from persist.indexed.state import history
+from persist.indexed.state.transitions import check_time, collection, effective_since
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
 from persist.runtime.notify import Notifier
@@ -177,7 +178,7 @@ class Client:
 
         An evolved collection (:meth:`evolve_schema`) opens with the types of any of its schema
         versions: the handles then read and write as that version (``schema_version``), every
-        part migrated to it (see :mod:`persist.indexed.evolve`).
+        part migrated to it (see :mod:`persist.indexed.format.evolve`).
 
         Raises:
             SchemaMismatch: it exists with other types (none of its schema versions').
@@ -202,7 +203,7 @@ class Client:
         Allowed (at any depth): adding a nullable field, dropping a field, making a field
         nullable, widening int8->16->32->64 (uint likewise), float32->float64,
         string->large_string, binary->large_binary, list->large_list, and a decimal's
-        precision up with the same scale (``persist.indexed.records.evolution_problems``).
+        precision up with the same scale (``persist.indexed.format.records.evolution_problems``).
         Linearized like a write: what was submitted before commits under the old schema, what
         comes after under the new one. Handles keep the version they were opened with; open
         the collection again with the new types to read and write as the new version.
@@ -493,7 +494,7 @@ def _check_staged_part(name: str, p: PartMeta) -> None:
 def _normalize(state: State, name: str, updates: Any, schema_id: int | None = None) -> pa.Table:
     c = collection(state.collections, name)
     types = Types.of(c, schema_id)
-    from persist.indexed.columnar import from_updates
+    from persist.indexed.format.columnar import from_updates
 
     return from_updates(updates, types.schema, types.key, types.value)
 
@@ -607,7 +608,7 @@ class ReadHandle(_Handle):
     def history(self) -> list[history.Seal]:
         """The collection's recent seals, oldest first: each one's upper, commit time (the
         writer's clock), seq, and the rows added since the previous seal with the sums of
-        their positive and negative diffs (see :mod:`persist.indexed.history`)."""
+        their positive and negative diffs (see :mod:`persist.indexed.state.history`)."""
         return history.entries(self._meta())
 
     def as_of_timestamp(self, when: datetime.datetime | str | int | float) -> int:
@@ -626,7 +627,7 @@ class ReadHandle(_Handle):
 
         With ``timeout``, an ``as_of`` not yet sealed is waited for up to that many seconds.
         With ``filter`` (``persist.col("value.amount") > 10``, see
-        :mod:`persist.indexed.filter`), exactly the rows of the unfiltered snapshot that match
+        :mod:`persist.indexed.read.filter`), exactly the rows of the unfiltered snapshot that match
         it; parts and record batches whose stats show they hold no match are not read.
 
         Raises:

@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 
 from persist.errors import InvalidUsage
-from persist.indexed.columnar import Codec
-from persist.indexed.indexed import Options
-from persist.indexed.meta import Op, PartMeta
+from persist.indexed.engine import Options
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.meta import Op, PartMeta
 
 
 class PersistFuture(concurrent.futures.Future[Any]):

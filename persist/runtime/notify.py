@@ -42,7 +42,7 @@ import msgspec
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError, InvalidUsage, PersistError, RuntimeShutdown
-from persist.indexed.meta import State
+from persist.indexed.format.meta import State
 from persist.runtime.runtime import Published
 
 log = logging.getLogger("persist.notify")

@@ -38,8 +38,8 @@ from typing_extensions import override
 from persist import layout
 from persist.blob.base import BlobRead
 from persist.errors import PersistError, RuntimeShutdown
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.meta import State
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.format.meta import State
 from persist.runtime.notify import Subscriber
 from persist.runtime.runtime import Published
 

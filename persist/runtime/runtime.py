@@ -42,10 +42,9 @@ from persist.errors import (
     PersistError,
     RuntimeShutdown,
 )
-from persist.indexed import compact, evolve, gc
-from persist.indexed import lease as staging
-from persist.indexed.indexed import Indexed, Txn, check_types, new_collection
-from persist.indexed.meta import (
+from persist.indexed.engine import Indexed, Txn, check_types, new_collection
+from persist.indexed.format import evolve
+from persist.indexed.format.meta import (
     AddPart,
     AllowCompaction,
     Register,
@@ -54,7 +53,9 @@ from persist.indexed.meta import (
     SetHold,
     State,
 )
-from persist.indexed.state import collection, effective_since
+from persist.indexed.maintenance import compact, gc
+from persist.indexed.state import lease as staging
+from persist.indexed.state.transitions import collection, effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
 
@@ -356,7 +357,7 @@ class Runtime:
             leases = {lid for _, p in c.parts if p.blob_key is not None
                       and (lid := layout.lease_of(p.blob_key)) is not None}
             if leases:
-                # NB: rule 2 of persist.indexed.lease: no lease revoked now, and the commit
+                # NB: rule 2 of persist.indexed.state.lease: no lease revoked now, and the commit
                 # lands within the deadline counted from here, before any sweep's grace from a
                 # revocation after this check can end.
                 staging.check_committable(self.ix._blob(), leases)

@@ -24,13 +24,13 @@ import pytest
 import persist
 from persist import cli, layout
 from persist.blob.file import FileBlob
-from persist.indexed import meta
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options, Txn
-from persist.indexed.machine import Machine
-from persist.indexed.read import Types
-from persist.indexed.verify import verify
-from persist.indexed.write import new_part
+from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.format import meta
+from persist.indexed.format.write import new_part
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.maintenance.verify import verify
+from persist.indexed.read.parts import Types
+from persist.indexed.state.machine import Machine
 
 EXE = shutil.which("persist", path=os.path.dirname(sys.executable))
 OPTIONS = persist.Options(inline_threshold=1200, rollup_every=4, gc_grace_seconds=3600,

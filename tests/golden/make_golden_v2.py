@@ -15,9 +15,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from persist.blob.file import FileBlob
-from persist.indexed import meta
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.format import meta
+from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_v2 import KEY, Item, Order, fixed_commit, fixed_state
 
 HERE = Path(__file__).parent

@@ -16,9 +16,9 @@ import pyarrow as pa
 
 from persist.blob.file import FileBlob
 from persist.errors import SchemaMismatch
-from persist.indexed import evolve, meta
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options, Txn
+from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.format import evolve, meta
+from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_v3 import (
     KEY0,
     KEY1,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from persist.indexed.meta import (
+from persist.indexed.format.meta import (
     AddPart,
     AllowCompaction,
     CollectionMeta,

@@ -9,9 +9,9 @@ from typing import Annotated
 import msgspec
 import pyarrow as pa
 
-from persist.indexed import records
-from persist.indexed.columnar import serialize_type
-from persist.indexed.meta import (
+from persist.indexed.format import records
+from persist.indexed.format.columnar import serialize_type
+from persist.indexed.format.meta import (
     AddPart,
     CollectionMeta,
     Commit,

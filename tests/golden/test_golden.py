@@ -14,8 +14,8 @@ from persist import layout
 from persist.blob import envelope
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, IncompatibleFormat
-from persist.indexed import columnar, meta
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
+from persist.indexed.format import columnar, meta
 from tests.golden.records import fixed_commit, fixed_state
 
 HERE = Path(__file__).parent

@@ -11,8 +11,8 @@ import msgspec
 
 from persist import layout
 from persist.blob.file import FileBlob
-from persist.indexed import meta
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
+from persist.indexed.format import meta
 from tests.golden.records_v2 import Order, fixed_commit, fixed_state
 
 HERE = Path(__file__).parent

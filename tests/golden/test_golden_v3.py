@@ -13,8 +13,8 @@ import pytest
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, SchemaMismatch
-from persist.indexed import evolve, meta
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
+from persist.indexed.format import evolve, meta
 from tests.golden.records_v3 import Order0, Order2, fixed_commit, fixed_state
 
 HERE = Path(__file__).parent

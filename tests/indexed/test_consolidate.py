@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from persist.indexed import columnar
+from persist.indexed.format import columnar
 
 SCHEMAS = {
     "int64": (pa.int64(), st.integers(-3, 3)),

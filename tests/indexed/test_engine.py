@@ -24,10 +24,11 @@ from persist.errors import (
     SchemaMismatch,
     UnknownCollection,
 )
-from persist.indexed import columnar, gc
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.read import PartReader, Types
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.format import columnar
+from persist.indexed.maintenance import gc
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.read.parts import PartReader, Types
 
 
 def fresh(blob: Blob | None = None, epoch: int = 1, **opts: object) -> Indexed:

@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, InvalidUsage, SchemaMismatch
-from persist.indexed import columnar, evolve, meta, records
-from persist.indexed.columnar import Codec
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options, Txn
-from persist.indexed.meta import AddPart
-from persist.indexed.write import new_part
+from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.format import columnar, evolve, meta, records
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.meta import AddPart
+from persist.indexed.format.write import new_part
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 # -- the rules, on their own -------------------------------------------------------------------
 

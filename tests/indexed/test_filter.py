@@ -1,4 +1,4 @@
-"""Filters (persist/indexed/filter.py): exact SQL semantics against a plain-Python model on
+"""Filters (persist/indexed/read/filter.py): exact SQL semantics against a plain-Python model on
 random nested records, conservative stats decisions, validation errors, serialization."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 
 import persist
 from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import columnar, filter, stats
-from persist.indexed.columnar import Codec
-from persist.indexed.filter import Filter, bind, col
+from persist.indexed.format import columnar, stats
+from persist.indexed.format.columnar import Codec
+from persist.indexed.read import filter
+from persist.indexed.read.filter import Filter, bind, col
 from tests.indexed.test_records import collections, values
 
 # -- a plain-Python model of the semantics --------------------------------------------------

@@ -24,13 +24,14 @@ from persist.blob.base import Blob
 from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, InvalidUsage
-from persist.indexed import columnar, compact, stats
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.filter import Filter, col
-from persist.indexed.indexed import Indexed, Options, Txn
-from persist.indexed.meta import AddPart
-from persist.indexed.read import Snapshot
-from persist.indexed.write import new_part
+from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.format import columnar, stats
+from persist.indexed.format.meta import AddPart
+from persist.indexed.format.write import new_part
+from persist.indexed.maintenance import compact
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.read.filter import Filter, col
+from persist.indexed.read.parts import Snapshot
 from tests.indexed.test_filter import filters, model
 from tests.indexed.test_records import arrow_types, canon, collections, values, written
 

@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 
 from persist.blob.file import FileBlob
 from persist.errors import SchemaMismatch
-from persist.indexed import columnar, records
-from persist.indexed.columnar import Codec
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.format import columnar, records
+from persist.indexed.format.columnar import Codec
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 UTC = datetime.UTC
 

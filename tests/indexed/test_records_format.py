@@ -15,9 +15,9 @@ import persist
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, SchemaMismatch
-from persist.indexed import columnar, meta, records
-from persist.indexed.columnar import Codec
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
+from persist.indexed.format import columnar, meta, records
+from persist.indexed.format.columnar import Codec
 
 UTC = datetime.UTC
 
@@ -90,8 +90,8 @@ def test_a_msgpack_collection_of_a_class_that_now_maps_keeps_msgpack(tmp_path: P
     ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w")
     ix.fence()
     old = Codec(pa.binary(), Line, f"{Line.__module__}:{Line.__qualname__}")  # persist <= v1
-    from persist.indexed.indexed import Txn, new_collection
-    from persist.indexed.meta import Register
+    from persist.indexed.engine import Txn, new_collection
+    from persist.indexed.format.meta import Register
 
     txn = Txn(ix.state)
     txn.stage(Register(new_collection(ix.state, txn, "lines", Codec(pa.int64()), old)))

@@ -1,4 +1,4 @@
-"""Key-range splits (``persist.indexed.split``): every row lands in exactly one range of a plan
+"""Key-range splits (``persist.indexed.read.split``): every row lands in exactly one range of a plan
 (NaN, -0.0, nulls and truncated string bounds included), batches a range skips never hold one
 of its rows, per-range consolidation is the whole consolidation, and a sorted part split two
 ways is decoded about half by each task."""
@@ -18,11 +18,12 @@ from hypothesis import strategies as st
 
 from persist.blob.memory import MemoryBlob
 from persist.errors import InvalidUsage
-from persist.indexed import columnar, split, stats
-from persist.indexed.meta import CollectionMeta, PartMeta
-from persist.indexed.read import PartReader
-from persist.indexed.split import KeyRange
-from persist.indexed.write import new_part
+from persist.indexed.format import columnar, stats
+from persist.indexed.format.meta import CollectionMeta, PartMeta
+from persist.indexed.format.write import new_part
+from persist.indexed.read import split
+from persist.indexed.read.parts import PartReader
+from persist.indexed.read.split import KeyRange
 
 AS_OF = 3
 

@@ -22,8 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import InvalidUsage, UnknownCollection
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 NAMES = ("a", "b")
 KEYS = st.sampled_from(["x", "y", "z", ""])

@@ -53,9 +53,9 @@ import persist
 from persist.blob.base import Blob, BlobRead
 from persist.blob.unreliable import BLOB_OPS, FaultPlan, Faults, UnreliableBlob
 from persist.errors import Determinate, Fenced, LockHeld, PersistError, RuntimeShutdown
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.verify import delete_leaked, verify
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.maintenance.verify import delete_leaked, verify
 from persist.location import resolve
 from persist.lock.base import WriterLock
 from persist.lock.unreliable import LOCK_OPS, UnreliableLock

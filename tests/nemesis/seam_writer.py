@@ -18,7 +18,7 @@ import time
 import pyarrow as pa
 
 import persist
-from persist.indexed.compact import CompactionPolicy
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 RID = "seam-writer"
 # NB: pinned, not under the session's knob set (tests/knobs.py): the crash-point tests arm

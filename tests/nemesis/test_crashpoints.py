@@ -29,7 +29,7 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist.indexed.verify import delete_leaked, verify
+from persist.indexed.maintenance.verify import delete_leaked, verify
 from persist.location import resolve
 from tests.nemesis.seam_writer import OPTIONS, RID
 

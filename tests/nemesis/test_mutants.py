@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-import persist.indexed.columnar as columnar
-import persist.indexed.indexed as indexed
-import persist.indexed.read as read
+import persist.indexed.engine as indexed
+import persist.indexed.format.columnar as columnar
+import persist.indexed.read.parts as read
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
 from tests.nemesis.driver import Config, Nemesis

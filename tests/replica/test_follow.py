@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import persist
-from persist.indexed.indexed import Options
+from persist.indexed.engine import Options
 from persist.lock.file import FileLock
 from persist.runtime.replica import Follower
 from tests.replica.helpers import append_times, events, eventually, file_tree, listened_rows

@@ -8,8 +8,8 @@ import pytest
 from persist import layout
 from persist.blob.base import BlobRead
 from persist.blob.memory import MemoryBlob
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.machine import Machine
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.state.machine import Machine
 from persist.runtime.replica import CountingRead, Follower
 from tests.replica.helpers import eventually
 

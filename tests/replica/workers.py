@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 import persist
-from persist.indexed.indexed import Options
+from persist.indexed.engine import Options
 from tests import knobs
 
 NAME = "events"

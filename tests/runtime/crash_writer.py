@@ -15,7 +15,7 @@ import sys
 import pyarrow as pa
 
 import persist
-from persist.indexed.compact import CompactionPolicy
+from persist.indexed.maintenance.compact import CompactionPolicy
 from tests import knobs
 
 # NB: the parent test runs under a knob set (tests/knobs.py); so does this process.

@@ -16,10 +16,10 @@ from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import CommitDeadline
-from persist.indexed import gc
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.verify import delete_leaked, verify
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.maintenance import gc
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.maintenance.verify import delete_leaked, verify
 from persist.location import resolve
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime

@@ -258,7 +258,7 @@ def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
 def test_a_revoked_staging_lease_is_replaced_or_refused_never_committed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from persist import distributed, layout
-    from persist.indexed import lease
+    from persist.indexed.state import lease
 
     url = f"file://{tmp_path}/loc"
     with persist.open(url) as client:

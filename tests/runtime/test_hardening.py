@@ -26,10 +26,10 @@ from persist.errors import (
     RuntimeShutdown,
     SchemaMismatch,
 )
-from persist.indexed import meta
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.machine import Machine
-from persist.indexed.verify import verify
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.format import meta
+from persist.indexed.maintenance.verify import verify
+from persist.indexed.state.machine import Machine
 from persist.location import resolve
 
 KV = {"key_type": pa.int64(), "value_type": pa.int64()}

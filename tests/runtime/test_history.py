@@ -14,7 +14,7 @@ import pytest
 import persist
 from persist.cli import main
 from persist.errors import InvalidUsage
-from persist.indexed import state
+from persist.indexed.state import transitions as state
 
 
 def _utc(ms: float) -> datetime.datetime:

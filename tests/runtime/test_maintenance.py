@@ -10,9 +10,9 @@ import pytest
 from persist import layout
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
-from persist.indexed import gc
-from persist.indexed.indexed import Indexed, Options
-from persist.indexed.machine import Machine
+from persist.indexed.engine import Indexed, Options
+from persist.indexed.maintenance import gc
+from persist.indexed.state.machine import Machine
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
 

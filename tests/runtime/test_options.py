@@ -15,8 +15,8 @@ import pytest
 import persist
 from persist import InvalidUsage, Options, ReadOnly
 from persist.blob.memory import MemoryBlob
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.indexed import MAX_INLINE_THRESHOLD
+from persist.indexed.engine import MAX_INLINE_THRESHOLD
+from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.knobs import KNOB_SETS
 
 
@@ -148,7 +148,7 @@ def test_inline_parts_are_flushed_to_a_blob_even_when_the_threshold_would_keep_t
     flushes inline parts used to produce one inline part again: every later round merged it
     with the next small part and rewrote the collection's whole inline data, in a commit (and
     every rollup) carrying all of it."""
-    from persist.indexed.indexed import Indexed
+    from persist.indexed.engine import Indexed
 
     # NB: pins the knobs it is about: the largest inline threshold, a small flush size, no
     # level merges, parts of 20 rows not yet final, and merges not cut into smaller parts

@@ -10,9 +10,9 @@ import pytest
 
 import persist
 from persist.errors import InvalidUsage
-from persist.indexed import write
-from persist.indexed.meta import PartMeta
-from persist.indexed.read import Types
+from persist.indexed.format import write
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.read.parts import Types
 from persist.location import resolve
 
 
@@ -25,7 +25,7 @@ def _stage(loc_url: str, client: persist.Client, name: str, rows: list[tuple[obj
     """Encodes and stores ``rows`` as a part, the way a Spark task does (own blob handle)."""
     c = client.state.collections[name]
     types = Types.of(c)
-    from persist.indexed.columnar import from_updates
+    from persist.indexed.format.columnar import from_updates
 
     table = from_updates(rows, types.schema, types.key, types.value)
     return write.new_part(resolve(loc_url).blob, c, table, inline_threshold=inline_threshold,

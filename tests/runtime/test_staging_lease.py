@@ -1,4 +1,4 @@
-"""Staging leases (``persist.indexed.lease``): parts staged by another process survive every
+"""Staging leases (``persist.indexed.state.lease``): parts staged by another process survive every
 leaked-blob sweep while their job's lease lives, however long that is; once it lapses they are
 revoked, reclaimed after the grace, and can no longer be committed."""
 
@@ -15,10 +15,12 @@ import persist
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import Determinate, InvalidUsage
-from persist.indexed import gc, lease, verify, write
-from persist.indexed.columnar import from_updates
-from persist.indexed.meta import PartMeta
-from persist.indexed.read import Types
+from persist.indexed.format import write
+from persist.indexed.format.columnar import from_updates
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.maintenance import gc, verify
+from persist.indexed.read.parts import Types
+from persist.indexed.state import lease
 
 
 def _stage(blob: FileBlob, client: persist.Client, name: str, rows: list[tuple[object, ...]],
@@ -83,7 +85,7 @@ def test_malformed_lease_ids_and_ttls_are_refused(tmp_path: Path, bad: object) -
 
 def test_part_ids_name_their_lease(tmp_path: Path) -> None:
     lid = uuid.uuid4().hex
-    key = layout.data_key(3, lease.part_id(lid))
+    key = layout.data_key(3, layout.staged_part_id(lid))
     assert layout.is_staged(key)
     assert layout.lease_of(key) == lid
     assert layout.lease_of(layout.data_key(3, layout.STAGED_PART_PREFIX + uuid.uuid4().hex)) \

@@ -175,7 +175,7 @@ def run_trials() -> None:
 def _warm_up(url: str, options: dict[str, Any]) -> None:
     """Pays the one-time costs (boto3 service models, Arrow IPC and zstd) before contending, so
     the first hold is not seconds slower than the others."""
-    from persist.indexed import columnar
+    from persist.indexed.format import columnar
     from persist.location import resolve
 
     resolve(url, storage_options=options).lock().current()

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from persist.blob import aws
 from persist.blob.s3 import S3Blob
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
 from persist.location import resolve
 from persist.lock.dynamodb import create_table
 

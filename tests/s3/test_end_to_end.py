@@ -10,7 +10,7 @@ import pytest
 
 from persist.blob.s3 import S3Blob
 from persist.errors import Fenced
-from persist.indexed.indexed import Indexed
+from persist.indexed.engine import Indexed
 from persist.location import resolve
 
 pytestmark = pytest.mark.s3

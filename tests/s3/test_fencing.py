@@ -50,8 +50,8 @@ import pytest
 import persist
 from persist import layout
 from persist.blob.s3 import S3Blob
-from persist.indexed import meta
-from persist.indexed.meta import Commit
+from persist.indexed.format import meta
+from persist.indexed.format.meta import Commit
 from tests.s3.test_runtime_s3 import CONFIGS, storage_options
 
 pytestmark = [pytest.mark.s3, pytest.mark.crash]

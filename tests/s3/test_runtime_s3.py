@@ -23,7 +23,7 @@ import pytest
 import persist
 from persist import layout
 from persist.errors import Fenced, InvalidUsage, LockHeld, RuntimeShutdown
-from persist.indexed.compact import CompactionPolicy
+from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.location import resolve
 from persist.lock.dynamodb import DynamoLock
 from persist.lock.s3 import S3Lock

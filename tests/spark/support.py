@@ -12,7 +12,7 @@ import pyarrow as pa
 
 import persist
 from persist.errors import InvalidUsage
-from persist.indexed.compact import CompactionPolicy
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 
 def session_builder(app: str) -> Any:

@@ -24,7 +24,7 @@ from pyspark.sql.types import (
 import persist
 from operators.options import WriteOptions
 from operators.schema import CollectionTypes, merged_types
-from persist.indexed import evolve
+from persist.indexed.format import evolve
 from tests.spark.support import Collected, location
 
 pytestmark = pytest.mark.spark

@@ -23,12 +23,12 @@ import persist
 from operators import filters
 from operators.options import ReadOptions
 from persist.errors import Corruption, InvalidUsage
-from persist.indexed import stats
-from persist.indexed.columnar import serialize_type
-from persist.indexed.compact import CompactionPolicy
-from persist.indexed.filter import Filter, col
-from persist.indexed.meta import CollectionMeta, PartMeta
-from persist.indexed.scan import Address, CollectionInfo
+from persist.indexed.format import stats
+from persist.indexed.format.columnar import serialize_type
+from persist.indexed.format.meta import CollectionMeta, PartMeta
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.read.filter import Filter, col
+from persist.indexed.read.scan import Address, CollectionInfo
 from tests.spark.support import compact, location
 
 pytestmark = pytest.mark.spark

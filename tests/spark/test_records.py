@@ -40,8 +40,8 @@ from operators.schema import (
     to_spark,
 )
 from persist.errors import SchemaMismatch
-from persist.indexed import buckets
-from persist.indexed.columnar import contents_at, part_schema
+from persist.indexed.format.columnar import contents_at, part_schema
+from persist.indexed.read import buckets
 from tests.spark.support import Collected, expected_updates, location
 
 pytestmark = pytest.mark.spark

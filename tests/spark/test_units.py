@@ -14,10 +14,10 @@ import persist
 from operators.options import ReadOptions, WriteOptions
 from operators.source import PersistStreamReader, _upper
 from persist.errors import InvalidUsage
-from persist.indexed import buckets
-from persist.indexed.columnar import contents_at, part_schema
-from persist.indexed.meta import PartMeta
-from persist.indexed.scan import Address, CollectionInfo, default_buckets, group
+from persist.indexed.format.columnar import contents_at, part_schema
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.read import buckets
+from persist.indexed.read.scan import Address, CollectionInfo, default_buckets, group
 from tests.spark.support import updates_at
 
 pytestmark = pytest.mark.spark
@@ -91,7 +91,7 @@ def test_options_are_read_lower_cased_and_checked() -> None:
 
 def test_exactness_rule() -> None:
     def info(since: int, holds: dict[str, int] | None = None) -> CollectionInfo:
-        return CollectionInfo(Address("mem://x"), persist.indexed.meta.CollectionMeta(
+        return CollectionInfo(Address("mem://x"), persist.indexed.format.meta.CollectionMeta(
             id=1, name="c", key_type=b"", value_type=b"", since=since, upper=20,
             holds=holds or {}))
 

@@ -12,7 +12,7 @@ Format versions: every record carries ``version``. A reader refuses a version ne
 ``FORMAT_VERSION`` with :class:`IncompatibleFormat` and keeps reading every older one;
 ``tests/golden/`` pins the bytes of versions 1 and 2.
 
-Version 2 is records (:mod:`persist.indexed.records`): a collection whose key or value type is
+Version 2 is records (:mod:`persist.indexed.format.records`): a collection whose key or value type is
 not one of version 1's ten types, or a ``msgspec.Struct`` stored as an Arrow struct. A record
 is written as version 2 exactly when it carries such a collection (:func:`required_version`): a
 commit with a ``Register`` of one, a rollup holding one. Everything else stays version 1 byte
@@ -29,7 +29,7 @@ compaction that ignores it may merge the part again, which only costs), and a co
 seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
 informational, derived by replay). None of them bumps the format version.
 
-Version 3 is schema evolution (:mod:`persist.indexed.evolve`): an :class:`EvolveSchema` op
+Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
 history (``schemas``) and whose parts record the version they were written with
 (``PartMeta.schema_id``). A persist that predates it would read such a collection's parts with
@@ -47,8 +47,8 @@ import msgspec
 
 from persist import layout
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
-from persist.indexed import columnar, records
-from persist.indexed.stats import PartStats
+from persist.indexed.format import columnar, records
+from persist.indexed.format.stats import PartStats
 
 #: The newest metadata format this persist reads (and writes for evolved collections).
 FORMAT_VERSION = 3
@@ -80,7 +80,7 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: UNSET is version 0 (every part before the collection's first evolution).
     schema_id: int | msgspec.UnsetType = msgspec.UNSET
     #: Per-field null counts and bounds, overall and per record batch, within a byte budget
-    #: (:mod:`persist.indexed.stats`); what a filtered read prunes by. UNSET: none (inline
+    #: (:mod:`persist.indexed.format.stats`); what a filtered read prunes by. UNSET: none (inline
     #: parts, parts written before stats). An older persist ignores the field.
     stats: PartStats | msgspec.UnsetType = msgspec.UNSET
     #: Compaction cut this part when it reached its size target
@@ -213,7 +213,7 @@ class EvolveSchema(msgspec.Struct, frozen=True, tag="evolve"):
     """Registers ``schema`` as collection ``name``'s newest schema version: its id is one more
     than the current version's (compare-and-set: an evolution planned against another version
     is refused), and the change from the current types is one that
-    :func:`persist.indexed.evolve.problems` allows."""
+    :func:`persist.indexed.format.evolve.problems` allows."""
 
     name: str
     schema: SchemaVersion

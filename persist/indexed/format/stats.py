@@ -3,7 +3,7 @@
 For every field of a part's ``key`` and ``value`` (struct fields flattened by dotted path:
 ``key``, ``value.amount``, ``value.address.city``; see :func:`path_key`) a part records its
 null count and, for fields with an order, a lower and an upper bound of its non-null values.
-Kept inside :class:`persist.indexed.meta.PartMeta` (its optional ``stats`` field), so a reader
+Kept inside :class:`persist.indexed.format.meta.PartMeta` (its optional ``stats`` field), so a reader
 decides what to fetch from the metadata it already holds.
 
 **Bounds, not values.** ``lo <= every non-null value <= hi`` in the field's order; a bound may
@@ -18,7 +18,7 @@ unknown. That is what lets them be trimmed to a byte budget:
 - a decimal's bounds are its unscaled integers; one beyond msgpack's integer range is clamped
   outward (``lo`` down, ``hi`` up) or, where no bound in range exists, unknown;
 - floats: NaN is not a bound. ``nans`` counts NaN values (a filter treats NaN as greater than
-  every number, see :mod:`persist.indexed.filter`), and ``-0.0`` equals ``0.0`` in bounds as
+  every number, see :mod:`persist.indexed.read.filter`), and ``-0.0`` equals ``0.0`` in bounds as
   in comparisons;
 - lists (and every type without a sensible order) have a null count only; a struct node has
   its own null count (a row whose struct, or a struct above it, is null counts as null for
@@ -35,7 +35,7 @@ fit keeps its null count; once nothing fits the rest are unknown. Then, for a pa
 Arrow record batches, per-batch bounds of as many ordered fields as fit (key fields first:
 compaction output is sorted by key, so each batch of a merged part covers a narrow key range)
 let a read decode only the batches that may match. Inline parts carry no stats (see
-:func:`persist.indexed.write.new_part`).
+:func:`persist.indexed.format.write.new_part`).
 """
 
 from __future__ import annotations

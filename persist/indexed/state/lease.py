@@ -210,11 +210,6 @@ def release(blob: Blob, lease_id: str) -> None:
     blob.delete(layout.lease_key(lease_id))
 
 
-def part_id(lease_id: str) -> str:
-    """A fresh part id for a part staged under ``lease_id`` (``staged-<lease>-<uuid>``)."""
-    return f"{layout.STAGED_PART_PREFIX}{_check_id(lease_id)}-{uuid.uuid4().hex}"
-
-
 def check_committable(blob: BlobRead, lease_ids: set[str]) -> None:
     """Checks, before a commit references parts staged under ``lease_ids``, that none of the
     leases was revoked (see rule 2 of the module docstring).
@@ -261,4 +256,4 @@ class Judge:
 
 __all__ = ["DEFAULT_SKEW_SECONDS", "DEFAULT_TTL_SECONDS", "LEASE_FORMAT_VERSION", "Judge",
            "LeaseRecord", "LeaseRevoked", "LeaseState", "check_committable",
-           "part_id", "read", "release", "renew", "revoke", "state", "take"]
+           "read", "release", "renew", "revoke", "state", "take"]

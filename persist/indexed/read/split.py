@@ -1,10 +1,10 @@
 """Key-range splits of a snapshot: disjoint key ranges that parallel consolidated reads own.
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place.
-Hash buckets (:mod:`persist.indexed.buckets`) give that, but every task must then decode every
+Hash buckets (:mod:`persist.indexed.read.buckets`) give that, but every task must then decode every
 part. A split by key *range* lets each task decode only the record batches that may hold its keys:
 compaction output is sorted by key (``PartMeta.consolidated``), cut into bounded parts, and its
-per-batch key bounds (:mod:`persist.indexed.stats`) say which batches a range needs. Three
+per-batch key bounds (:mod:`persist.indexed.format.stats`) say which batches a range needs. Three
 steps, all pure:
 
 * :func:`plan` (driver, metadata only): ``n`` or fewer ordered, disjoint :class:`KeyRange`\\ s
@@ -53,7 +53,7 @@ its ends (a sort puts nulls at one end and NaN at one end of the numbers: Arrow'
 compaction uses, puts both last), so the last range reads the batches holding its first and
 last ``nulls + nans`` rows besides its own; in an unsorted part any batch may hold one, and the
 last range reads all of them. A float key with a NaN anywhere in a part also has no per-batch
-upper bounds (:mod:`persist.indexed.stats`); for a sorted part they are recovered from the
+upper bounds (:mod:`persist.indexed.format.stats`); for a sorted part they are recovered from the
 next batch's lower bound (sorted keys never decrease across batches).
 """
 
@@ -71,10 +71,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import InvalidUsage
-from persist.indexed import stats
-from persist.indexed.meta import PartMeta
-from persist.indexed.prune import BatchSource
-from persist.indexed.stats import Phys
+from persist.indexed.format import stats
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.format.stats import Phys
+from persist.indexed.read.prune import BatchSource
 
 #: The stats name of the key.
 _KEY = stats.path_key(("key",))
@@ -96,7 +96,7 @@ _EXACT_LO: frozenset[_Kind] = frozenset({"int", "bool", "float", "date", "timest
 @dataclass(frozen=True)
 class KeyRange:
     """The keys ``lo <= key < hi`` in the order of the module docstring, bounds in the stats'
-    physical form (:func:`persist.indexed.stats.physical`: ``int`` for integers, bools,
+    physical form (:func:`persist.indexed.format.stats.physical`: ``int`` for integers, bools,
     dates, timestamps and decimals, ``float`` for floats, ``bytes`` for strings and binaries).
 
     ``lo`` None: no lower bound. ``hi`` None: no upper bound, and the range also holds every

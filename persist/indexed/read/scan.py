@@ -21,14 +21,14 @@ The rules, stated once:
 * **Which parts.** A snapshot as of ``t`` needs every part with a row at a time ``<= t``
   (:func:`snapshot_parts`); a range ``[lo, hi)`` the parts with a time in it
   (:func:`range_parts`). A filter's stats prune parts on the planner and record batches in
-  the task (:class:`persist.indexed.prune.Pruner`); what is read is then filtered exactly.
+  the task (:class:`persist.indexed.read.prune.Pruner`); what is read is then filtered exactly.
 * **Exactness.** A snapshot is definite for ``as_of`` in ``[since, upper)``
-  (:func:`persist.indexed.read.check_as_of`). A range is exact while nothing before it was
+  (:func:`persist.indexed.read.parts.check_as_of`). A range is exact while nothing before it was
   forwarded into it (:func:`exact`).
-* **Consolidated tasks** split the keys into disjoint ranges (:mod:`persist.indexed.split`,
+* **Consolidated tasks** split the keys into disjoint ranges (:mod:`persist.indexed.read.split`,
   from the sorted parts' per-batch key stats: a task decodes only the parts and record
   batches that may hold its keys) or, where the keys have no usable order or stats, into
-  disjoint hash buckets (:mod:`persist.indexed.buckets`: each task decodes every part and
+  disjoint hash buckets (:mod:`persist.indexed.read.buckets`: each task decodes every part and
   keeps its share). Either way every key lands in exactly one task, so the tasks' outputs are
   disjoint and their union is the snapshot. A task that finds a part gone (GC after
   compaction replaced it) re-plans on the newest state: its answer is definite, so the same.
@@ -51,13 +51,15 @@ import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
 from persist.errors import Corruption, InvalidUsage, PartMissing, SchemaMismatch
-from persist.indexed import buckets, columnar, evolve, history, split, stats
-from persist.indexed.filter import Bound, Filter, bind
-from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, PartMeta, State
-from persist.indexed.prune import Pruner
-from persist.indexed.read import PartReader, check_as_of
-from persist.indexed.state import collection, effective_since
+from persist.indexed.format import columnar, evolve, stats
+from persist.indexed.format.meta import CollectionMeta, PartMeta, State
+from persist.indexed.read import buckets, split
+from persist.indexed.read.filter import Bound, Filter, bind
+from persist.indexed.read.parts import PartReader, check_as_of
+from persist.indexed.read.prune import Pruner
+from persist.indexed.state import history
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import collection, effective_since
 
 #: Consolidated reads: one key-hash bucket (task) per this many rows, by default. Each bucket
 #: decodes every part, but it consolidates and hands on only its share, and handing rows to
@@ -138,7 +140,7 @@ class PartHandle(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def stats(self) -> Any:
-        """The part's per-field stats (``persist.indexed.stats.PartStats``), or None."""
+        """The part's per-field stats (``persist.indexed.format.stats.PartStats``), or None."""
         s = self.part.stats
         return None if s is msgspec.UNSET else s
 
@@ -313,7 +315,7 @@ class CollectionInfo:
         return sum(p.rows for p in self.meta.parts)
 
     def history(self) -> list[history.Seal]:
-        """The most recent seals, oldest first (see :mod:`persist.indexed.history`)."""
+        """The most recent seals, oldest first (see :mod:`persist.indexed.state.history`)."""
         return history.entries(self.meta)
 
     def as_of_timestamp(self, when: Any) -> int:
@@ -705,7 +707,7 @@ def read_task(reader: PartReader, task: ReadTask,
 
     Args:
         fresh: for a consolidated task, a callable returning the location's newest
-            :class:`~persist.indexed.meta.State`, to re-plan on when a part was collected.
+            :class:`~persist.indexed.format.meta.State`, to re-plan on when a part was collected.
 
     Raises:
         PartMissing: GC removed a part (a consolidated task retries on the newest state first,

@@ -2,7 +2,7 @@
 
 A part is an Arrow IPC stream compressed with zstd, its schema tagged with
 ``persist.part=<version>``: 1 for a collection of version-1 types, 2 for one with records or
-other version-2 types (:mod:`persist.indexed.records`), so that a reader that predates them
+other version-2 types (:mod:`persist.indexed.format.records`), so that a reader that predates them
 refuses the part instead of misreading it. Types: ``key``/``value`` as registered
 (Python-object codecs store msgpack in ``binary``; a mapped ``msgspec.Struct`` its Arrow
 struct), ``time`` uint64, ``diff`` int64. Every conversion here is vectorized: the Arrow input
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, SchemaMismatch
-from persist.indexed import records
+from persist.indexed.format import records
 
 #: The newest part format this persist reads (and writes for collections with records).
 PART_FORMAT_VERSION = 2
@@ -38,7 +38,7 @@ MAX_DIFF = (1 << 63) - 1
 MAX_TIME = 2**64 - 1
 
 #: The primitive key/value types of format version 1. Version 2 adds every type
-#: :func:`persist.indexed.records.check_type` accepts (records: structs, lists, decimals, ...).
+#: :func:`persist.indexed.format.records.check_type` accepts (records: structs, lists, decimals, ...).
 SUPPORTED_TYPES = records.V1_TYPES
 
 
@@ -415,7 +415,7 @@ _COMBINE_MAX_BYTES = 16 << 20
 
 
 #: Rows per Arrow record batch of a stored part: a filtered read decodes only the batches
-#: whose stats may match (:mod:`persist.indexed.stats`). Measured on 1 M rows of an int64 key
+#: whose stats may match (:mod:`persist.indexed.format.stats`). Measured on 1 M rows of an int64 key
 #: and a 4-field struct value: 64 Ki-row batches encode faster than 1 Mi-row ones (97 against
 #: 172 ms), decode as fast (41 against 44 ms) and compress as well (22.0 MB both).
 BATCH_ROWS = 1 << 16

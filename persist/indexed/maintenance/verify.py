@@ -21,10 +21,12 @@ import pyarrow as pa
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, IncompatibleFormat, MissingResource, PersistError
-from persist.indexed import columnar, evolve, gc, lease, meta
-from persist.indexed.machine import Machine
-from persist.indexed.meta import CollectionMeta, Commit, PartMeta, State
-from persist.indexed.state import apply
+from persist.indexed.format import columnar, evolve, meta
+from persist.indexed.format.meta import CollectionMeta, Commit, PartMeta, State
+from persist.indexed.maintenance import gc
+from persist.indexed.state import lease
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import apply
 
 log = logging.getLogger("persist.verify")
 
@@ -372,11 +374,11 @@ def delete_leaked(blob: Blob, first: list[str], grace: float,
     writer sends no commit referencing a blob older than its commit deadline
     (``Options.commit_deadline_seconds``), so a grace longer than that deadline plus a
     commit's latency cannot delete a blob a commit will still claim. Parts staged under a
-    staging lease are held to the lease's rules instead (:mod:`persist.indexed.lease`): left
+    staging lease are held to the lease's rules instead (:mod:`persist.indexed.state.lease`): left
     alone while it lives, and deleted only a grace after its revocation.
     """
     # NB: a part staged under a live lease belongs to a job still running, however old it
-    # is; one whose lease lapsed is revoked now, before the grace starts (persist.indexed.lease).
+    # is; one whose lease lapsed is revoked now, before the grace starts (persist.indexed.state.lease).
     judge = lease.Judge(blob)
     live = [k for k in first if layout.lease_of(k) is not None and not judge.reclaimable(k)]
     if live:

@@ -10,7 +10,7 @@ read and rewriting them again and again would cost more than it saves.
 **Bounded, key-ordered output.** A merge's output, sorted by key, is cut into parts of about
 ``part_target_bytes`` (Arrow bytes) each, only where the key changes: a key's rows are never
 split across two parts, so a large collection becomes parts with disjoint key ranges (what a
-filtered read prunes by, :mod:`persist.indexed.prune`). Every part but the last of a merge
+filtered read prunes by, :mod:`persist.indexed.read.prune`). Every part but the last of a merge
 reached the target and is marked ``full``: like a final part it is never merged again. That is
 what keeps the planner from re-merging split output forever: each merge of two or more
 mergeable parts leaves at most one mergeable part (the remainder), so the number of mergeable
@@ -34,11 +34,11 @@ import pyarrow as pa
 from persist import crashpoints
 from persist.blob.base import Blob
 from persist.errors import InvalidUsage
-from persist.indexed import columnar, evolve, records, stats
-from persist.indexed.meta import CollectionMeta, PartMeta, ReplaceParts
-from persist.indexed.read import PartReader
-from persist.indexed.state import effective_since
-from persist.indexed.write import new_part
+from persist.indexed.format import columnar, evolve, records, stats
+from persist.indexed.format.meta import CollectionMeta, PartMeta, ReplaceParts
+from persist.indexed.format.write import new_part
+from persist.indexed.read.parts import PartReader
+from persist.indexed.state.transitions import effective_since
 
 FANIN = 4
 

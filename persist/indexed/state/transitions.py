@@ -14,9 +14,9 @@ import msgspec
 
 from persist import layout
 from persist.errors import Corruption, Fenced, InvalidUsage, UnknownCollection
-from persist.indexed import evolve
-from persist.indexed.columnar import MAX_TIME
-from persist.indexed.meta import (
+from persist.indexed.format import evolve
+from persist.indexed.format.columnar import MAX_TIME
+from persist.indexed.format.meta import (
     AddPart,
     AllowCompaction,
     CollectionMeta,

@@ -1,8 +1,8 @@
 """A collection's history: its recent seals, each with its wall-clock time and what it added.
 
 The ``DESCRIBE HISTORY`` of persist. Every commit that advances a collection's upper appends a
-:class:`~persist.indexed.meta.HistoryEntry` to ``CollectionMeta.history`` when it is replayed
-(:func:`persist.indexed.state.apply_op`): the new upper, the commit's seq and wall-clock time
+:class:`~persist.indexed.format.meta.HistoryEntry` to ``CollectionMeta.history`` when it is replayed
+(:func:`persist.indexed.state.transitions.apply_op`): the new upper, the commit's seq and wall-clock time
 (the writer's clock), and the rows added since the previous seal with the sums of their positive
 and negative diffs. The most recent ``state.HISTORY_ENTRIES`` seals are kept.
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import msgspec
 
 from persist.errors import InvalidUsage
-from persist.indexed.meta import CollectionMeta, HistoryEntry
-from persist.indexed.state import effective_since
+from persist.indexed.format.meta import CollectionMeta, HistoryEntry
+from persist.indexed.state.transitions import effective_since
 
 
 @dataclass(frozen=True)

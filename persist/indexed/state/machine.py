@@ -21,9 +21,9 @@ from typing import TypeVar
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
-from persist.indexed import meta
-from persist.indexed.meta import Commit, State
-from persist.indexed.state import apply
+from persist.indexed.format import meta
+from persist.indexed.format.meta import Commit, State
+from persist.indexed.state.transitions import apply
 
 T = TypeVar("T")
 

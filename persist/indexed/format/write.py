@@ -1,9 +1,9 @@
 """The write side of parts: encoding updates into one immutable part, inline or in a blob.
 
 Every part persist stores is made here, whoever makes it: a commit of user writes
-(:mod:`persist.indexed.indexed`), a compaction merge (:mod:`persist.indexed.compact`), or a part
+(:mod:`persist.indexed.engine`), a compaction merge (:mod:`persist.indexed.maintenance.compact`), or a part
 staged by a distributed writer (the Spark sink). Its counterpart for reading is
-:mod:`persist.indexed.read`.
+:mod:`persist.indexed.read.parts`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import pyarrow.compute as pc
 
 from persist import layout
 from persist.blob.base import Blob
-from persist.indexed import columnar, lease, stats
-from persist.indexed.meta import CollectionMeta, PartMeta
+from persist.errors import InvalidUsage
+from persist.indexed.format import columnar, stats
+from persist.indexed.format.meta import CollectionMeta, PartMeta
 
 
 def new_part(
@@ -39,10 +40,10 @@ def new_part(
         staged: the part is staged by another process for a later ``Client.apply(parts=...)``
             (its id starts with :data:`persist.layout.STAGED_PART_PREFIX`, which keeps the
             writer's automatic leaked-blob sweep away from it).
-        lease_id: staged under this staging lease (:mod:`persist.indexed.lease`; implies
+        lease_id: staged under this staging lease (:mod:`persist.indexed.state.lease`; implies
             ``staged``): the sweep leaves the part alone while the lease lives. The caller
             renews the lease before staging.
-        stats_bytes: the budget of the part's stats (:mod:`persist.indexed.stats`), in encoded
+        stats_bytes: the budget of the part's stats (:mod:`persist.indexed.format.stats`), in encoded
             bytes; 0: none. A blob part gets them; an inline part never does (see below).
         full: compaction cut this part at its size target: it is never merged again
             (``PartMeta.full``).
@@ -56,7 +57,9 @@ def new_part(
         ExternalError: writing the blob failed (the part is then not referenced by anything).
     """
     if lease_id is not None:
-        part_id = lease.part_id(lease_id)
+        part_id = layout.staged_part_id(lease_id)
+        if layout.lease_of(layout.data_key(c.id, part_id)) != lease_id:
+            raise InvalidUsage(f"a staging lease id is 32 lowercase hex digits, not {lease_id!r}")
     else:
         part_id = (layout.STAGED_PART_PREFIX if staged else "") + uuid.uuid4().hex
     data, batch_sizes = columnar.encode_batches(table, batch_rows)

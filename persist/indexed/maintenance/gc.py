@@ -21,8 +21,8 @@ from collections.abc import Callable
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError
-from persist.indexed import lease
-from persist.indexed.meta import Forget, State
+from persist.indexed.format.meta import Forget, State
+from persist.indexed.state import lease
 
 
 def collectable(state: State, *, now_ms: int, grace_ms: int) -> tuple[str, ...]:
@@ -99,7 +99,7 @@ class LeakSweeper:
     :meth:`sweep` lists the data blobs, *then* reads the writer's newest state, and notes when
     each unreferenced blob was first seen so; one still unreferenced ``grace`` seconds later is
     deleted. Parts staged by other processes (:func:`persist.layout.is_staged`) are left alone
-    while their staging lease lives (:mod:`persist.indexed.lease`): one is a candidate only
+    while their staging lease lives (:mod:`persist.indexed.state.lease`): one is a candidate only
     once its lease is revoked, and a part staged without a lease never is.
 
     Invariant (why it is safe): a blob is deleted only if it was listed, hence written, at least
@@ -111,7 +111,7 @@ class LeakSweeper:
     def __init__(self, grace_seconds: float,
                  lease_skew_seconds: float = lease.DEFAULT_SKEW_SECONDS) -> None:
         """A sweeper deleting blobs unreferenced for ``grace_seconds``; it revokes a staging
-        lease once its expiry is ``lease_skew_seconds`` past (see :mod:`persist.indexed.lease`)."""
+        lease once its expiry is ``lease_skew_seconds`` past (see :mod:`persist.indexed.state.lease`)."""
         self.grace_seconds = grace_seconds
         self.lease_skew_seconds = lease_skew_seconds
         self._first_seen: dict[str, float] = {}

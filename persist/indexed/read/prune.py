@@ -1,15 +1,15 @@
 """Pruned reads: which parts and record batches a filtered snapshot can skip, and the audit.
 
-A filtered snapshot (:class:`persist.indexed.read.Snapshot` with a filter) asks, for each part,
-whether its stats (:mod:`persist.indexed.stats`) prove that none of its rows matches the filter
-(:meth:`persist.indexed.filter.Bound.may_match`). A part proven empty is not fetched; within a
+A filtered snapshot (:class:`persist.indexed.read.parts.Snapshot` with a filter) asks, for each part,
+whether its stats (:mod:`persist.indexed.format.stats`) prove that none of its rows matches the filter
+(:meth:`persist.indexed.read.filter.Bound.may_match`). A part proven empty is not fetched; within a
 part that may match, record batches proven empty are not decoded. What is read is then filtered
 row by row, so pruning only ever saves work: the rows returned are exactly those of the
 unfiltered snapshot that match (stats are conservative: a field without stats may match).
 
 **Schema evolution.** Stats describe a part as written (its schema version,
 ``PartMeta.schema_id``); a read sees it migrated to the version it reads
-(:mod:`persist.indexed.evolve`, through the current version). Migration keeps a field's values
+(:mod:`persist.indexed.format.evolve`, through the current version). Migration keeps a field's values
 exactly when the field exists in every version the migration passes through (it only widens
 types, or narrows values that fit), so a field's stats apply only then. A field missing from any
 of those versions (added later, or dropped and added again: a new field) is null in every
@@ -31,10 +31,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import Corruption, SchemaMismatch
-from persist.indexed import evolve, stats
-from persist.indexed.filter import Bound
-from persist.indexed.meta import PartMeta
-from persist.indexed.stats import Bounds
+from persist.indexed.format import evolve, stats
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.format.stats import Bounds
+from persist.indexed.read.filter import Bound
 
 
 class BatchSource(Protocol):
@@ -188,7 +188,7 @@ def _continuous_cached(types: tuple[tuple[pa.DataType, pa.DataType], ...], lo: i
 
 
 def _names(t: pa.DataType, segments: tuple[str, ...]) -> set[str]:
-    """Stats names of ``t`` and its struct fields, as :mod:`persist.indexed.stats` names them."""
+    """Stats names of ``t`` and its struct fields, as :mod:`persist.indexed.format.stats` names them."""
     out = {stats.path_key(segments)}
     if pa.types.is_struct(t):
         for f in t:

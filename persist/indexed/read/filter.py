@@ -20,7 +20,7 @@ unknown, ``&``/``|`` are Kleene's, and a row is kept only if the filter is *true
 a null struct is null. Floats compare numerically (``-0.0 == 0.0``), and NaN equals NaN and is
 greater than every other value, including infinity (Spark's rule, and the order persist sorts
 in). A literal must fit the field's type by the same rules as a written value
-(:func:`persist.indexed.records.checker`: no int for a string, no bool for an int, a decimal
+(:func:`persist.indexed.format.records.checker`: no int for a string, no bool for an int, a decimal
 within its precision and scale, an aware datetime for a zoned timestamp...); None is not a
 literal (use :meth:`Column.is_null`).
 
@@ -34,7 +34,7 @@ the path; a collection stored as msgpack (a Python class that is not a mapped
 and ship it to executors.
 
 A bound filter answers two questions: :meth:`Bound.mask` (which rows of a part's table match,
-exactly) and :meth:`Bound.may_match` (from :mod:`persist.indexed.stats` bounds, whether some
+exactly) and :meth:`Bound.may_match` (from :mod:`persist.indexed.format.stats` bounds, whether some
 row of a part or batch *may* match: conservative, unknown means yes).
 """
 
@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import InvalidUsage, SchemaMismatch
-from persist.indexed import records
-from persist.indexed.stats import Bounds, Phys, orderable, path_key, physical
+from persist.indexed.format import records
+from persist.indexed.format.stats import Bounds, Phys, orderable, path_key, physical
 
 # -- literals ---------------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Consolidating a snapshot in parallel: key-hash buckets, one per reading task (a Spark task, a
-Dask task, ...; see :mod:`persist.indexed.scan`).
+Dask task, ...; see :mod:`persist.indexed.read.scan`).
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place,
 and storage parts are not partitioned by key: any part may hold any key. So each of ``n``
@@ -14,7 +14,7 @@ the zero value): that only puts two groups in one bucket, never one group in two
 
 Records (struct and list keys or values) and the other version-2 types (decimals, dates,
 timestamps, ...) are hashed through the engine's canonical row encoding
-(:func:`persist.indexed.records.row_bytes`): equal records, by the engine's record equality
+(:func:`persist.indexed.format.records.row_bytes`): equal records, by the engine's record equality
 (the one consolidation groups by), have equal bytes and so one hash, whatever their chunking.
 """
 
@@ -25,8 +25,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.indexed import records
-from persist.indexed.columnar import constant_times, sum_by_key_value
+from persist.indexed.format import records
+from persist.indexed.format.columnar import constant_times, sum_by_key_value
 
 _U = np.uint64
 _Hashes = npt.NDArray[np.uint64]
@@ -122,7 +122,7 @@ def consolidate(table: pa.Table, as_of: int, *, key_hashes: _Hashes | None = Non
         table: updates at or before ``as_of`` (a part's schema, which the result keeps).
         key_hashes: ``hash_keys(table.column("key"))`` if the caller has it already.
 
-    Unlike ``persist.indexed.columnar.contents_at`` this does not sort its output: Spark never
+    Unlike ``persist.indexed.format.columnar.contents_at`` this does not sort its output: Spark never
     promises an order, and sorting would cost as much again as the aggregation.
     """
     schema = table.schema

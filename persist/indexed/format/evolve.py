@@ -1,9 +1,9 @@
 """Schema evolution without rewrite: schema versions, the evolution rules, and migration on read.
 
 A collection starts with one schema, version 0 (its registered key and value types). Each
-:class:`~persist.indexed.meta.EvolveSchema` op adds the next version; ``CollectionMeta.schemas``
+:class:`~persist.indexed.format.meta.EvolveSchema` op adds the next version; ``CollectionMeta.schemas``
 keeps them all and ``key_type``/``value_type`` are always the newest, the *current* version.
-Which changes are allowed is :func:`persist.indexed.records.evolution_problems` (on Arrow types)
+Which changes are allowed is :func:`persist.indexed.format.records.evolution_problems` (on Arrow types)
 plus :func:`problems` here (msgpack-coded columns cannot evolve).
 
 **Parts are never rewritten by an evolution.** Each keeps the schema it was written with
@@ -52,9 +52,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import Corruption, InvalidUsage, SchemaMismatch
-from persist.indexed import columnar, records
-from persist.indexed.columnar import Codec
-from persist.indexed.meta import CollectionMeta, EvolveSchema, PartMeta, SchemaVersion
+from persist.indexed.format import columnar, records
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.meta import CollectionMeta, EvolveSchema, PartMeta, SchemaVersion
 
 _Live = npt.NDArray[np.bool_]
 #: A stored column: its Arrow type and its codec name (``CollectionMeta.key_codec``).
@@ -145,7 +145,7 @@ def problems(old: tuple[_Column, _Column], new: tuple[_Column, _Column]) -> list
     """Why a collection whose (key, value) columns are ``old`` may not evolve to ``new``
     (each a ``(arrow type, codec name)`` pair); ``[]`` if it may. Pure.
 
-    The Arrow types follow :func:`persist.indexed.records.evolution_problems`. A column stored
+    The Arrow types follow :func:`persist.indexed.format.records.evolution_problems`. A column stored
     as msgpack (a Python class that does not map to an Arrow struct) cannot change at all, nor
     become or stop being msgpack: persist cannot see inside its bytes. A change of the codec
     name alone (another ``msgspec.Struct`` class of the same shape) is allowed.

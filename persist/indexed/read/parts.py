@@ -17,13 +17,13 @@ import pyarrow.compute as pc
 
 from persist.blob.base import BlobRead
 from persist.errors import Corruption, InvalidUsage, PartMissing
-from persist.indexed import columnar, evolve
-from persist.indexed.columnar import Codec
-from persist.indexed.evolve import View
-from persist.indexed.filter import Bound, Filter, bind
-from persist.indexed.meta import CollectionMeta, PartMeta
-from persist.indexed.prune import PruneCounts, Pruner
-from persist.indexed.state import check_time, effective_since
+from persist.indexed.format import columnar, evolve
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.evolve import View
+from persist.indexed.format.meta import CollectionMeta, PartMeta
+from persist.indexed.read.filter import Bound, Filter, bind
+from persist.indexed.read.prune import PruneCounts, Pruner
+from persist.indexed.state.transitions import check_time, effective_since
 
 
 @dataclass(frozen=True)
@@ -156,9 +156,9 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
 class Snapshot:
     """The contents of a collection as of one time in ``[since, upper)``: definite.
 
-    With a ``filter`` (:mod:`persist.indexed.filter`), exactly the rows of the unfiltered
+    With a ``filter`` (:mod:`persist.indexed.read.filter`), exactly the rows of the unfiltered
     snapshot that match it. With a ``schema_id``, as that schema version of the collection
-    (:mod:`persist.indexed.evolve`: parts migrated to the current version, consolidated, and
+    (:mod:`persist.indexed.format.evolve`: parts migrated to the current version, consolidated, and
     migrated back).
     """
 
@@ -280,7 +280,7 @@ def read_part_at(reader: PartReader, p: PartMeta, schema: pa.Schema | View,
                  as_of: int) -> pa.Table:
     """One part's raw updates at or before ``as_of``, times forwarded to ``as_of``.
 
-    ``schema``: the part's own schema, or a :class:`~persist.indexed.evolve.View` that
+    ``schema``: the part's own schema, or a :class:`~persist.indexed.format.evolve.View` that
     migrates the part to its schema version.
     """
     if isinstance(schema, View):

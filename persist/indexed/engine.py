@@ -35,11 +35,9 @@ from persist.errors import (
     PersistError,
     ReadOnly,
 )
-from persist.indexed import columnar, compact, evolve, gc, stats
-from persist.indexed.columnar import Codec
-from persist.indexed.filter import Filter
-from persist.indexed.machine import Machine
-from persist.indexed.meta import (
+from persist.indexed.format import columnar, evolve, stats
+from persist.indexed.format.columnar import Codec
+from persist.indexed.format.meta import (
     AddPart,
     AllowCompaction,
     CollectionMeta,
@@ -53,9 +51,12 @@ from persist.indexed.meta import (
     check_op,
     decode_commit,
 )
-from persist.indexed.read import PartReader, Snapshot, Types, updates_between
-from persist.indexed.state import apply, apply_op, check, collection, plan
-from persist.indexed.write import new_part
+from persist.indexed.format.write import new_part
+from persist.indexed.maintenance import compact, gc
+from persist.indexed.read.filter import Filter
+from persist.indexed.read.parts import PartReader, Snapshot, Types, updates_between
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import apply, apply_op, check, collection, plan
 
 replace = msgspec.structs.replace
 log = logging.getLogger("persist.indexed")
@@ -103,7 +104,7 @@ class Txn:
     def stage_write(self, name: str, table: pa.Table, schema_id: int | None = None) -> None:
         """Stages updates (already normalized to the collection's schema version
         ``schema_id``, None: its current one; migrated to the current one, see
-        :func:`persist.indexed.evolve.for_write`)."""
+        :func:`persist.indexed.format.evolve.for_write`)."""
         c = collection(self.collections, name)
         if len(table):
             self._not_after_evolution()
@@ -209,7 +210,7 @@ class Options:
     #: deadline may still be claimed by a commit in flight. None: never (operators then run
     #: ``persist verify --delete-leaked``).
     leak_grace_seconds: float | None = 600.0
-    #: The budget of each blob part's stats (:mod:`persist.indexed.stats`: per-field null
+    #: The budget of each blob part's stats (:mod:`persist.indexed.format.stats`: per-field null
     #: counts and bounds, what filtered reads prune by), in encoded bytes; every rollup holds
     #: every part's. 0: no stats (filtered reads then read every part); at most
     #: ``stats.MAX_STATS_BYTES``.
@@ -218,7 +219,7 @@ class Options:
     #: within a part that may match (by per-batch stats).
     batch_rows: int = columnar.BATCH_ROWS
     #: Filtered reads also read every part and record batch their stats let them skip, and
-    #: raise ``Corruption`` if one held a matching row (:mod:`persist.indexed.prune`). Costs
+    #: raise ``Corruption`` if one held a matching row (:mod:`persist.indexed.read.prune`). Costs
     #: what pruning saves; for tests and for checking a location's stats.
     audit_pruning: bool = False
 
@@ -350,7 +351,7 @@ class Indexed:
 
     def fence(self) -> State:
         """Claims the log for this writer's epoch with an empty commit (see machine.py)."""
-        from persist.indexed.machine import CommitConflict
+        from persist.indexed.state.machine import CommitConflict
 
         while True:
             self.state = self.machine.load()
@@ -499,7 +500,7 @@ class Indexed:
         commit; returns the new schema version (the current one if nothing changes).
 
         Raises:
-            SchemaMismatch: a change :mod:`persist.indexed.evolve` does not allow, an
+            SchemaMismatch: a change :mod:`persist.indexed.format.evolve` does not allow, an
                 unsupported type, or ``expect`` is not the current version; nothing changed.
             UnknownCollection: no such collection.
         """
@@ -575,7 +576,7 @@ class Indexed:
     def snapshot(self, name: str, as_of: int, state: State | None = None, *,
                  filter: Filter | None = None, schema_id: int | None = None) -> Snapshot:
         """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest);
-        with ``filter``, exactly its rows that match it (:mod:`persist.indexed.filter`).
+        with ``filter``, exactly its rows that match it (:mod:`persist.indexed.read.filter`).
 
         Raises:
             InvalidUsage: ``as_of`` is outside ``[since, upper)``; ``filter`` is not a filter.
@@ -591,7 +592,7 @@ class Indexed:
         schema_id: int | None = None,
     ) -> Iterator[pa.Table]:
         """The raw updates of ``name`` at times in ``[lo, hi)``, part by part (see
-        :func:`persist.indexed.read.updates_between`; ``held``: the caller holds compaction at
+        :func:`persist.indexed.read.parts.updates_between`; ``held``: the caller holds compaction at
         ``lo``, so forwarded times are exact; ``schema_id``: as that schema version)."""
         c = collection((state or self.state).collections, name)
         return updates_between(c, lo, hi, self.reader, held=held, schema_id=schema_id)
