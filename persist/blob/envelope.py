@@ -13,6 +13,11 @@ Layout (little endian, 24 bytes of header, then the payload)::
 NB: the key is folded into the checksum but not stored. Two valid values swapped between keys
 (a misdirected write, a bad copy) therefore fail verification instead of decoding into a wrong
 answer, at no cost in space.
+
+Records that travel between processes rather than to storage (a staged part from a worker to
+its committer, a read task from a planner to a worker) use the same envelope through
+:func:`pack` and :func:`unpack`, with their *kind* in place of the key: their bytes are checked
+before anything in them is decoded, and bytes of one kind never verify as another.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from persist.errors import ChecksumMismatch, Corruption, IncompatibleFormat
+from persist.errors import ChecksumMismatch, Corruption, IncompatibleFormat, InvalidUsage
 
 MAGIC = b"PST1"
 ENVELOPE_VERSION = 1
@@ -91,3 +96,31 @@ def unframe(key: str, data: bytes | bytearray | memoryview) -> memoryview:
     if crc32c.crc32c(payload, crc32c.crc32c(prefix, crc32c.crc32c(key.encode()))) != body_crc:
         raise ChecksumMismatch(key, "payload checksum mismatch")
     return payload
+
+
+def pack(kind: str, payload: bytes | bytearray | memoryview) -> bytes:
+    """``payload`` (an encoded record) in an envelope for travel between processes, as one
+    ``bytes``: :func:`unpack` with the same ``kind`` verifies it before it is decoded.
+
+    Args:
+        kind: what the record is, e.g. ``"persist.StagedPart"``; it takes the key's place in the
+            checksum, so bytes packed as one kind fail verification as any other.
+    """
+    return bytes(frame(kind, payload))
+
+
+def unpack(kind: str, data: object) -> memoryview:
+    """Verifies and strips the envelope of a record :func:`pack` made as ``kind``; call it
+    before decoding anything in ``data``.
+
+    Raises:
+        InvalidUsage: ``data`` is not bytes-like (bytes, bytearray or memoryview).
+        Corruption: not an envelope: bad magic, truncated, or over-long.
+        ChecksumMismatch: flipped bits, or a record packed as another kind.
+        IncompatibleFormat: packed by a newer envelope version.
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidUsage(f"an encoded {kind} is bytes, not {type(data).__name__}")
+    if isinstance(data, memoryview) and (data.format != "B" or not data.c_contiguous):
+        data = data.tobytes()  # NB: unframe counts elements; a view of other items miscounts
+    return unframe(kind, data)
