@@ -218,7 +218,7 @@ def pushdown_safe() -> bool:
     return hasattr(sds.DataSourceReader, "pushLimit")
 
 
-def push(filters: Iterable[sds.Filter], info: persist.CollectionInfo, schema_version: int
+def push(filters: Iterable[sds.Filter], info: persist.distributed.CollectionInfo, schema_version: int
          ) -> tuple[Pushed, list[sds.Filter]]:
     """Splits Spark's pushed ``filters`` into what persist applies exactly (returned as
     :class:`Pushed`) and what Spark must still apply (the returned list, the very objects it

@@ -2,7 +2,7 @@
 in Spark's layout.
 
 The engine plans every read (:mod:`persist.distributed`: ``CollectionInfo.snapshot`` /
-``changes``, ``Scan.tasks``) and reads every task (``persist.read_task``): which parts a read
+``changes``, ``Scan.tasks``) and reads every task (``persist.distributed.read_task``): which parts a read
 needs, how filters prune them, how consolidated reads split keys and retry after GC, and when a
 range is exact are its rules, stated once there. A partition here is one such task (picklable:
 Spark ships it to an executor) plus the Spark types its rows are converted to.
@@ -36,32 +36,32 @@ BATCH_ROWS = 1 << 17
 
 
 class TaskPartition(InputPartition):
-    """One engine read task (:class:`persist.ReadTask`) and the Spark types of its rows."""
+    """One engine read task (:class:`persist.distributed.ReadTask`) and the Spark types of its rows."""
 
-    def __init__(self, task: persist.ReadTask, types: CollectionTypes) -> None:
+    def __init__(self, task: persist.distributed.ReadTask, types: CollectionTypes) -> None:
         super().__init__(None)
         self.task = task
         self.types = types
 
 
-def partitions_of(tasks: list[persist.ReadTask], types: CollectionTypes
+def partitions_of(tasks: list[persist.distributed.ReadTask], types: CollectionTypes
                   ) -> list[InputPartition]:
     """Spark's partitions for ``tasks``, one each."""
     return [TaskPartition(t, types) for t in tasks]
 
 
-def describe(target: Target) -> persist.CollectionInfo:
+def describe(target: Target) -> persist.distributed.CollectionInfo:
     """``target``'s collection as the location's latest metadata shows it (no lock).
 
     Raises:
         MissingResource: no location at the URL (a mistyped URL?).
         UnknownCollection: no such collection (the message lists those there are).
     """
-    return persist.describe(target.url, target.collection,
+    return persist.distributed.describe(target.url, target.collection,
                             storage_options=target.storage_options)
 
 
-def find(target: Target) -> persist.CollectionInfo | None:
+def find(target: Target) -> persist.distributed.CollectionInfo | None:
     """``target``'s collection as :func:`describe` shows it; None if it does not exist yet
     (a sink creates it)."""
     try:
@@ -88,7 +88,7 @@ def read(p: TaskPartition) -> Iterator[pa.RecordBatch]:
     time = None if task.kind == "changes" else task.as_of
     target = p.types
     try:
-        tables = persist.read_task(task)
+        tables = persist.distributed.read_task(task)
         if task.kind == "changes":
             # NB: the whole range is read before the first batch is yielded, so a part that
             # vanishes fails the task before Spark saw any of its rows.

@@ -183,7 +183,7 @@ class CollectionTypes:
     schema_id: int = 0
 
     @classmethod
-    def of(cls, info: persist.CollectionInfo) -> CollectionTypes:
+    def of(cls, info: persist.distributed.CollectionInfo) -> CollectionTypes:
         """``info``'s name, id and current stored types (codecs left unresolved)."""
         key, value = info.types()
         return cls(info.name, info.id, key, value, info.schema_version)
@@ -448,7 +448,7 @@ def parse_arrow_type(alias: str, *, option: str) -> pa.DataType:
     except (ValueError, KeyError):
         raise InvalidUsage(f"option {option}={alias!r} is not an Arrow type name") from None
     try:
-        persist.check_type(t, option)
+        persist.distributed.check_type(t, option)
         _lookup(t, "", option)
     except SchemaMismatch as e:
         raise InvalidUsage(f"option {option}={alias!r}: {e}") from None

@@ -7,19 +7,22 @@
 The DataFrame has the columns ``key, value, time, diff``. Two phases, as Spark's write protocol
 has them:
 
-1. Each task stages its rows as storage parts with the engine's ``persist.Stager`` (made by
-   the driver, pickled into every task): stored in the location's blob store (small parts ride
+1. Each task stages its rows as storage parts with the engine's ``persist.distributed.Stager``
+   (made by the driver, pickled into every task): stored in the location's blob store (small parts ride
    back inline in the commit message instead), invisible until a commit references them, and
    kept from the leaked-blob sweeps by the job's *staging lease* however long the job runs.
    Once the commit is decided the lease is released, and what a lost task attempt left is
    reclaimed a grace later.
-2. The driver takes the writer lock and commits every task's parts plus the seal in **one**
-   ``Client.apply``: all of the job's updates land at once, or none do.
+2. The driver commits every task's parts plus the seal in **one** apply, through the engine's
+   ``persist.distributed.Committer`` (the exactly-once protocol every distributed writer
+   shares): all of the job's updates land at once, or none do.
 
 A streaming sink commits each micro-batch with the idempotency token ``(sink id, batchId)``
-(``persist.Token``): the engine records it in the same atomic apply, and a replayed
+(``persist.distributed.Token``): the engine records it in the same atomic apply, and a replayed
 micro-batch whose batchId is not above the recorded one is dropped, so a batch lands exactly
-once however often Spark retries it.
+once however often Spark retries it. The committer keeps the writer open between micro-batches
+(``writerIdleTimeout``), settles a commit whose outcome is unknown from the log, and commits
+again on a new writer if the kept one lost its lock.
 
 The sink id is, by default, ``<collection>@<query id>``: the streaming query's ``id``, which
 Spark keeps in the checkpoint (stable across restarts from it, new for a fresh one). A Python
@@ -36,12 +39,10 @@ one apply (:meth:`PersistBatchWriter.commit`).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,15 +62,8 @@ from operators.schema import (
     from_spark,
     merged_types,
 )
-from persist import (
-    Determinate,
-    InvalidUsage,
-    LeaseRevoked,
-    LockHeld,
-    PersistError,
-    SchemaMismatch,
-    StagedPart,
-)
+from persist import InvalidUsage, LeaseRevoked, SchemaMismatch
+from persist.distributed import Committer, LatestValues, StagedPart, Stager, Token, read_task
 
 try:  # pyspark >= 4.1
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -80,13 +74,10 @@ except ImportError:  # pragma: no cover - pyspark 4.0: write() gets Rows
 
 log = logging.getLogger("persist.spark")
 
-#: The collection where the engine records idempotency tokens (``Client.token``): a streaming
-#: sink's last committed batchId per sink id.
-PROGRESS = "__sink_progress"
-
-#: The collection where a sink with an explicit ``sinkId`` records the streaming query (its
-#: ``id``, one per checkpoint) that last committed under it.
-QUERIES = "__sink_queries"
+#: Where a sink with an explicit ``sinkId`` records the streaming query (its ``id``, one per
+#: checkpoint) that last committed under it. (The last batchId per sink id is the engine's
+#: idempotency token, ``persist.distributed.TOKENS``.)
+QUERIES = LatestValues("__sink_queries", pa.string())
 
 #: The Spark local property that holds a streaming query's id in its write tasks.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
@@ -105,7 +96,7 @@ class Staged(WriterCommitMessage):
 
     parts: tuple[StagedPart, ...]
     #: The stager the task staged with (its job's location, collection and lease).
-    stager: persist.Stager
+    stager: Stager
     #: The streaming query's id, as the task saw it (None: a batch job, or not known).
     query_id: str | None = None
 
@@ -122,7 +113,7 @@ def _task_query_id() -> str | None:
 # -- executors ------------------------------------------------------------------------------
 
 
-def stage(stager: persist.Stager, types: CollectionTypes, batches: Iterator[Any], *,
+def stage(stager: Stager, types: CollectionTypes, batches: Iterator[Any], *,
           at: int | None = None, part_bytes: int = STAGED_PART_BYTES) -> Staged:
     """Stages a task's rows as parts (a Spark task's whole job) with the job's ``stager``,
     under its staging lease (renewed before each part), which keeps the leaked-blob sweeps
@@ -156,16 +147,16 @@ def stage(stager: persist.Stager, types: CollectionTypes, batches: Iterator[Any]
     return Staged(tuple(parts), stager, qid)
 
 
-def _stage_part(stager: persist.Stager, types: CollectionTypes, tables: list[pa.Table],
+def _stage_part(stager: Stager, types: CollectionTypes, tables: list[pa.Table],
                 at: int | None) -> StagedPart:
     """Stages ``tables`` (Spark's rows) as one part."""
     table = pa.concat_tables(tables, promote_options="permissive")
     return stager.stage(from_spark(table, types), at=at)
 
 
-def _stager(target: Target, types: CollectionTypes, job: str) -> persist.Stager:
+def _stager(target: Target, types: CollectionTypes, job: str) -> Stager:
     """A stager of ``types``'s schema version for a job, with a fresh staging lease."""
-    return persist.Stager.start(target.url, target.collection, job=job,
+    return Stager.start(target.url, target.collection, job=job,
                                 storage_options=target.storage_options,
                                 schema_version=types.schema_id)
 
@@ -230,235 +221,6 @@ def _parts(messages: list[WriterCommitMessage | None]) -> list[StagedPart]:
     return [p for m in messages if isinstance(m, Staged) for p in m.parts]
 
 
-Plan = Callable[[persist.Client], "dict[str, Any] | None"]
-
-
-#: A kept writer's key: its location (URL and storage options) and its reentrance id.
-WriterKey = tuple[str, tuple[tuple[str, Any], ...], str]
-
-
-class Writers:
-    """Writer clients a streaming sink keeps open between micro-batch commits, in the process
-    that commits, one per location and reentrance id.
-
-    NB: pyspark 4.3 makes a fresh ``PersistStreamWriter`` for every commit, but runs the
-    commits of a query in one reused Python worker (checked with ``os.getpid()``), so a
-    module-level cache is what survives from one micro-batch to the next. Opening a writer
-    (lock, fence commit, runtime) is most of a commit's cost; reusing one leaves the apply.
-
-    The price is the location's writer lock, held while a writer is kept: other writers of
-    the location (a batch job, a read hold of a streaming reader, the user's own writer) wait
-    for it. So a kept writer is closed once it has sat idle for its timeout (a daemon timer),
-    and at interpreter exit.
-
-    Invariant: a writer is either idle here (its timer armed) or checked out by one commit
-    (:meth:`take` until :meth:`keep`); the timer only ever closes an idle one.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[WriterKey, tuple[persist.Client, threading.Timer]] = {}
-
-    def take(self, key: WriterKey) -> persist.Client | None:
-        """Checks out ``key``'s idle writer: None if there is none, or if it went away (it
-        stopped, or its lock was taken over; it is closed then)."""
-        with self._lock:
-            entry = self._idle.pop(key, None)
-        if entry is None:
-            return None
-        client, timer = entry
-        timer.cancel()
-        if client.stopped or client.lock_lost is not None:
-            log.info("persist sink: the kept writer of %s went away (%s); opening a new one",
-                     key[0], client.lock_lost or "stopped")
-            client.stop()
-            return None
-        return client
-
-    def keep(self, key: WriterKey, client: persist.Client, idle: float) -> None:
-        """Returns a checked-out ``client`` as ``key``'s idle writer, closed once it has been
-        idle for ``idle`` seconds (at once if ``idle`` is 0 or it went away)."""
-        if idle <= 0 or client.stopped or client.lock_lost is not None:
-            client.stop()
-            return
-        timer = threading.Timer(idle, self._expire, (key, client))
-        timer.daemon = True
-        with self._lock:
-            old = self._idle.pop(key, None)
-            self._idle[key] = (client, timer)
-            timer.start()
-        if old is not None and old[0] is not client:  # pragma: no cover - concurrent commits
-            old[1].cancel()
-            old[0].stop()
-
-    def _expire(self, key: WriterKey, client: persist.Client) -> None:
-        with self._lock:
-            entry = self._idle.get(key)
-            if entry is None or entry[0] is not client:
-                return  # taken (or replaced) meanwhile
-            del self._idle[key]
-        log.info("persist sink: closing the idle writer of %s (releasing its lock)", key[0])
-        client.stop()
-
-    def idle(self) -> list[WriterKey]:
-        """The keys of the writers kept idle now."""
-        with self._lock:
-            return list(self._idle)
-
-    def close(self) -> None:
-        """Closes every idle writer, releasing their locks (at interpreter exit)."""
-        with self._lock:
-            entries = list(self._idle.values())
-            self._idle.clear()
-        for client, timer in entries:
-            timer.cancel()
-            client.stop()
-
-
-#: This process's kept streaming writers.
-WRITERS = Writers()
-# NB: persist stops its live clients at exit too; closing here first also cancels the timers.
-atexit.register(WRITERS.close)
-
-
-class _MaybeLanded(Exception):
-    """An apply was sent and failed without saying whether it landed."""
-
-    def __init__(self, seq: int, cause: PersistError) -> None:
-        super().__init__(str(cause))
-        #: The state's seq the apply was planned on (what ``landed`` looks after).
-        self.seq = seq
-        self.cause = cause
-
-
-def _attempt(client: persist.Client, target: Target, stager: persist.Stager,
-             parts: list[StagedPart], plan: Plan) -> bool:
-    """One commit of ``plan(client)`` on the open writer ``client``.
-
-    Returns:
-        True if it landed; False if ``plan`` declined or the apply's token was applied
-        before (a replay): the staged parts are then discarded.
-
-    Raises:
-        _MaybeLanded: the apply was sent and failed with an unknown outcome.
-        PersistError: nothing landed.
-    """
-    kwargs = plan(client)
-    if kwargs is None:
-        stager.discard(parts)
-        return False
-    seq = client.info(target.collection).seq
-    try:
-        applied = client.apply(**kwargs).result()
-    except (Determinate, InvalidUsage, LockHeld):
-        raise  # definitely nothing landed
-    except PersistError as e:
-        raise _MaybeLanded(seq, e) from e
-    if applied is None:
-        stager.discard(parts)  # its token was applied meanwhile: a replay
-        return False
-    return True
-
-
-def _put_back(writers: Writers | None, key: WriterKey, client: persist.Client,
-              idle: float) -> None:
-    if writers is None:
-        client.stop()
-    else:
-        writers.keep(key, client, idle)
-
-
-def commit_once(
-    target: Target, rid: str, lock_timeout: float, stager: persist.Stager,
-    parts: list[StagedPart], plan: Plan, landed: Callable[[persist.Client, int], bool], *,
-    writers: Writers | None = None, idle: float = 0.0,
-) -> bool:
-    """Opens the location as writer ``rid``, commits ``plan(client)`` in one apply, closes.
-
-    ``plan`` returns the ``Client.apply`` arguments, or None when there is nothing to commit
-    (the staged parts are then discarded, as they are when the apply's token was already
-    applied). If the commit's outcome is unknown (the runtime
-    went fail-stop), the location is reopened under the same reentrance id — which fences any
-    commit still in flight, so it can no longer land — and ``landed`` decides what happened.
-
-    With ``writers`` (a stream), the writer ``writers`` keeps for the location and ``rid`` is
-    used instead of opening one, and the writer is kept there afterwards, for ``idle``
-    seconds. A kept writer may have lost its lock without noticing yet (another process
-    opened the location as ``rid``, fencing it: its commit then fails as a conflict before
-    the runtime learns why). So when a kept writer's commit fails, it is closed and the commit
-    runs once more on a freshly opened writer — safe, as nothing of it landed (an unknown
-    outcome is first settled by the reopen and ``landed``, as above).
-
-    Returns:
-        True if this call's data is committed (now or by an earlier attempt), False if ``plan``
-        declined.
-
-    Raises:
-        PersistError: the commit definitely failed; the staged parts were discarded.
-    """
-    key: WriterKey = (target.url, target.storage, rid)
-    kept = writers.take(key) if writers is not None else None
-    if kept is not None:
-        try:
-            done = _attempt(kept, target, stager, parts, plan)
-        except _MaybeLanded as m:
-            kept.stop()
-            if _landed_after_reopen(target, rid, lock_timeout, m, landed, writers, key, idle):
-                return True
-            log.info("persist sink: commit to %r on a kept writer failed (%s) and did not "
-                     "land; retrying on a new writer", target.collection, m.cause)
-        except PersistError as e:
-            kept.stop()
-            log.info("persist sink: commit to %r on a kept writer failed (%s: %s), nothing "
-                     "landed; retrying on a new writer", target.collection, type(e).__name__, e)
-        except BaseException:
-            kept.stop()
-            raise
-        else:
-            _put_back(writers, key, kept, idle)
-            return done
-    try:
-        client = _open(target, rid, lock_timeout)
-    except PersistError:
-        stager.discard(parts)  # definitely nothing landed
-        raise
-    try:
-        done = _attempt(client, target, stager, parts, plan)
-    except _MaybeLanded as m:
-        client.stop()
-        if _landed_after_reopen(target, rid, lock_timeout, m, landed, writers, key, idle):
-            return True
-        stager.discard(parts)
-        raise m.cause from m.cause.__cause__
-    except PersistError:
-        client.stop()
-        stager.discard(parts)  # definitely nothing landed
-        raise
-    except BaseException:
-        client.stop()
-        raise
-    _put_back(writers, key, client, idle)
-    return done
-
-
-def _landed_after_reopen(target: Target, rid: str, lock_timeout: float, m: _MaybeLanded,
-                         landed: Callable[[persist.Client, int], bool],
-                         writers: Writers | None, key: WriterKey, idle: float) -> bool:
-    """Reopens the location as ``rid`` (fencing the commit ``m`` left in flight, so it can no
-    longer land) and asks ``landed`` whether it did; the new writer is kept (``writers``) or
-    closed."""
-    client = _open(target, rid, lock_timeout)
-    try:
-        ok = landed(client, m.seq)
-    except BaseException:
-        client.stop()
-        raise
-    _put_back(writers, key, client, idle)
-    if ok:
-        log.warning("persist commit to %r reported %s but landed", target.collection, m.cause)
-    return ok
-
-
 class PersistBatchWriter(DataSourceArrowWriter):
     """``df.write.format("persist")``: one atomic apply of every task's part plus the seal.
 
@@ -519,21 +281,22 @@ class PersistBatchWriter(DataSourceArrowWriter):
             upper = max(p.max_time for p in parts) + 1
         if upper is None:
             return  # no rows, no upper: nothing to do
-        seal = upper
-        # NB: commit_once discards this list on failure: the retraction's staged parts are
-        # appended to it as they are stored, so they are cleaned up with the job's own.
-        staged = list(parts)
+        # NB: the retraction's parts are staged under the writer lock, by the commit's plan;
+        # the committer discards them with the job's if the commit fails, and they are
+        # released with them once it is decided.
+        made: list[StagedPart] = []
 
-        def plan(client: persist.Client) -> dict[str, Any]:
-            if self.at is not None:
-                staged.extend(self._retraction(client))
-            return {"parts": {name: staged}, "seals": {name: seal}}
+        def retraction(client: persist.Client) -> dict[str, Any]:
+            more = self._retraction(client)
+            made.extend(more)
+            return {"parts": {name: more}}
 
         try:
-            commit_once(self.opts.target, self.rid, self.opts.lock_timeout, self.stager,
-                        staged, plan, lambda client, seq: client.landed(seq, staged))
+            _committer(self.opts, self.rid).commit(
+                {name: parts}, seals={name: upper},
+                plan=retraction if self.at is not None else None)
         finally:
-            self.stager.release(staged)
+            self.stager.release([*parts, *made])
 
     def _retraction(self, client: persist.Client) -> list[StagedPart]:
         """Overwrite: the snapshot as of ``T - 1`` with its diffs negated, at time ``T``, as
@@ -567,7 +330,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
         n = max(1, -(-scan.rows // RETRACT_ROWS_PER_BUCKET))
         out: list[StagedPart] = []
         for task in scan.tasks(consolidated=True, n=n):
-            for snap in persist.read_task(task):
+            for snap in read_task(task):
                 if len(snap) == 0:
                     continue
                 negated = snap.set_column(3, snap.schema.field(3), pc.negate(snap.column("diff")))
@@ -586,7 +349,7 @@ class PersistBatchWriter(DataSourceArrowWriter):
 
 class PersistStreamWriter(_StreamWriterBase):
     """``df.writeStream.format("persist")``: each micro-batch lands once, atomically with its
-    batchId in ``__sink_progress``."""
+    batchId as its idempotency token (``persist.distributed.TOKENS``)."""
 
     def __init__(self, options: Mapping[str, str], schema: StructType, overwrite: bool) -> None:
         if overwrite:
@@ -602,10 +365,10 @@ class PersistStreamWriter(_StreamWriterBase):
         #: with the stager each task's message carries). The lease is renewed by every task
         #: that stages and by every commit; never released (a stream has no end hook), so it
         #: lapses once the query stops, and only then can what a lost task left be reclaimed.
-        self._stager: persist.Stager | None = None
+        self._stager: Stager | None = None
 
     @property
-    def stager(self) -> persist.Stager:
+    def stager(self) -> Stager:
         """The query run's stager (taking its lease on first use)."""
         if self._stager is None:
             target = self.opts.target
@@ -640,7 +403,7 @@ class PersistStreamWriter(_StreamWriterBase):
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """The driver: one apply of the staged parts, a seal to their max time + 1 and
-        ``batchId`` in ``__sink_progress``; a batchId already recorded by the same query is
+        ``batchId`` as its token; a batchId already recorded by the same query is
         dropped (its staged parts deleted), so a replayed micro-batch lands once.
 
         Raises:
@@ -676,35 +439,20 @@ class PersistStreamWriter(_StreamWriterBase):
                 log.warning("persist sink %r: micro-batch %d was already committed (last %d); "
                             "dropping the replay", sink, batchId, last)
                 return None
-            writes: dict[str, Any] = {}
-            seals: dict[str, int] = {}
-            sinces: dict[str, int] = {}
-            if explicit and query is not None and query != before:
-                client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
-                tq = client.info(QUERIES).upper
-                qrows: list[tuple[tuple[str, Any], int, int]] = [((sink, query), tq, 1)]
-                if before is not None:
-                    qrows.append(((sink, before), tq, -1))
-                writes[QUERIES] = qrows
-                seals[QUERIES] = tq + 1
-                sinces[QUERIES] = tq
-            if parts:
-                seals[name] = max(p.max_time for p in parts) + 1
-            return {"parts": {name: parts} if parts else None, "writes": writes or None,
-                    "seals": seals, "sinces": sinces, "token": persist.Token(sink, batchId)}
-
-        def landed(client: persist.Client, seq: int) -> bool:
-            last = progress(client, sink)
-            return last is not None and last >= batchId
+            if explicit and query is not None:
+                return QUERIES.put(client, sink, query, before)
+            return {}
 
         # NB: keep the query's lease alive between micro-batches (a revoked one is replaced by
         # tasks with leases of their own, released here once the batch is decided).
         stager = next(m.stager for m in staged)
         with contextlib.suppress(LeaseRevoked):
-            stager.renew(at_most_every=persist.RENEW_EVERY_SECONDS)
+            stager.renew()
         try:
-            commit_once(self.opts.target, rid, self.opts.lock_timeout, stager, parts, plan,
-                        landed, writers=WRITERS, idle=self.opts.writer_idle_timeout)
+            _committer(self.opts, rid, keep_writer=self.opts.writer_idle_timeout).commit(
+                {name: parts} if parts else None,
+                seals={name: max(p.max_time for p in parts) + 1} if parts else None,
+                token=Token(sink, batchId), plan=plan)
         finally:
             stager.release(parts, keep_own=True)
 
@@ -730,11 +478,12 @@ def progress(client: persist.Client, sink_id: str) -> int | None:
 def sink_query(client: persist.Client, sink_id: str) -> str | None:
     """The streaming query that last committed under explicit sink ``sink_id`` (None: not
     recorded, e.g. by a persist before query ids were recorded)."""
-    if QUERIES not in client.collections:
-        return None
-    c = client.info(QUERIES)
-    if c.upper == 0:
-        return None
-    _, read = client.create_or_load(QUERIES, key_type=pa.string(), value_type=pa.string())
-    mine = read.snapshot(c.upper - 1, filter=persist.col("key") == sink_id).to_arrow()
-    return str(mine.column("value")[0].as_py()) if len(mine) else None
+    query: str | None = QUERIES.get(client, sink_id)
+    return query
+
+
+def _committer(opts: WriteOptions, rid: str, *, keep_writer: float = 0.0) -> Committer:
+    """The engine's exactly-once committer for the location ``opts`` writes to, as ``rid``."""
+    target = opts.target
+    return Committer(target.url, reentrance_id=rid, storage_options=target.storage_options,
+                     lock_timeout=opts.lock_timeout, keep_writer=keep_writer)

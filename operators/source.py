@@ -13,10 +13,10 @@ never holds part of a time, and replaying a batch after a restart reads the same
 Where work happens (Spark runs a Python data source in several processes):
 
 * the DataSource (``schema()``) and the readers are built in short-lived planning processes on
-  the driver; they read the metadata log only (``persist.describe``), never data, and plan with
+  the driver; they read the metadata log only (``persist.distributed.describe``), never data, and plan with
   the engine's public API (``CollectionInfo.snapshot``/``changes``, ``Scan.tasks``);
 * a streaming reader's offset methods run in one long-lived driver process, which keeps a
-  cached view of the metadata (``persist.Watch``, refreshed at most every ``refreshInterval``);
+  cached view of the metadata (``persist.distributed.Watch``, refreshed at most every ``refreshInterval``);
 * executors read the engine's tasks straight from the blob store (:mod:`operators.partitions`).
 
 Like any other engine reading persist, this module uses only the public ``persist`` names
@@ -50,7 +50,8 @@ from operators.options import ReadOptions
 from operators.partitions import TaskPartition, describe, partitions_of
 from operators.partitions import read as read_partition
 from operators.schema import MAX_LONG, CollectionTypes
-from persist import CollectionInfo, InvalidUsage, SchemaMismatch
+from persist import InvalidUsage, SchemaMismatch
+from persist.distributed import CollectionInfo
 
 if TYPE_CHECKING:
     from pyspark.sql.datasource import Filter
@@ -321,7 +322,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.target = opts.target
         self.types = _types_for(describe(self.target), schema)
-        self._watch: persist.Watch | None = None
+        self._watch: persist.distributed.Watch | None = None
         #: Trigger.AvailableNow: the upper to stop at.
         self._stop_at: int | None = None
         #: The frontier of our durable read hold as last committed by this process.
@@ -341,7 +342,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _current(self, *, fresh: bool = False) -> CollectionInfo:
         if self._watch is None:
             t = self.target
-            self._watch = persist.Watch(t.url, t.collection, storage_options=t.storage_options,
+            self._watch = persist.distributed.Watch(t.url, t.collection, storage_options=t.storage_options,
                                         interval=self.opts.refresh_interval)
             return self._watch.current()
         return self._watch.current(fresh=fresh)
@@ -529,7 +530,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _set_hold(self, frontier: int) -> None:
         assert self.opts.read_hold is not None
         t = self.target
-        if persist.set_read_hold(t.url, t.collection, self.opts.read_hold, frontier,
+        if persist.distributed.set_read_hold(t.url, t.collection, self.opts.read_hold, frontier,
                                  lock_timeout=self.opts.read_hold_lock_timeout,
                                  storage_options=t.storage_options):
             self._held = frontier

@@ -10,27 +10,12 @@ Any read as of a time in ``[since, upper)`` is definite: the same everywhere, al
         write.append([(("a", 1), 0, 1)], upper=1).result()
         read.snapshot(0).to_arrow()
 
-Distributed readers and writers (Spark's executors, Dask, Ray) plan with ``persist.describe``
-and read with ``persist.read_task`` / ``persist.read_part`` on any machine; they stage with a
-``persist.Stager`` and commit once with ``Client.apply(parts=..., token=persist.Token(...))``
-(see :mod:`persist.distributed`).
+Distributed readers and writers (Spark's executors, Dask, Ray, a fleet of scripts) have an
+API of their own, :mod:`persist.distributed`: plan a read on one machine and read it anywhere;
+stage parts anywhere and commit them exactly once.
 """
 
-from persist import aio
-from persist.distributed import (
-    RENEW_EVERY_SECONDS,
-    Address,
-    CollectionInfo,
-    PartHandle,
-    ReadTask,
-    Scan,
-    Stager,
-    Watch,
-    describe,
-    read_part,
-    read_task,
-    set_read_hold,
-)
+from persist import aio, distributed
 from persist.errors import (
     ChecksumMismatch,
     CommitDeadline,
@@ -53,7 +38,8 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.engine import Options
-from persist.indexed.format.records import arrow, check_type, decimal
+from persist.indexed.format.records import arrow, decimal
+from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.filter import Column, Filter, col
 from persist.location import open
 from persist.runtime.client import (
@@ -64,22 +50,18 @@ from persist.runtime.client import (
     ListenProgress,
     ListenUpdates,
     ReadHandle,
-    StagedPart,
-    Token,
     WriteHandle,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "RENEW_EVERY_SECONDS",
-    "Address",
     "ChecksumMismatch",
     "Client",
     "ClientSnapshot",
-    "CollectionInfo",
     "Column",
     "CommitDeadline",
+    "CompactionPolicy",
     "Corruption",
     "Determinate",
     "ExternalError",
@@ -96,30 +78,19 @@ __all__ = [
     "LockHeld",
     "MissingResource",
     "Options",
-    "PartHandle",
     "PartMissing",
     "PersistError",
     "ReadHandle",
     "ReadOnly",
-    "ReadTask",
     "RuntimeShutdown",
-    "Scan",
     "SchemaMismatch",
-    "StagedPart",
-    "Stager",
     "Timeout",
-    "Token",
     "UnknownCollection",
-    "Watch",
     "WriteHandle",
     "aio",
     "arrow",
-    "check_type",
     "col",
     "decimal",
-    "describe",
+    "distributed",
     "open",
-    "read_part",
-    "read_task",
-    "set_read_hold",
 ]

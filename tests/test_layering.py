@@ -9,14 +9,16 @@ The layers, bottom up (DESIGN.md §2)::
                   format, state, read, maintenance, engine
     runtime       persist.runtime.*                 (may use indexed, lock, blob)
     top           persist.location (the composition root: URL -> blob + lock + runtime),
+                  persist.distributed.* (the distributed API: reads, stager, committer),
                   persist.aio, persist.cli, persist (the public face)
-    operators     operators.*                       (the Spark side: the public face only)
+    operators     operators.*                       (the Spark side: the public faces only)
 
 Every import counts, including the ones inside functions and under ``TYPE_CHECKING``: a lazy
-import is still an arrow, and hiding a cycle inside a function only moves where it breaks.
+import is still an arrow, and hiding a cycle inside a function only moves where it breaks. No
+module imports another's private (``_``-prefixed) name (:func:`private_imports`).
 
-``operators/`` stands on the engine's public API alone, as any other engine would: it imports
-``persist`` itself and uses only the names of ``persist.__all__`` (:func:`private_uses`).
+``operators/`` stands on the engine's public API alone, as any other engine would: the names of
+``persist.__all__`` and of ``persist.distributed.__all__``, nothing else (:func:`private_uses`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,13 @@ PACKAGES = ("persist", "operators")
 RULES: tuple[tuple[str, str, str], ...] = (
     *(("persist.blob", bad, "the blob layer is the bottom of the engine")
       for bad in ("persist.lock", "persist.indexed", "persist.runtime", "persist.location",
-                  "persist.cli", "operators")),
+                  "persist.distributed", "persist.cli", "operators")),
     *(("persist.lock", bad, "the lock layer sits on blob only")
-      for bad in ("persist.indexed", "persist.runtime", "persist.location", "persist.cli",
-                  "operators")),
+      for bad in ("persist.indexed", "persist.runtime", "persist.location",
+                  "persist.distributed", "persist.cli", "operators")),
     *(("persist.indexed", bad, "the engine never reaches up into its runtime or Spark")
-      for bad in ("persist.runtime", "persist.location", "persist.cli", "operators")),
+      for bad in ("persist.runtime", "persist.location", "persist.distributed", "persist.cli",
+                  "operators")),
     # Inside the engine: format (what is stored) is its floor; the state machine stands on
     # format; reading on format and state; maintenance on all three; only engine.py (the
     # Indexed facade) ties them together, and nothing inside imports it.
@@ -58,11 +61,17 @@ RULES: tuple[tuple[str, str, str], ...] = (
     *(("persist.runtime", bad, "the runtime is assembled by the composition root, never the "
                                "other way round")
       for bad in ("operators", "persist.cli", "persist.location", "persist.aio")),
+    ("persist.runtime", "persist.distributed",
+     "the distributed API stands on the runtime (its committer opens writers); the records "
+     "both use (StagedPart, Token) live in the engine, under both"),
+    *(("persist.distributed", bad, "the distributed API is a face of the engine, for any "
+                                   "engine that drives it (Spark is one)")
+      for bad in ("operators", "persist.cli", "persist.aio")),
     *((ground, bad, "the ground floor imports nothing of persist but itself")
       for ground in ("persist.errors", "persist.layout", "persist.crashpoints",
                      "persist.metrics")
       for bad in ("persist.blob", "persist.lock", "persist.indexed", "persist.runtime",
-                  "persist.location", "persist.cli", "operators")),
+                  "persist.location", "persist.distributed", "persist.cli", "operators")),
 )
 
 
@@ -184,9 +193,13 @@ def _is_face(module: str) -> bool:
     return module in PACKAGES
 
 
-def public_names(root: Path) -> set[str]:
-    """``persist.__all__``, read from ``persist/__init__.py`` without importing it."""
-    tree = ast.parse((root / "persist" / "__init__.py").read_text())
+#: The engine's public faces: each a package whose ``__all__`` is all another engine may use.
+FACES = ("persist", "persist.distributed")
+
+
+def public_names(root: Path, face: str = "persist") -> set[str]:
+    """``<face>.__all__``, read from the face's ``__init__.py`` without importing it."""
+    tree = ast.parse((root / face.replace(".", "/") / "__init__.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
@@ -196,28 +209,75 @@ def public_names(root: Path) -> set[str]:
 
 
 def private_uses(root: Path) -> list[str]:
-    """Every place ``operators/`` reaches past the public face of persist: an import of a
-    persist submodule, a name imported from ``persist`` that ``persist.__all__`` lacks, or an
-    attribute ``persist.X`` it lacks; one readable line each."""
-    public = public_names(root)
+    """Every place ``operators/`` reaches past the public faces of persist (:data:`FACES`): an
+    import of any other persist module, a name imported from a face that its ``__all__``
+    lacks, or an attribute of a face (``persist.X``, ``persist.distributed.X``, or ``X`` of a
+    name a face was imported as) that it lacks; one readable line each."""
+    faces = {face: public_names(root, face) for face in FACES if
+             (root / face.replace(".", "/") / "__init__.py").exists()}
     out = []
     for path in sorted((root / "operators").rglob("*.py")):
         rel = path.relative_to(root)
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        #: Local names bound to a face module (``from persist import distributed as d``).
+        aliases = {"persist": "persist"}
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
-                out += [f"{rel}:{node.lineno}: import {a.name} (only `import persist`)"
-                        for a in node.names if a.name.startswith("persist.")]
+                for a in node.names:
+                    if a.name in faces and a.asname:
+                        aliases[a.asname] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.module in faces:
+                for a in node.names:
+                    if f"{node.module}.{a.name}" in faces:
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out += [f"{rel}:{node.lineno}: import {a.name} (only the faces: "
+                        f"{', '.join(FACES)})"
+                        for a in node.names if _top(a.name) == "persist" and a.name not in faces]
             elif isinstance(node, ast.ImportFrom) and node.module and \
                     _top(node.module) == "persist":
-                if node.module != "persist":
+                if node.module not in faces:
                     out.append(f"{rel}:{node.lineno}: from {node.module} import ... (a persist "
-                               f"internal; use the names of persist.__all__)")
+                               f"internal; use the names of {' or '.join(FACES)}.__all__)")
                 else:
-                    out += [f"{rel}:{node.lineno}: from persist import {a.name} (not in "
-                            f"persist.__all__)" for a in node.names if a.name not in public]
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
-                    node.value.id == "persist" and node.attr not in public:
-                out.append(f"{rel}:{node.lineno}: persist.{node.attr} (not in persist.__all__)")
+                    out += [f"{rel}:{node.lineno}: from {node.module} import {a.name} (not in "
+                            f"{node.module}.__all__)" for a in node.names
+                            if a.name not in faces[node.module]]
+            elif isinstance(node, ast.Attribute):
+                face = _face_of(node.value, aliases)
+                if face is not None and face in faces and node.attr not in faces[face] and \
+                        f"{face}.{node.attr}" not in faces:
+                    out.append(f"{rel}:{node.lineno}: {face}.{node.attr} (not in "
+                               f"{face}.__all__)")
+    # NB: ast.walk goes breadth first; report in file and line order
+    return sorted(out, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
+
+
+def _face_of(node: ast.expr, aliases: dict[str, str]) -> str | None:
+    """The face module ``node`` names (``persist``, ``persist.distributed``, or a local
+    alias of one), else None."""
+    if isinstance(node, ast.Name):
+        return aliases.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _face_of(node.value, aliases)
+        return f"{base}.{node.attr}" if base is not None else None
+    return None
+
+
+def private_imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[str]:
+    """Every import of a private (``_``-prefixed, not dunder) name from another module of
+    ``packages``: a private name is its module's own business. One readable line each."""
+    out = []
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and \
+                        _top(node.module) in packages:
+                    out += [f"{path.relative_to(root)}:{node.lineno}: from {node.module} "
+                            f"import {a.name} (a private name)" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__")]
     return out
 
 
@@ -227,20 +287,46 @@ def test_operators_use_only_the_public_engine_api() -> None:
 
 
 def test_the_boundary_check_catches_private_uses(tmp_path: Path) -> None:
-    (tmp_path / "persist").mkdir()
+    (tmp_path / "persist" / "distributed").mkdir(parents=True)
     (tmp_path / "operators").mkdir()
-    (tmp_path / "persist" / "__init__.py").write_text('__all__ = ["describe", "open"]\n')
+    (tmp_path / "persist" / "__init__.py").write_text('__all__ = ["distributed", "open"]\n')
+    (tmp_path / "persist" / "distributed" / "__init__.py").write_text(
+        '__all__ = ["describe"]\n')
     (tmp_path / "operators" / "x.py").write_text(
-        "import persist\nfrom persist import describe, layout\n"
+        "import persist\nfrom persist import distributed, layout\n"
         "from persist.indexed import read\nimport persist.location\n"
-        "def f():\n    return persist.open, persist.Machine\n")
+        "def f():\n    return persist.open, persist.Machine\n"
+        "from persist.distributed import describe, _stripped\n"
+        "import persist.distributed as pd\n"
+        "def g():\n    return persist.distributed.describe, persist.distributed.Stager\n"
+        "def h():\n    return distributed.describe, distributed.Machine, pd.lease\n")
     assert private_uses(tmp_path) == [
         "operators/x.py:2: from persist import layout (not in persist.__all__)",
         "operators/x.py:3: from persist.indexed import ... (a persist internal; use the names "
-        "of persist.__all__)",
-        "operators/x.py:4: import persist.location (only `import persist`)",
+        "of persist or persist.distributed.__all__)",
+        "operators/x.py:4: import persist.location (only the faces: persist, "
+        "persist.distributed)",
         "operators/x.py:6: persist.Machine (not in persist.__all__)",
+        "operators/x.py:7: from persist.distributed import _stripped (not in "
+        "persist.distributed.__all__)",
+        "operators/x.py:10: persist.distributed.Stager (not in persist.distributed.__all__)",
+        "operators/x.py:12: persist.distributed.Machine (not in persist.distributed.__all__)",
+        "operators/x.py:12: persist.distributed.lease (not in persist.distributed.__all__)",
     ]
+
+
+def test_no_module_imports_a_private_name() -> None:
+    problems = private_imports(ROOT)
+    assert problems == [], "private names imported across modules:\n" + "\n".join(problems)
+
+
+def test_the_private_import_check_catches_one(tmp_path: Path) -> None:
+    (tmp_path / "persist").mkdir()
+    (tmp_path / "operators").mkdir()
+    (tmp_path / "persist" / "a.py").write_text(
+        "from persist.b import _hidden, public, __version__\nfrom os import _exit\n")
+    assert private_imports(tmp_path) == [
+        "persist/a.py:1: from persist.b import _hidden (a private name)"]
 
 
 def test_no_import_cycles() -> None:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from persist.indexed.format.meta import PartMeta
+from persist.indexed.format.transfer import StagedPart, Token
 from persist.indexed.read.filter import Filter
 from persist.indexed.state.history import Seal
 from persist.runtime import client as sync
@@ -25,7 +27,7 @@ class AsyncClient:
 
     Each method mirrors the sync one of the same name and raises what it raises; where they
     differ, the method says so. What this face lacks (``state``, ``stats``, ``lock_lost``,
-    ``set_options``, ``maintain``, ``parts``/``holds`` in ``apply``) is on ``sync``.
+    ``set_options``, ``maintain``, ``token``, ``landed``, ``info``) is on ``sync``.
     Thread-safe, as the sync client is. An async context manager: leaving it awaits
     :meth:`stop`.
     """
@@ -69,24 +71,33 @@ class AsyncClient:
         writes: Mapping[str, Any] | None = None,
         seals: Mapping[str, int] | None = None,
         sinces: Mapping[str, int] | None = None,
-    ) -> int:
-        """Mirrors ``Client.apply`` without ``parts`` and ``holds`` (use ``sync.apply``).
+        parts: Mapping[str, Sequence[StagedPart | PartMeta]] | None = None,
+        holds: Mapping[str, Mapping[str, int | None]] | None = None,
+        token: Token | None = None,
+    ) -> int | None:
+        """Mirrors ``Client.apply``, every argument included.
 
-        Updates are normalized on the calling (loop) thread; only the commit is awaited.
-        Cancelling the await does not cancel the commit: it is queued and may still land.
+        The apply is submitted from a worker thread (a token apply reads the token's record
+        and waits for the token applies before it; staged parts are checked); only the commit
+        is awaited. Cancelling the await does not cancel the commit: it is queued and may
+        still land.
 
         Returns:
-            The commit's sequence number, once durable.
+            The commit's sequence number, once durable; None if ``token`` was already applied
+            (nothing was written).
 
         Raises:
             ReadOnly: a replica.
-            UnknownCollection, SchemaMismatch, InvalidUsage: malformed or misdirected input
-                (nothing submitted), or a change the state forbids (times below upper, ...).
+            UnknownCollection, SchemaMismatch, InvalidUsage: malformed or misdirected input,
+                a part staged elsewhere or a malformed token (nothing submitted), or a change
+                the state forbids (times below upper, ...).
+            Corruption: an inline staged part that is not what its metadata says.
+            LeaseRevoked: a staged part's lease was revoked (nothing committed).
             Fenced, RuntimeShutdown, ExternalError: the commit failed as the future reports.
         """
-        seq: int = await asyncio.wrap_future(
-            self.sync.apply(writes=writes, seals=seals, sinces=sinces)
-        )
+        future = await asyncio.to_thread(self.sync.apply, writes=writes, seals=seals,
+                                         sinces=sinces, parts=parts, holds=holds, token=token)
+        seq: int | None = await asyncio.wrap_future(future)
         return seq
 
     async def evolve_schema(self, name: str, *, key_type: Any = None, value_type: Any = None,

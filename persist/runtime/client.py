@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from persist import layout
 from persist.errors import (
+    Corruption,
     Fenced,
     InvalidUsage,
     PartMissing,
@@ -32,6 +32,7 @@ from persist.indexed.engine import Indexed, Options, check_types
 from persist.indexed.format import evolve
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.meta import CollectionMeta, PartMeta, State
+from persist.indexed.format.transfer import StagedPart, Token, check_inline
 from persist.indexed.read.filter import Filter, col
 from persist.indexed.read.parts import Snapshot, Types, updates_between
 from persist.indexed.read.prune import PruneCounts
@@ -45,52 +46,6 @@ from persist.runtime.replica import Follower
 from persist.runtime.runtime import LocalHolds, Published, Runtime
 
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
-
-#: The collection where idempotency tokens are recorded (key: the token id, value: its last
-#: applied seq). Named after the Spark sink, which introduced it: the sinks' records are tokens.
-TOKENS = "__sink_progress"
-
-
-class StagedPart(msgspec.Struct, frozen=True):
-    """A part another process encoded and stored for ``collection``, not yet committed:
-    what ``persist.Stager.stage`` returns and ``Client.apply(parts=...)`` commits.
-
-    Serializable (pickle, msgspec): it travels from the worker that staged it to the writer.
-    """
-
-    collection: str
-    part: PartMeta
-
-    @property
-    def rows(self) -> int:
-        """Rows in the part."""
-        return self.part.rows
-
-    @property
-    def min_time(self) -> int:
-        """The part's smallest time."""
-        return self.part.min_time
-
-    @property
-    def max_time(self) -> int:
-        """The part's largest time."""
-        return self.part.max_time
-
-
-class Token(msgspec.Struct, frozen=True):
-    """An idempotency token for ``Client.apply``: the apply lands at most once per ``id``
-    and ``seq``, and only if ``seq`` is above every seq applied under ``id`` before
-    (Delta's ``txnAppId``/``txnVersion``). A retried or replayed apply is then a no-op."""
-
-    id: str
-    seq: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.id, str) or not self.id:
-            raise InvalidUsage(f"a token id must be a non-empty str, not {self.id!r}")
-        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or \
-                not 0 <= self.seq < 1 << 63:
-            raise InvalidUsage(f"a token seq must be an int in [0, 2**63), not {self.seq!r}")
 
 #: How many states a read tries before a vanished part (GC) is reported as PartMissing.
 _READ_ATTEMPTS = 8
@@ -252,16 +207,19 @@ class Client:
             seals: the new ``upper`` per collection.
             sinces: the new ``since`` per collection.
             parts: parts per collection that other processes staged in this location's blob
-                store (:meth:`persist.Stager.stage`), added as they are: a Spark job's tasks
-                stage their data this way and the driver commits it with one apply. Every row
-                must be at a time >= the collection's upper.
+                store (``persist.distributed.Stager.stage``), added as they are: a Spark job's
+                tasks stage their data this way and the driver commits it with one apply.
+                Each must be bound to this location, the collection and the types of one of
+                its schema versions; an inline one must hold what its metadata says (checked
+                before anything is submitted). Every row must be at a time >= the
+                collection's upper.
             holds: durable read holds per collection, ``{hold id: frontier}``; a frontier of
                 None releases the hold. See :meth:`WriteHandle.hold`.
-            token: apply at most once per token (see :class:`Token`): if a seq at or above
-                ``token.seq`` was already applied under ``token.id``, nothing is written and
-                the future resolves to None (the caller discards its staged parts). Else the
-                token is recorded in the same atomic commit. Token applies of one client run
-                one at a time.
+            token: apply at most once per token (``persist.distributed.Token``): if a seq at
+                or above ``token.seq`` was already applied under ``token.id``, nothing is
+                written and the future resolves to None (the caller discards its staged
+                parts). Else the token is recorded in the same atomic commit (in
+                :data:`TOKENS`). Token applies of one client run one at a time.
 
         Returns:
             A future resolved (with the commit's sequence number; None: a token already
@@ -269,37 +227,37 @@ class Client:
 
         Raises:
             InvalidUsage: a part that is neither inline nor under ``data/``, or staged for
-                another collection; a malformed token (the future fails instead for anything
-                decided against the state: times below upper, ...).
+                another collection or at another location; a malformed token (the future
+                fails instead for anything decided against the state: times below upper, ...).
+            SchemaMismatch: a part staged with types none of the collection's versions has.
+            Corruption: an inline part that is not what its metadata says (a staged part's
+                bytes are verified when they are decoded).
+            UnknownCollection: parts for a collection that does not exist.
         """
         if token is None:
             return self._apply(writes=writes, seals=seals, sinces=sinces, parts=parts,
                                holds=holds)
         if not isinstance(token, Token):
-            raise InvalidUsage(f"token must be a persist.Token, not {type(token).__name__}")
-        if TOKENS in (writes or {}) or TOKENS in (seals or {}) or TOKENS in (sinces or {}):
-            raise InvalidUsage(f"collection {TOKENS!r} records tokens: apply cannot also "
-                               f"write, seal or compact it")
+            raise InvalidUsage(f"token must be a persist.distributed.Token, not "
+                               f"{type(token).__name__}")
+        for name in TOKENS.names:
+            if name in (writes or {}) or name in (seals or {}) or name in (sinces or {}):
+                raise InvalidUsage(f"collection {name!r} records tokens: apply cannot also "
+                                   f"write, seal or compact it")
         self._writer()
         self._token_lock.acquire()
         try:
-            last = self.token(token.id)
+            last = TOKENS.get(self, token.id)
             if last is not None and token.seq <= last:
                 done = PersistFuture()
                 done.set_result(None)
                 self._token_lock.release()
                 return done
-            if TOKENS not in self.state.collections:
-                self.create_or_load(TOKENS, key_type=pa.string(), value_type=pa.int64())
-            t = self.state.collections[TOKENS].upper
-            rows: list[tuple[tuple[str, int], int, int]] = [((token.id, token.seq), t, 1)]
-            if last is not None:
-                rows.append(((token.id, last), t, -1))
-            # NB: since follows upper, so compaction cancels each retraction against its
-            # addition: one row per token id.
-            fut = self._apply(writes={**(writes or {}), TOKENS: rows},
-                              seals={**(seals or {}), TOKENS: t + 1},
-                              sinces={**(sinces or {}), TOKENS: t}, parts=parts, holds=holds)
+            book = TOKENS.put(self, token.id, token.seq, last)
+            fut = self._apply(writes={**(writes or {}), **book["writes"]},
+                              seals={**(seals or {}), **book["seals"]},
+                              sinces={**(sinces or {}), **book["sinces"]}, parts=parts,
+                              holds=holds)
         except BaseException:
             self._token_lock.release()
             raise
@@ -308,18 +266,13 @@ class Client:
 
     def token(self, token_id: str) -> int | None:
         """The last seq applied under token ``token_id`` (None: never), as of this client's
-        newest state."""
-        c = self.state.collections.get(TOKENS)
-        if c is None or c.upper == 0:
-            return None
-        # NB: a handle on the existing collection, without create_or_load's trip through the
-        # runtime thread (a streaming sink asks at every micro-batch).
-        k, v = Codec.of(pa.string(), "key"), Codec.of(pa.int64(), "value")
-        read = ReadHandle(self, TOKENS, k, v, check_types(c, k, v))
-        t = read.snapshot(c.upper - 1, filter=col("key") == token_id).to_arrow()
-        if len(t) == 0:
-            return None
-        return int(max(t.column("value").to_pylist()))
+        newest state.
+
+        Raises:
+            Corruption: the token collection holds several seqs for ``token_id``.
+        """
+        last: int | None = TOKENS.get(self, token_id)
+        return last
 
     def info(self, name: str) -> CollectionInfo:
         """Collection ``name`` as this client's newest state shows it, from which distributed
@@ -366,10 +319,8 @@ class Client:
                 sid = evolve.version(collection(state.collections, name))
             tables.append((name, _normalize(state, name, updates, sid)))
             written.append((name, sid))
-        staged = tuple((name, _part_of(name, p)) for name, ps in (parts or {}).items()
+        staged = tuple((name, self._part_of(state, name, p)) for name, ps in (parts or {}).items()
                        for p in ps)
-        for name, p in staged:
-            _check_staged_part(name, p)
         return runtime.submit(cmd.Apply(
             writes=tuple(tables),
             versions=tuple(written),
@@ -379,6 +330,27 @@ class Client:
             holds=tuple((name, hold_id, frontier) for name, hs in (holds or {}).items()
                         for hold_id, frontier in hs.items()),
         ))
+
+    def _part_of(self, state: State, name: str, p: StagedPart | PartMeta) -> PartMeta:
+        """The part ``p`` adds to collection ``name``, checked before anything is submitted: a
+        staged part must be bound to this location, to ``name`` and to the types of one of its
+        schema versions; an inline part must hold the rows its metadata describes.
+
+        Raises:
+            UnknownCollection: no collection ``name``.
+            InvalidUsage: a part staged elsewhere, or stored outside ``data/``.
+            SchemaMismatch: a part staged with other types.
+            Corruption: an inline payload that is not what its metadata says.
+        """
+        if isinstance(p, StagedPart):
+            part = p.check(name, self.url, state.collections)
+            _check_staged_part(name, part)
+            return part
+        _check_staged_part(name, p)
+        if p.inline is not None:
+            c = collection(state.collections, name)
+            check_inline(p, evolve.View.of(c, evolve.part_version(p)).schema)
+        return p
 
     def _writer(self) -> Runtime:
         if self._runtime is None:
@@ -473,18 +445,10 @@ def _shutdown(
         follower.stop()
 
 
-def _part_of(name: str, p: StagedPart | PartMeta) -> PartMeta:
-    if isinstance(p, StagedPart):
-        if p.collection != name:
-            raise InvalidUsage(f"part {p.part.id} was staged for {p.collection!r}, not "
-                               f"{name!r}")
-        return p.part
-    return p
-
-
 def _check_staged_part(name: str, p: PartMeta) -> None:
     if not isinstance(p, PartMeta):
-        raise InvalidUsage(f"parts for {name!r} must be PartMeta records, not {type(p).__name__}")
+        raise InvalidUsage(f"parts for {name!r} must be StagedParts or PartMeta records, not "
+                           f"{type(p).__name__}")
     if (p.inline is None) == (p.blob_key is None):
         raise InvalidUsage(f"part {p.id} for {name!r} must be either inline or in a blob")
     if p.blob_key is not None and not p.blob_key.startswith(layout.DATA_PREFIX):
@@ -497,6 +461,99 @@ def _normalize(state: State, name: str, updates: Any, schema_id: int | None = No
     from persist.indexed.format.columnar import from_updates
 
     return from_updates(updates, types.schema, types.key, types.value)
+
+
+class LatestValues:
+    """A bookkeeping collection that holds the latest value of each key (a str), written in
+    the same commit as what it records.
+
+    Each :meth:`put` writes the new value at the collection's upper, retracts the previous one
+    at the same time, seals past it and moves since up to it: compaction then cancels every
+    retraction against its addition, so the collection keeps one row per key however many
+    puts it saw, and a read as of ``upper - 1`` finds the latest values.
+
+    Idempotency tokens are kept in one (:data:`TOKENS`: token id -> last seq applied); the
+    Spark sink records the streaming query behind each explicit sink id in another.
+    """
+
+    def __init__(self, name: str, value_type: pa.DataType, *,
+                 legacy: Sequence[str] = ()) -> None:
+        """A bookkeeping collection ``name`` of ``value_type`` values.
+
+        Args:
+            legacy: names an older persist gave the same collection: a location that has one
+                keeps using it (its records stay where they are).
+        """
+        self.name = name
+        self.value_type = value_type
+        self.legacy = tuple(legacy)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name the collection may have at a location: its own, then its legacy ones."""
+        return (self.name, *self.legacy)
+
+    def collection(self, state: State) -> str:
+        """The collection's name at the location whose state is ``state``: the first legacy
+        name the location has, else :attr:`name` (whether it exists yet or not)."""
+        return next((n for n in self.legacy if n in state.collections), self.name)
+
+    def get(self, client: Client, key: str) -> Any | None:
+        """The latest value of ``key`` as of ``client``'s newest state (None: never put).
+
+        Raises:
+            SchemaMismatch: the location has a collection of that name with other types.
+            Corruption: several live values for ``key`` (written other than by :meth:`put`).
+        """
+        name = self.collection(client.state)
+        c = client.state.collections.get(name)
+        if c is None or c.upper == 0:
+            return None
+        # NB: a handle on the existing collection, without create_or_load's trip through the
+        # runtime thread (a streaming sink asks at every micro-batch).
+        k, v = Codec.of(pa.string(), "key"), Codec.of(self.value_type, "value")
+        read = ReadHandle(client, name, k, v, check_types(c, k, v))
+        found = read.snapshot(c.upper - 1, filter=col("key") == key).to_arrow()
+        if len(found) == 0:
+            return None
+        if len(found) > 1 or found.column("diff")[0].as_py() != 1:
+            raise Corruption(name, f"{key!r} has {len(found)} values, with diffs "
+                                   f"{found.column('diff').to_pylist()}: one, with diff 1, "
+                                   f"was expected")
+        return found.column("value")[0].as_py()
+
+    def put(self, client: Client, key: str, value: Any,
+            previous: Any | None) -> dict[str, dict[str, Any]]:
+        """The ``Client.apply`` arguments (``writes``, ``seals`` and ``sinces``, each for this
+        collection only) that make ``value`` the latest value of ``key``, to merge into the
+        apply of what it records. Registers the collection first (a commit of its own) if the
+        location has none.
+
+        Args:
+            previous: the current value of ``key``, as :meth:`get` returned it under the
+                writer lock (nothing else changes it meanwhile); None: it has none. When it is
+                ``value``, nothing needs writing and the mappings are empty.
+
+        Raises:
+            ReadOnly: ``client`` is a replica.
+            SchemaMismatch: the location has a collection of that name with other types.
+        """
+        if previous is not None and previous == value:
+            return {"writes": {}, "seals": {}, "sinces": {}}
+        name = self.collection(client.state)
+        if name not in client.state.collections:
+            client.create_or_load(name, key_type=pa.string(), value_type=self.value_type)
+        t = client.state.collections[name].upper
+        rows: list[tuple[tuple[str, Any], int, int]] = [((key, value), t, 1)]
+        if previous is not None:
+            rows.append(((key, previous), t, -1))
+        return {"writes": {name: rows}, "seals": {name: t + 1}, "sinces": {name: t}}
+
+
+#: Where ``Client.apply(token=...)`` records idempotency tokens: token id -> the last seq
+#: applied under it. ``__sink_progress`` is the name persist gave it before it was the
+#: engine's (it was introduced by the Spark sink): a location that has it keeps using it.
+TOKENS = LatestValues("__persist_tokens", pa.int64(), legacy=("__sink_progress",))
 
 
 class _Handle:

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist import InvalidUsage, MissingResource, SchemaMismatch, UnknownCollection
+from persist import InvalidUsage, MissingResource, SchemaMismatch, UnknownCollection, distributed
 
 
 def _sums(tables: list[pa.Table]) -> Counter[tuple[Any, Any]]:
@@ -43,11 +43,11 @@ def _fill(url: str) -> dict[tuple[Any, Any], int]:
 
 def _read_encoded(data: bytes) -> list[pa.Table]:
     """Another process's side: a task from its bytes, read there."""
-    return list(persist.read_task(persist.ReadTask.from_bytes(data)))
+    return list(distributed.read_task(distributed.ReadTask.from_bytes(data)))
 
 
 def _stage_in_child(stager_bytes: bytes, rows: list[tuple[tuple[str, int], int, int]]) -> bytes:
-    stager: persist.Stager = pickle.loads(stager_bytes)
+    stager: distributed.Stager = pickle.loads(stager_bytes)
     return pickle.dumps(stager.stage(rows))
 
 
@@ -62,7 +62,7 @@ def test_consolidated_tasks_read_in_other_processes_are_the_snapshot(
         tmp_path: Path, pool: Any) -> None:
     url = f"file://{tmp_path}/loc"
     want = _fill(url)
-    info = persist.describe(url, "c")
+    info = distributed.describe(url, "c")
     assert (info.upper, info.since, info.schema_version) == (5, 0, 0)
     scan = info.snapshot(4)
     tasks = scan.tasks(consolidated=True, n=3)
@@ -78,7 +78,7 @@ def test_consolidated_tasks_read_in_other_processes_are_the_snapshot(
     # raw tasks, grouped small: their sum is the snapshot too
     raw = scan.tasks(rows_per_task=600)
     assert len(raw) >= 1
-    assert _sums([t for task in raw for t in persist.read_task(task)]) == want
+    assert _sums([t for task in raw for t in distributed.read_task(task)]) == want
 
 
 def test_sorted_parts_split_into_key_ranges_that_decode_only_their_share(
@@ -102,12 +102,12 @@ def test_sorted_parts_split_into_key_ranges_that_decode_only_their_share(
         while client.maintain():
             pass
         want = _sums([r.snapshot(3).to_arrow()])
-    info = persist.describe(url, "c")
+    info = distributed.describe(url, "c")
     assert all(p.consolidated for p in info.meta.parts)
     tasks = info.snapshot(3).tasks(consolidated=True, n=4)
     assert all(t.key_range is not None for t in tasks)
     assert all(len(t.parts) < len(info.meta.parts) for t in tasks)
-    outs = [_sums(list(persist.read_task(persist.ReadTask.from_bytes(t.to_bytes()))))
+    outs = [_sums(list(distributed.read_task(distributed.ReadTask.from_bytes(t.to_bytes()))))
             for t in tasks]
     assert sum(len(o) for o in outs) == len(want) == 40_000
     assert sum(outs, Counter()) == want
@@ -116,29 +116,29 @@ def test_sorted_parts_split_into_key_ranges_that_decode_only_their_share(
 def test_parts_are_handles_read_anywhere_with_filters_and_columns(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
     want = _fill(url)
-    scan = persist.describe(url, "c").snapshot()
+    scan = distributed.describe(url, "c").snapshot()
     assert scan.as_of == 4
     assert sum(h.rows for h in scan.parts) == scan.rows > 0
-    handles = [persist.PartHandle.from_bytes(h.to_bytes()) for h in scan.parts]
+    handles = [distributed.PartHandle.from_bytes(h.to_bytes()) for h in scan.parts]
     assert handles == list(scan.parts)
-    assert _sums([persist.read_part(h) for h in handles]) == want
+    assert _sums([distributed.read_part(h) for h in handles]) == want
     f = persist.col("value") == 3
-    got = _sums([persist.read_part(h, filter=f) for h in handles])
+    got = _sums([distributed.read_part(h, filter=f) for h in handles])
     assert got == {kv: d for kv, d in want.items() if kv[1] == 3}
-    t = persist.read_part(handles[0], columns=["key", "diff"])
+    t = distributed.read_part(handles[0], columns=["key", "diff"])
     assert t.column_names == ["key", "diff"]
     with pytest.raises(InvalidUsage, match="unknown columns"):
-        persist.read_part(handles[0], columns=["nope"])
+        distributed.read_part(handles[0], columns=["nope"])
     with pytest.raises(InvalidUsage, match="not an encoded persist part handle"):
-        persist.PartHandle.from_bytes(b"\x01junk")
+        distributed.PartHandle.from_bytes(b"\x01junk")
 
 
 def test_a_change_range_is_exact_or_refused(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
     _fill(url)
-    info = persist.describe(url, "c")
+    info = distributed.describe(url, "c")
     tasks = info.changes(2, 4).tasks()
-    got = [t for task in tasks for t in persist.read_task(task)]
+    got = [t for task in tasks for t in distributed.read_task(task)]
     assert {x for t in got for x in t.column("time").to_pylist()} == {2, 3}
     with persist.open(url, read_only=True) as client:
         _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
@@ -152,42 +152,42 @@ def test_a_change_range_is_exact_or_refused(tmp_path: Path) -> None:
         w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
         w.allow_compaction(3).result()
     with pytest.raises(InvalidUsage, match="no longer exact"):
-        persist.describe(url, "c").changes(2, 4)
+        distributed.describe(url, "c").changes(2, 4)
     with pytest.raises(InvalidUsage, match=r"outside|since"):
-        persist.describe(url, "c").snapshot(1)
+        distributed.describe(url, "c").snapshot(1)
 
 
 def test_bad_inputs_are_typed_errors(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
     with pytest.raises(MissingResource, match="no persist location"):
-        persist.describe(url, "c")
+        distributed.describe(url, "c")
     _fill(url)
     with pytest.raises(UnknownCollection):
-        persist.describe(url, "nope")
-    info = persist.describe(url, "c")
+        distributed.describe(url, "nope")
+    info = distributed.describe(url, "c")
     with pytest.raises(SchemaMismatch):
         info.snapshot(filter=persist.col("value.x") == 1)
     with pytest.raises(InvalidUsage, match="n must be"):
         info.snapshot().tasks(n=0)
     with pytest.raises(InvalidUsage, match="token id"):
-        persist.Token("", 1)
+        distributed.Token("", 1)
     with pytest.raises(InvalidUsage, match="token seq"):
-        persist.Token("a", -1)
+        distributed.Token("a", -1)
 
 
 def test_staged_anywhere_commits_once_per_token(tmp_path: Path, pool: Any) -> None:
     url = f"file://{tmp_path}/loc"
     with persist.open(url) as client:
         client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
-    stager = persist.Stager.start(url, "c", job="test")
+    stager = distributed.Stager.start(url, "c", job="test")
     rows = [[((f"k{i}", j), 0, 1) for i in range(j * 2000, j * 2000 + 2000)] for j in range(3)]
     staged = [pickle.loads(b) for b in pool.map(_stage_in_child,
                                                  [pickle.dumps(stager)] * 3, rows)]
-    assert all(isinstance(s, persist.StagedPart) for s in staged)
+    assert all(isinstance(s, distributed.StagedPart) for s in staged)
     with persist.open(url, reentrance_id="loader") as client:
         seq = client.info("c").seq
         done = client.apply(parts={"c": staged}, seals={"c": 1},
-                            token=persist.Token("load", 1)).result()
+                            token=distributed.Token("load", 1)).result()
         assert done is not None
         assert client.token("load") == 1
         assert client.token("other") is None
@@ -195,18 +195,18 @@ def test_staged_anywhere_commits_once_per_token(tmp_path: Path, pool: Any) -> No
         # a replay of the same token writes nothing, and says so
         again = stager.stage([(("late", 1), 1, 1)])
         assert client.apply(parts={"c": [again]}, seals={"c": 2},
-                            token=persist.Token("load", 1)).result() is None
+                            token=distributed.Token("load", 1)).result() is None
         assert client.info("c").upper == 1
         stager.discard([again])
         assert not client.landed(seq + 1, [again])
         with pytest.raises(InvalidUsage, match="staged for 'c'"):
             client.apply(parts={"d": staged})
         with pytest.raises(InvalidUsage, match="records tokens"):
-            client.apply(writes={"__sink_progress": []}, token=persist.Token("x", 1))
+            client.apply(writes={"__sink_progress": []}, token=distributed.Token("x", 1))
         # the next seq lands, and the token keeps one row per id
         more = stager.stage([(("late", 1), 1, 1)])
         assert client.apply(parts={"c": [more]}, seals={"c": 2},
-                            token=persist.Token("load", 2)).result() is not None
+                            token=distributed.Token("load", 2)).result() is not None
         assert client.token("load") == 2
         _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
         assert len(r.snapshot(1).to_arrow()) == 6001
@@ -218,15 +218,15 @@ def test_staged_anywhere_commits_once_per_token(tmp_path: Path, pool: Any) -> No
 def test_read_holds_and_watch(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
     _fill(url)
-    watch = persist.Watch(url, "c", interval=3600)
+    watch = distributed.Watch(url, "c", interval=3600)
     first = watch.current()
-    assert persist.set_read_hold(url, "c", "stream", 2, lock_timeout=5)
+    assert distributed.set_read_hold(url, "c", "stream", 2, lock_timeout=5)
     assert watch.current() is first  # cached until the interval passes
     now = watch.current(fresh=True)
     assert now.holds == {"stream": 2}
     assert now.seq > first.seq
     assert watch.rows_per_time(now, 1, 3) == Counter({1: 600, 2: 600})
-    assert persist.set_read_hold(url, "c", "stream", None, lock_timeout=5)
+    assert distributed.set_read_hold(url, "c", "stream", None, lock_timeout=5)
     assert watch.current(fresh=True).holds == {}
 
 
@@ -240,30 +240,31 @@ def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
             w.append(pa.table({"key": keys, "value": keys, "time": [t] * 10_000,
                                "diff": [1] * 10_000}), upper=t + 1).result()
         want = _sums([r.snapshot(2).to_arrow()])
-    scan = persist.describe(url, "c").snapshot(2)
+    scan = distributed.describe(url, "c").snapshot(2)
     tasks = scan.tasks(rows_per_task=15_000)
     assert len(tasks) == 2
     assert any(t.slices for t in tasks)  # the middle part is cut between its batches
-    outs = [[t for t in persist.read_task(persist.ReadTask.from_bytes(task.to_bytes()))]
+    outs = [[t for t in distributed.read_task(distributed.ReadTask.from_bytes(task.to_bytes()))]
             for task in tasks]
     assert [sum(len(t) for t in o) for o in outs] == [15_000, 15_000]
     assert _sums([t for o in outs for t in o]) == want
     # a range of changes is cut the same way
-    changes = persist.describe(url, "c").changes(1, 3).tasks(rows_per_task=7_000)
-    got = [t for task in changes for t in persist.read_task(task)]
+    changes = distributed.describe(url, "c").changes(1, 3).tasks(rows_per_task=7_000)
+    got = [t for task in changes for t in distributed.read_task(task)]
     assert len(changes) == 3
     assert sum(len(t) for t in got) == 20_000
 
 
 def test_a_revoked_staging_lease_is_replaced_or_refused_never_committed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from persist import distributed, layout
+    from persist import layout
+    from persist.distributed import stage
     from persist.indexed.state import lease
 
     url = f"file://{tmp_path}/loc"
     with persist.open(url) as client:
         client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
-    stager = persist.Stager.start(url, "c", job="test", inline_bytes=0)
+    stager = distributed.Stager.start(url, "c", job="test", inline_bytes=0)
     blob = persist.location.resolve(url).blob
     lease.revoke(blob, stager.lease_id)
     # renewed moments ago in this process: staging skips the renewal, so the part is staged
@@ -275,7 +276,7 @@ def test_a_revoked_staging_lease_is_replaced_or_refused_never_committed(
             client.apply(parts={"c": [early]}, seals={"c": 1}).result()
         assert client.info("c").upper == 0
     # past the renewal interval, staging notices the revocation and takes a lease of its own
-    monkeypatch.setattr(distributed, "RENEW_EVERY_SECONDS", 0.0)
+    monkeypatch.setattr(stage, "RENEW_EVERY_SECONDS", 0.0)
     late = stager.stage([(("a", 1), 0, 1)])
     own = layout.lease_of(late.part.blob_key or "")
     assert own is not None

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 import persist
-from operators.sink import PROGRESS
+from persist.distributed import TOKENS
 from tests.spark.support import canon, expected_updates, fill, location
 
 pytestmark = pytest.mark.spark
@@ -37,9 +37,10 @@ def _batches_committed(dst: str) -> int:
         return 0
     try:
         with persist.open(dst, read_only=True) as client:
-            if PROGRESS not in client.collections:
+            if TOKENS.name not in client.collections:
                 return 0
-            _, r = client.create_or_load(PROGRESS, key_type=pa.string(), value_type=pa.int64())
+            _, r = client.create_or_load(TOKENS.name, key_type=pa.string(),
+                                         value_type=pa.int64())
             if r.upper == 0:
                 return 0
             values = r.snapshot(r.upper - 1).to_arrow().column("value").to_pylist()

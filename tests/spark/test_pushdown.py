@@ -239,11 +239,11 @@ def test_audit_fails_loudly_on_stats_that_lie(tmp_path: Path) -> None:
     # only the part written at time 4 holds every key; the liar is skipped with the others
     assert [p.min_time for p in scan.kept] == [4]
     assert lying in scan.skipped_parts
-    quiet = [t for task in scan.tasks() for t in persist.read_task(task)]
+    quiet = [t for task in scan.tasks() for t in persist.distributed.read_task(task)]
     assert sum(len(t) for t in quiet) == 0  # wrong, and silently so
     audited = info.snapshot(AS_OF, filter=f, audit=True)
     with pytest.raises(Corruption, match="pruning skipped the part"):
-        [t for task in audited.tasks() for t in persist.read_task(task)]
+        [t for task in audited.tasks() for t in persist.distributed.read_task(task)]
 
 
 # -- what is and is not pushed ---------------------------------------------------------------

@@ -10,9 +10,10 @@ import pytest
 from pyspark.sql.types import StructType
 
 import persist
-from operators.sink import PROGRESS, PersistStreamWriter, progress, stage
+from operators.sink import PersistStreamWriter, progress, stage
 from persist import layout
 from persist.blob.file import FileBlob
+from persist.distributed import TOKENS
 from tests.spark.support import canon, expected_updates, fill, location, updates_at
 
 pytestmark = pytest.mark.spark
@@ -111,7 +112,7 @@ def test_stream_sink_replayed_batch_lands_once(spark: Any, tmp_path: Path) -> No
     assert canon(expected_updates(dst, "copy", 0, 4)) == want
     with persist.open(dst, read_only=True) as client:
         assert progress(client, f"copy@{query}") == int(last.name)  # the default sink id
-        assert client.state.collections[PROGRESS].upper == int(last.name) + 1
+        assert client.state.collections[TOKENS.name].upper == int(last.name) + 1
         assert client.state.collections["copy"].upper == 4
 
 

@@ -1,6 +1,7 @@
-"""The streaming sink keeps its writer open between micro-batches (``operators.sink.Writers``):
-batches still land exactly once, a kept writer whose lock was taken over is replaced without
-loss or duplicates, and an idle one releases the location's lock."""
+"""The streaming sink keeps its writer open between micro-batches (the engine's kept writers,
+``persist.distributed.Writers``): batches still land exactly once, a kept writer whose lock
+was taken over is replaced without loss or duplicates, and an idle one releases the location's
+lock."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 import persist
 from operators.options import WriteOptions
-from operators.sink import PROGRESS, WRITERS, PersistStreamWriter, progress, stage
+from operators.sink import PersistStreamWriter, progress, stage
+from persist.distributed import TOKENS, WRITERS
 from tests.spark.support import canon, expected_updates, fill, location, updates_at
 
 pytestmark = pytest.mark.spark
@@ -94,7 +96,7 @@ def test_a_kept_writer_fenced_meanwhile_is_replaced(spark: Any, tmp_path: Path) 
     assert_copied(src, dst, 6, "s", 5)
     with persist.open(dst, read_only=True) as client:
         assert client.info("side").upper == 1
-        assert client.state.collections[PROGRESS].upper == 6  # one token per batch
+        assert client.state.collections[TOKENS.name].upper == 6  # one token per batch
 
 
 def test_an_idle_writer_releases_the_lock(spark: Any, tmp_path: Path) -> None:

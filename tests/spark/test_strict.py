@@ -179,7 +179,7 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
     fill(url, "events", range(6), rows=60)
     monkeypatch.setattr(sink_mod, "RETRACT_ROWS_PER_BUCKET", 25)
     buckets: list[int] = []
-    real = persist.read_task
+    real = persist.distributed.read_task
 
     def counted(task: Any) -> Any:
         buckets.append(task.bucket)

@@ -91,7 +91,7 @@ class Address(msgspec.Struct, frozen=True):
         return dict(self.storage)
 
 
-def _stripped(c: CollectionMeta) -> CollectionMeta:
+def stripped(c: CollectionMeta) -> CollectionMeta:
     """``c`` without what a reading task never needs (parts, holds, history): its types and
     schema history, small enough to ride in every task."""
     return msgspec.structs.replace(c, parts=(), holds={}, history=msgspec.UNSET,
@@ -548,7 +548,7 @@ class Scan:
         return self.info.schema(self.schema_version)
 
     def _handle(self, p: PartMeta) -> PartHandle:
-        return PartHandle(address=self.info.address, collection=_stripped(self.info.meta),
+        return PartHandle(address=self.info.address, collection=stripped(self.info.meta),
                           schema_version=self.schema_version, part=p, lo=self.lo, hi=self.hi)
 
     @property
@@ -582,7 +582,7 @@ class Scan:
         """
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise InvalidUsage(f"tasks: n must be an int >= 1, not {n!r}")
-        meta = _stripped(self.info.meta)
+        meta = stripped(self.info.meta)
         audited = self.audit and self.filter is not None
         common: dict[str, Any] = {
             "address": self.info.address, "collection": meta,

@@ -1,0 +1,64 @@
+"""``persist.distributed``: the engine's API for processes that are not a location's writer:
+Spark's executors (``operators/``), Dask, Ray, Flink's Python API, or a fleet of plain scripts.
+
+Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
+
+    from persist import distributed as pd
+    info = pd.describe("s3://bucket/loc", "events")            # metadata only, no lock
+    scan = info.snapshot(41, filter=persist.col("key") > 10)    # or info.changes(lo, hi)
+    for task in scan.tasks(consolidated=True, n=8):             # serializable
+        ...  # ship it; on the worker:
+        for table in pd.read_task(task): ...
+    for handle in scan.parts:                                   # or part by part
+        pd.read_part(handle, filter=...)
+
+Writing: stage anywhere, commit once (:mod:`persist.distributed.stage`,
+:mod:`persist.distributed.commit`)::
+
+    stager = pd.Stager.start(url, "events", job="nightly load")    # takes a staging lease
+    staged = [stager.stage(table)]         # on any machine: serializable StagedParts
+    with pd.Committer(url, reentrance_id="loader") as committer:
+        committer.commit({"events": staged}, seals={"events": 42},
+                         token=pd.Token("nightly", 7))   # lands once, however often retried
+    stager.release(staged)
+
+A staged part is invisible until a commit references it, kept from the leaked-blob sweeps by its
+staging lease (:mod:`persist.indexed.state.lease`) while the job renews it, and bound to the
+location, collection and types it was staged for. The :class:`Committer` is the exactly-once
+protocol every distributed writer shares: commit with an idempotency token, settle an unknown
+outcome from the log, keep a writer across commits, reopen after a lost lock (its module says
+how). ``Client.apply(parts=..., token=...)`` is the one-commit primitive under it.
+
+Everything here stands on the metadata log and the blob store alone: no runtime, no threads and
+no writer lock, except where a commit (the ``Committer``) or a read hold (:func:`set_read_hold`)
+needs one. Every record it hands out is frozen and serializable.
+"""
+
+from persist.distributed.commit import WRITERS, Committer, Writers
+from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
+from persist.distributed.stage import Stager, check_type
+from persist.indexed.format.transfer import StagedPart, Token
+from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, Scan
+from persist.runtime.client import TOKENS, LatestValues
+
+__all__ = [
+    "TOKENS",
+    "WRITERS",
+    "Address",
+    "CollectionInfo",
+    "Committer",
+    "LatestValues",
+    "PartHandle",
+    "ReadTask",
+    "Scan",
+    "StagedPart",
+    "Stager",
+    "Token",
+    "Watch",
+    "Writers",
+    "check_type",
+    "describe",
+    "read_part",
+    "read_task",
+    "set_read_hold",
+]

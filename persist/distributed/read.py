@@ -1,0 +1,198 @@
+"""Distributed reads: plan on one machine, read anywhere, with no client, lock or runtime.
+
+``describe`` reads a collection's metadata into a ``CollectionInfo`` (a ``Watch`` keeps one
+fresh for a long-lived planner); its ``snapshot``/``changes`` plan a ``Scan`` of ``PartHandle``s
+and ``ReadTask``s (:mod:`persist.indexed.read.scan`), read on any machine by :func:`read_part`
+and :func:`read_task`. :func:`set_read_hold` keeps history readable for a reader that is not the
+writer. See :mod:`persist.distributed`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from persist.distributed.stores import load_state, read_half
+from persist.errors import InvalidUsage, LockHeld
+from persist.indexed.engine import Indexed
+from persist.indexed.format.meta import State
+from persist.indexed.read.filter import Filter
+from persist.indexed.read.parts import PartReader
+from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, rows_per_time
+from persist.indexed.read.scan import read_part as _read_part
+from persist.indexed.read.scan import read_task as _read_task
+from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import collection
+from persist.location import resolve
+
+log = logging.getLogger("persist.distributed")
+
+
+def describe(url: str, collection_name: str, *,
+             storage_options: Mapping[str, Any] | None = None) -> CollectionInfo:
+    """The collection ``collection_name`` at ``url`` as its latest metadata shows it, from
+    which reads are planned (:meth:`CollectionInfo.snapshot`, :meth:`CollectionInfo.changes`).
+
+    Reads the metadata log only: no lock, no runtime, never a write.
+
+    Raises:
+        MissingResource: no location exists at ``url`` (nothing was ever committed there).
+        UnknownCollection: the location has no such collection (the message lists those it
+            has).
+        ExternalError: storage failed.
+    """
+    address = Address.of(url, storage_options)
+    state = load_state(address, must_exist=True, name=collection_name)
+    return CollectionInfo(address, collection(state.collections, collection_name), state.seq)
+
+
+def _reader(address: Address) -> PartReader:
+    # NB: no part cache on workers: each part is read once per task.
+    return PartReader(read_half(address), cache_bytes=0)
+
+
+def read_part(handle: PartHandle, *, filter: Filter | None = None,
+              columns: Sequence[str] | None = None, audit: bool = False) -> pa.Table:
+    """The rows of ``handle``'s part that its scan covers (original times), as the scan's
+    schema version; on any machine.
+
+    Args:
+        filter: only rows matching it (record batches whose stats rule it out are not
+            decoded).
+        columns: a subset of ``key, value, time, diff`` (default: all four, in that order).
+        audit: also read what the filter's stats skip, and raise ``Corruption`` on a match.
+
+    Raises:
+        PartMissing: GC removed the part (the scan outlived the GC grace period: plan again).
+        InvalidUsage: an unknown column.
+        SchemaMismatch: the filter does not fit the collection's types.
+        Corruption, ExternalError: the bytes are damaged; storage failed.
+    """
+    table = _read_part(_reader(handle.address), handle, filter=filter, audit=audit)
+    if columns is None:
+        return table
+    unknown = [c for c in columns if c not in table.column_names]
+    if unknown:
+        raise InvalidUsage(f"read_part: unknown columns {unknown}; a part has "
+                           f"{table.column_names}")
+    return table.select(list(columns))
+
+
+def read_task(task: ReadTask) -> Iterator[pa.Table]:
+    """Reads one task of a scan (see :class:`~persist.indexed.read.scan.ReadTask`), on any machine.
+
+    A consolidated task that finds a part collected re-plans its bucket on the newest state
+    (its answer is definite, so the same); other tasks raise ``PartMissing``.
+
+    Raises:
+        PartMissing: GC removed a part (plan the read again).
+        InvalidUsage: since passed the as-of time while the read ran.
+        SchemaMismatch: the schema changed under a consolidated task's retry.
+        Corruption, ExternalError: the bytes are damaged; storage failed.
+    """
+    def fresh() -> State:
+        return Machine(read_half(task.address)).load()
+
+    return _read_task(_reader(task.address), task, fresh)
+
+
+class Watch:
+    """One collection's metadata as a long-lived planner sees it (a streaming driver polling
+    for new seals), refreshed incrementally at most every ``interval`` seconds.
+
+    Raises (construction):
+        MissingResource, UnknownCollection: as :func:`describe`.
+    """
+
+    def __init__(self, url: str, collection_name: str, *,
+                 storage_options: Mapping[str, Any] | None = None,
+                 interval: float | None = None) -> None:
+        self.address = Address.of(url, storage_options)
+        self.name = collection_name
+        blob = read_half(self.address)
+        # NB: a local location answers a poll in microseconds; S3 charges per request and
+        # answers in milliseconds, so poll it less often.
+        self.interval = interval if interval is not None else (0.1 if blob.is_local else 1.0)
+        self._machine = Machine(blob)
+        # NB: a part cache: admission control reads multi-time parts to count rows per time,
+        # and the polls that follow ask again.
+        self._reader = PartReader(blob)
+        self._state = load_state(self.address, must_exist=True, name=collection_name)
+        self._at = time.monotonic()
+        self._info = self._make()
+
+    def _make(self) -> CollectionInfo:
+        return CollectionInfo(self.address, collection(self._state.collections, self.name),
+                              self._state.seq)
+
+    def current(self, *, fresh: bool = False) -> CollectionInfo:
+        """The collection as last seen; refreshed if ``fresh`` or ``interval`` has passed.
+
+        Raises:
+            UnknownCollection: the collection is gone (never, as collections are never
+                dropped, unless the location was replaced).
+        """
+        now = time.monotonic()
+        if fresh or now - self._at >= self.interval:
+            state = self._machine.refresh(self._state)
+            self._at = now
+            if state is not self._state:
+                self._state = state
+                self._info = self._make()
+        return self._info
+
+    def rows_per_time(self, info: CollectionInfo, lo: int, hi: int) -> Counter[int]:
+        """Updates per time in ``[lo, hi)`` of ``info`` (see
+        :func:`persist.indexed.read.scan.rows_per_time`); multi-time parts are read once and
+        cached."""
+        return rows_per_time(self._reader, info, lo, hi)
+
+
+def set_read_hold(url: str, collection_name: str, hold_id: str, frontier: int | None, *,
+                  lock_timeout: float, storage_options: Mapping[str, Any] | None = None
+                  ) -> bool:
+    """Sets (or, with None, releases) durable read hold ``hold_id`` of a collection, from a
+    process that is not the location's writer (a streaming reader's driver).
+
+    Takes the writer lock briefly — acquire (waiting up to ``lock_timeout``), fence, one
+    commit, release — like any writer, without starting a runtime.
+
+    Returns:
+        True once committed; False if the lock stayed busy or the frontier is already below
+        the collection's since (both logged): failing to set a hold is never unsafe, only
+        less protective, so the caller retries later.
+
+    Raises:
+        ExternalError, Corruption: storage failed.
+    """
+    loc = resolve(url, storage_options=dict(storage_options or {}))
+    lock = loc.lock()
+    rid = f"persist-hold:{hold_id}"
+    try:
+        held = lock.acquire(rid, timeout=lock_timeout)
+    except LockHeld as e:
+        log.warning("read hold %r on %r not moved to %s: %s (retry later; a writer holding "
+                    "the lock continuously can set it with WriteHandle.hold)", hold_id,
+                    collection_name, frontier, e)
+        lock.close()
+        return False
+    try:
+        ix = Indexed.open(loc.blob, epoch=held.generation, writer=rid)
+        ix.fence()
+        try:
+            ix.set_hold(collection_name, hold_id, frontier)
+        except InvalidUsage as e:
+            log.warning("read hold %r on %r not set: %s", hold_id, collection_name, e)
+            return False
+        return True
+    finally:
+        lock.release(held)
+        lock.close()
+
+
+__all__ = ["Watch", "describe", "read_part", "read_task", "set_read_hold"]

@@ -1,0 +1,254 @@
+"""The records a distributed write hands between processes: a :class:`StagedPart`, from the
+worker that staged it to the process that commits it, and a :class:`Token`, the commit's
+idempotency key.
+
+Both are public as ``persist.distributed.StagedPart`` and ``persist.distributed.Token``. They are
+defined here, in the engine's format layer, because the runtime's ``Client.apply`` consumes them
+while ``persist.distributed`` stands above the runtime (its ``Committer`` opens writers).
+
+A staged part is **bound** to where it was staged: its location (the URL its stager was given),
+its collection (name and id) and the types of the schema version it was staged with. A commit
+refuses a part bound elsewhere before anything is submitted (:meth:`StagedPart.check`), so a part
+staged for a same-named collection of another location, or of other types, can never reach the
+metadata, where every later read would fail on it.
+
+Its bytes (:meth:`StagedPart.to_bytes`, and pickle, which goes through them) sit in the stored
+value's envelope (:func:`persist.blob.envelope.pack`), verified before anything in them is
+decoded: a damaged staged part is a :class:`~persist.errors.Corruption`, never a crash or other
+rows. An inline part's Arrow payload is also validated against the types it is bound to, and
+against what its metadata says of it, before a commit takes it (:func:`check_inline`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import msgspec
+import pyarrow as pa
+
+from persist.blob import envelope
+from persist.errors import (
+    Corruption,
+    IncompatibleFormat,
+    InvalidUsage,
+    SchemaMismatch,
+    UnknownCollection,
+)
+from persist.indexed.format import columnar, evolve
+from persist.indexed.format.meta import CollectionMeta, PartMeta, SchemaVersion
+from persist.indexed.format.write import diff_sums
+
+#: The newest staged-part record this persist decodes (and the one it encodes).
+STAGED_PART_VERSION = 1
+#: What a staged part's envelope is checked as (in place of a storage key).
+_STAGED_KIND = "persist.StagedPart"
+
+_ENC = msgspec.msgpack.Encoder()
+
+
+class _Versioned(msgspec.Struct):
+    version: int
+
+
+_VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
+
+
+class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
+    """A part another process encoded and stored for ``collection``, not yet committed: what
+    ``persist.distributed.Stager.stage`` returns and ``Client.apply(parts=...)`` (or a
+    ``Committer``) commits.
+
+    Serializable: :meth:`to_bytes` / :meth:`from_bytes`, and pickle (which uses them), both
+    checksummed; it travels from the worker that staged it to the writer.
+    """
+
+    #: The format of this record (refused by a persist that predates it).
+    version: int = STAGED_PART_VERSION
+    #: The URL of the location it was staged at (as its stager was given it).
+    location: str
+    #: The collection's name and id at that location.
+    collection: str
+    collection_id: int
+    #: The schema version it was staged with: its id and its key and value types.
+    schema: SchemaVersion
+    #: The part itself (stored under ``data/``, or inline), tagged with ``schema.id``.
+    part: PartMeta
+
+    @property
+    def rows(self) -> int:
+        """Rows in the part."""
+        return self.part.rows
+
+    @property
+    def min_time(self) -> int:
+        """The part's smallest time."""
+        return self.part.min_time
+
+    @property
+    def max_time(self) -> int:
+        """The part's largest time."""
+        return self.part.max_time
+
+    def to_bytes(self) -> bytes:
+        """The record encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives it
+        back anywhere."""
+        return envelope.pack(_STAGED_KIND, _ENC.encode(self))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> StagedPart:
+        """A staged part from :meth:`to_bytes`, its checksum verified before anything in it is
+        decoded.
+
+        Raises:
+            InvalidUsage: ``data`` is not bytes.
+            Corruption: damaged or truncated bytes, or bytes of another kind of record.
+            IncompatibleFormat: encoded by a newer persist.
+        """
+        payload = envelope.unpack(_STAGED_KIND, data)
+        try:
+            version = _VERSION_DEC.decode(payload).version
+        except msgspec.DecodeError as e:
+            raise Corruption(_STAGED_KIND, f"undecodable staged part: {e}") from None
+        if version > STAGED_PART_VERSION:
+            raise IncompatibleFormat(
+                f"a staged part of format {version}; this persist reads up to "
+                f"{STAGED_PART_VERSION}: stage and commit with the same persist version")
+        try:
+            staged: StagedPart = msgspec.msgpack.decode(payload, type=cls)
+        except msgspec.DecodeError as e:
+            raise Corruption(_STAGED_KIND, f"undecodable staged part: {e}") from None
+        return staged
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NB: pickle (Spark's commit messages, multiprocessing) carries the checksummed bytes,
+        # so damage on the way is caught as it is for to_bytes.
+        return (StagedPart.from_bytes, (self.to_bytes(),))
+
+    def check(self, name: str, location: str,
+              collections: Mapping[str, CollectionMeta]) -> PartMeta:
+        """The part, once shown to belong to collection ``name`` of ``collections`` (a state's)
+        at the location ``location`` (the committing client's URL).
+
+        Raises:
+            InvalidUsage: staged for another collection, at another location, or for another
+                collection of the same name (the location was replaced since).
+            UnknownCollection: ``collections`` has no ``name``.
+            SchemaMismatch: staged with types that are not those of ``c``'s schema version
+                ``schema.id``.
+            Corruption: the record contradicts itself (a part tagged with another version, an
+                inline payload that is not the rows its metadata describes).
+        """
+        p = self.part
+        if self.collection != name:
+            raise InvalidUsage(f"part {p.id} was staged for {self.collection!r}, not {name!r}")
+        c = collections.get(name)
+        if c is None:
+            raise UnknownCollection(f"part {p.id} is for collection {name!r}, which this "
+                                    f"location does not have")
+        if canonical_location(self.location) != canonical_location(location):
+            raise InvalidUsage(
+                f"part {p.id} was staged for {name!r} at {self.location!r}, not at this "
+                f"location {location!r}: a part is committed where it was staged; nothing was "
+                f"committed")
+        if self.collection_id != c.id:
+            raise InvalidUsage(
+                f"part {p.id} was staged for collection {name!r} with id {self.collection_id}, "
+                f"but {name!r} here has id {c.id} (the location was replaced since?); nothing "
+                f"was committed")
+        versions = evolve.history(c)
+        sid = self.schema.id
+        if not 0 <= sid < len(versions) or versions[sid] != self.schema:
+            have = (f"its schema version {sid} has other types" if 0 <= sid < len(versions)
+                    else f"it has schema versions 0 to {len(versions) - 1}")
+            raise SchemaMismatch(
+                f"part {p.id} was staged for {name!r} with key {_type_name(self.schema.key_type)}"
+                f" and value {_type_name(self.schema.value_type)} (schema version {sid}), but "
+                f"{have}; nothing was committed")
+        if evolve.part_version(p) != sid:
+            raise Corruption(_STAGED_KIND, f"part {p.id} is tagged with schema version "
+                                           f"{evolve.part_version(p)}, its record says {sid}")
+        if p.inline is not None:
+            check_inline(p, evolve.Schemas.of(c).part_schema(sid))
+        return p
+
+
+def check_inline(p: PartMeta, schema: pa.Schema) -> None:
+    """Checks that the inline part ``p`` holds what its metadata says, in ``schema``, before a
+    commit takes it (a commit must never make the metadata hold rows a read cannot decode):
+    its payload decodes as ``schema`` and validates fully, and its row count, size, time range
+    and diff sums are the ones recorded; an inline part carries no stats (nothing may prune it
+    by stats a reader cannot check).
+
+    Raises:
+        Corruption: it does not.
+    """
+    key = f"inline part {p.id}"
+    assert p.inline is not None
+    if p.stats is not msgspec.UNSET:
+        raise Corruption(key, "an inline part carries stats (only a stored part has them)")
+    if p.nbytes != len(p.inline):
+        raise Corruption(key, f"{len(p.inline)} bytes, its metadata says {p.nbytes}")
+    table = columnar.decode_part(key, p.inline, schema)
+    try:
+        table.validate(full=True)
+    except (pa.ArrowInvalid, pa.ArrowException) as e:
+        raise Corruption(key, f"invalid Arrow data: {e}") from None
+    if len(table) != p.rows:
+        raise Corruption(key, f"{len(table)} rows, its metadata says {p.rows}")
+    for column in ("time", "diff"):
+        if table.column(column).null_count:
+            raise Corruption(key, f"null {column}s")
+    if len(table):
+        lo, hi = columnar.time_range(table)
+        if (lo, hi) != (p.min_time, p.max_time):
+            raise Corruption(key, f"times {lo}..{hi}, its metadata says "
+                                  f"{p.min_time}..{p.max_time}")
+    counted = (p.inserted, p.retracted)
+    if msgspec.UNSET not in counted and diff_sums(table) != counted:
+        raise Corruption(key, f"diff sums {diff_sums(table)}, its metadata says {counted}")
+
+
+def canonical_location(url: str) -> str:
+    """``url`` spelled one way per location, so that a part staged through one spelling is
+    committed through another (``/data/loc``, ``file:///data/loc/``): a local path made
+    absolute with symlinks resolved, an S3 prefix without its trailing slash."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("", "file") and parsed.netloc in ("", "localhost"):
+        path = parsed.path if parsed.scheme == "file" else url
+        return "file://" + os.path.realpath(path)
+    if parsed.scheme == "s3":
+        return f"s3://{parsed.netloc}/{parsed.path.strip('/')}"
+    return url
+
+
+def _type_name(data: bytes) -> str:
+    try:
+        return str(columnar.deserialize_type(data))
+    except Corruption:
+        return "(undecodable type)"
+
+
+class Token(msgspec.Struct, frozen=True):
+    """An idempotency token for ``Client.apply``: the apply lands at most once per ``id``
+    and ``seq``, and only if ``seq`` is above every seq applied under ``id`` before
+    (Delta's ``txnAppId``/``txnVersion``). A retried or replayed apply is then a no-op.
+
+    Raises (construction):
+        InvalidUsage: ``id`` is not a non-empty str, or ``seq`` not an int in ``[0, 2**63)``.
+    """
+
+    id: str
+    seq: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise InvalidUsage(f"a token id must be a non-empty str, not {self.id!r}")
+        if isinstance(self.seq, bool) or not isinstance(self.seq, int) or \
+                not 0 <= self.seq < 1 << 63:
+            raise InvalidUsage(f"a token seq must be an int in [0, 2**63), not {self.seq!r}")
+
+
+__all__ = ["STAGED_PART_VERSION", "StagedPart", "Token", "canonical_location", "check_inline"]
