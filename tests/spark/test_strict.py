@@ -185,7 +185,7 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
         buckets.append(task.bucket)
         return real(task)
 
-    monkeypatch.setattr(persist, "read_task", counted)
+    monkeypatch.setattr(sink_mod, "read_task", counted)
     with persist.open(url, read_only=True) as client:
         _, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         before = sums(r.snapshot(5).to_arrow())

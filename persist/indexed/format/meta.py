@@ -94,6 +94,39 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     retracted: int | msgspec.UnsetType = msgspec.UNSET
 
 
+class OfPart:
+    """What a record that wraps one part (``part: PartMeta``) tells of it without reaching in:
+    a staged part, a part handle."""
+
+    __slots__ = ()
+    part: PartMeta
+
+    @property
+    def id(self) -> str:
+        """The part's id (unique within the location)."""
+        return self.part.id
+
+    @property
+    def rows(self) -> int:
+        """Rows stored in the part."""
+        return self.part.rows
+
+    @property
+    def nbytes(self) -> int:
+        """The part's encoded size in bytes."""
+        return self.part.nbytes
+
+    @property
+    def min_time(self) -> int:
+        """The part's smallest time."""
+        return self.part.min_time
+
+    @property
+    def max_time(self) -> int:
+        """The part's largest time."""
+        return self.part.max_time
+
+
 class HistoryEntry(msgspec.Struct, frozen=True, array_like=True):
     """One seal of a collection, for its history (``DESCRIBE HISTORY``, ``timestampAsOf``):
     the commit ``seq`` at wall-clock ``wall_ms`` (the writer's clock) advanced upper to
@@ -356,11 +389,22 @@ def encode_commit_checked(key: str, commit: Commit) -> bytes:
     return data
 
 
-def _check_version(key: str, data: bytes) -> None:
+def version_of(key: str, data: bytes | memoryview) -> int:
+    """The ``version`` field of the msgpack record ``data`` (read from ``key``), read alone,
+    before the record is decoded: a newer record is refused as such, not as undecodable.
+
+    Raises:
+        Corruption: not a msgpack record with an int ``version``.
+    """
     try:
-        version = _VERSION_DEC.decode(data).version
+        version: int = _VERSION_DEC.decode(data).version
     except msgspec.DecodeError as e:
-        raise Corruption(key, f"undecodable metadata: {e}") from e
+        raise Corruption(key, f"undecodable record: {e}") from e
+    return version
+
+
+def _check_version(key: str, data: bytes) -> None:
+    version = version_of(key, data)
     if version > FORMAT_VERSION:
         raise IncompatibleFormat(
             f"{key!r} has metadata format version {version}; this persist reads up to "

@@ -38,7 +38,13 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.format import columnar, evolve
-from persist.indexed.format.meta import CollectionMeta, PartMeta, SchemaVersion
+from persist.indexed.format.meta import (
+    CollectionMeta,
+    OfPart,
+    PartMeta,
+    SchemaVersion,
+    version_of,
+)
 from persist.indexed.format.write import diff_sums
 
 #: The newest staged-part record this persist decodes (and the one it encodes).
@@ -49,14 +55,7 @@ _STAGED_KIND = "persist.StagedPart"
 _ENC = msgspec.msgpack.Encoder()
 
 
-class _Versioned(msgspec.Struct):
-    version: int
-
-
-_VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
-
-
-class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
+class StagedPart(msgspec.Struct, OfPart, frozen=True, kw_only=True):
     """A part another process encoded and stored for ``collection``, not yet committed: what
     ``persist.distributed.Stager.stage`` returns and ``Client.apply(parts=...)`` (or a
     ``Committer``) commits.
@@ -77,21 +76,6 @@ class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
     #: The part itself (stored under ``data/``, or inline), tagged with ``schema.id``.
     part: PartMeta
 
-    @property
-    def rows(self) -> int:
-        """Rows in the part."""
-        return self.part.rows
-
-    @property
-    def min_time(self) -> int:
-        """The part's smallest time."""
-        return self.part.min_time
-
-    @property
-    def max_time(self) -> int:
-        """The part's largest time."""
-        return self.part.max_time
-
     def to_bytes(self) -> bytes:
         """The record encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives it
         back anywhere."""
@@ -108,10 +92,7 @@ class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
             IncompatibleFormat: encoded by a newer persist.
         """
         payload = envelope.unpack(_STAGED_KIND, data)
-        try:
-            version = _VERSION_DEC.decode(payload).version
-        except msgspec.DecodeError as e:
-            raise Corruption(_STAGED_KIND, f"undecodable staged part: {e}") from None
+        version = version_of(_STAGED_KIND, payload)
         if version > STAGED_PART_VERSION:
             raise IncompatibleFormat(
                 f"a staged part of format {version}; this persist reads up to "
@@ -124,8 +105,10 @@ class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # NB: pickle (Spark's commit messages, multiprocessing) carries the checksummed bytes,
-        # so damage on the way is caught as it is for to_bytes.
-        return (StagedPart.from_bytes, (self.to_bytes(),))
+        # so damage on the way is caught as it is for to_bytes. The reconstructor is a module
+        # function: cloudpickle (Spark) pickles a classmethod by value, with its module's
+        # globals, which it cannot.
+        return (_staged_part, (self.to_bytes(),))
 
     def check(self, name: str, location: str,
               collections: Mapping[str, CollectionMeta]) -> PartMeta:
@@ -173,6 +156,11 @@ class StagedPart(msgspec.Struct, frozen=True, kw_only=True):
         if p.inline is not None:
             check_inline(p, evolve.Schemas.of(c).part_schema(sid))
         return p
+
+
+def _staged_part(data: bytes) -> StagedPart:
+    """Unpickles a staged part (see ``StagedPart.__reduce__``)."""
+    return StagedPart.from_bytes(data)
 
 
 def check_inline(p: PartMeta, schema: pa.Schema) -> None:

@@ -5,11 +5,11 @@ This is the one place that knows which parts a read needs and how a task reads t
 engine that reads persist in parallel (the Spark source in ``operators/``, Dask, Ray, ...)
 goes through it, via the public face in :mod:`persist.distributed`::
 
-    info = persist.describe(url, "events")               # metadata only, no lock
+    info = persist.distributed.describe(url, "events")   # metadata only, no lock
     scan = info.snapshot(41, filter=persist.col("key") == "a")
     tasks = scan.tasks(consolidated=True, n=8)            # picklable / msgspec-encodable
     # ... on any machine:
-    for table in persist.read_task(task): ...
+    for table in persist.distributed.read_task(task): ...
 
 Planning reads the metadata log only. A task carries everything it reads — the location's
 address, the collection's schema history, its parts (inline parts with their bytes) and its
@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from persist.blob.base import BlobRead
 from persist.errors import Corruption, InvalidUsage, PartMissing, SchemaMismatch
 from persist.indexed.format import columnar, evolve, stats
-from persist.indexed.format.meta import CollectionMeta, PartMeta, State
+from persist.indexed.format.meta import CollectionMeta, OfPart, PartMeta, State
 from persist.indexed.read import buckets, split
 from persist.indexed.read.filter import Bound, Filter, bind
 from persist.indexed.read.parts import PartReader, check_as_of
@@ -98,7 +98,7 @@ def stripped(c: CollectionMeta) -> CollectionMeta:
                                    unsealed=msgspec.UNSET)
 
 
-class PartHandle(msgspec.Struct, frozen=True, kw_only=True):
+class PartHandle(msgspec.Struct, OfPart, frozen=True, kw_only=True):
     """One storage part of a scan, and which of its rows the scan covers (``lo <= time < hi``),
     readable on any machine with :func:`persist.distributed.read_part`.
 
@@ -112,31 +112,6 @@ class PartHandle(msgspec.Struct, frozen=True, kw_only=True):
     part: PartMeta
     lo: int
     hi: int
-
-    @property
-    def id(self) -> str:
-        """The part's id (unique within the location)."""
-        return self.part.id
-
-    @property
-    def rows(self) -> int:
-        """Rows stored in the part (all its times, before the scan's bounds and filter)."""
-        return self.part.rows
-
-    @property
-    def nbytes(self) -> int:
-        """The part's encoded size in bytes."""
-        return self.part.nbytes
-
-    @property
-    def min_time(self) -> int:
-        """The part's smallest time."""
-        return self.part.min_time
-
-    @property
-    def max_time(self) -> int:
-        """The part's largest time."""
-        return self.part.max_time
 
     @property
     def stats(self) -> Any:
