@@ -30,9 +30,9 @@ timestamp against a ``timestamp[s]`` field, a negative number against a ``uint8`
 never pushes a lossy version of a filter.
 
 Why pushing is sound for every read mode: a persist filter reads only ``(key, value)``, and
-gives equal records the same answer (see ``Snapshot._matching`` in
-:mod:`persist.indexed.read.parts`), so every group of rows that consolidates together is kept whole
-or dropped whole; filtering before consolidating equals filtering after. Raw rows are filtered
+gives equal records the same answer (see ``_load`` in :mod:`persist.indexed.read.scan`), so
+every group of rows that consolidates together is kept whole or dropped whole; filtering
+before consolidating equals filtering after. Raw rows are filtered
 one by one. Spark's semantics and persist's agree on every pushed form: SQL's three-valued
 logic, a field of a null struct is null, strings and binaries compare bytewise (code point
 order), floats with ``-0.0 == 0.0`` and NaN equal to NaN and above every number, timestamps as

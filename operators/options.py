@@ -250,8 +250,9 @@ class ReadOptions:
     mode: Mode
     #: Batch, consolidated: key-hash buckets (None: by size). Raw: ignored.
     num_partitions: int | None
-    #: Batch raw mode and streaming: small parts are grouped into a partition up to this size.
-    partition_rows: int
+    #: Batch raw mode and streaming: small parts are grouped into a partition up to this size
+    #: (None: the engine's default, ``Scan.tasks``'s).
+    partition_rows: int | None
     #: Streaming: "earliest", "latest" or a time.
     starting_upper: str | int
     max_rows_per_trigger: int | None
@@ -328,7 +329,7 @@ class ReadOptions:
             as_of=as_of if as_of is not None else version,
             mode="raw" if mode == "raw" else "consolidated",
             num_partitions=_int(options, "numPartitions", minimum=1),
-            partition_rows=_int(options, "partitionRows", minimum=1) or 4_000_000,
+            partition_rows=_int(options, "partitionRows", minimum=1),
             starting_upper=starting,
             max_rows_per_trigger=_int(options, "maxRowsPerTrigger", minimum=1),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),

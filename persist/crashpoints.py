@@ -40,8 +40,3 @@ def hit(name: str) -> None:
 def arm(name: str, count: int = 1) -> None:
     """Arms ``name`` in this process (tests that fork use the environment instead)."""
     _armed[name] = count
-
-
-def disarm_all() -> None:
-    """Disarms every point in this process, including those armed by ``PERSIST_CRASH_AT``."""
-    _armed.clear()

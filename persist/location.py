@@ -5,9 +5,10 @@
     s3://bucket/prefix      S3 (extra ``s3``); lock in DynamoDB or in S3 itself
 
 This is the one module that knows the blob, lock and runtime layers together: :func:`resolve`
-assembles a store and its lock for every scheme, and :func:`open` (``persist.open``) adds the
-engine and the runtime on top. No layer has to know another's implementations: the blob layer
-never imports the lock layer, and the runtime never resolves URLs.
+assembles a store and its lock for every scheme, :func:`open_writer` opens a writer's engine
+under the lock (what every writer does before its first commit), and :func:`open`
+(``persist.open``) adds the runtime on top. No layer has to know another's implementations:
+the blob layer never imports the lock layer, and the runtime never resolves URLs.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.blob.file import MAP_MIN_BYTES, FileBlob
 from persist.blob.memory import MemoryBlob
+from persist.blob.metered import metered
 from persist.blob.options import option_bool, option_size_or_off
 from persist.errors import Fenced, InvalidUsage, MissingResource
 from persist.indexed.engine import Indexed, Options
-from persist.lock.base import WriterLock
+from persist.lock.base import LEASE_SECONDS, MAX_SKEW_RATE, Lease, WriterLock
 from persist.lock.file import FileLock
 from persist.lock.memory import MemoryLock
 from persist.runtime.client import Client
@@ -57,7 +59,7 @@ def resolve(
     url: str | os.PathLike[str],
     *,
     storage_options: dict[str, Any] | None = None,
-    lease_seconds: float = 30.0,
+    lease_seconds: float = LEASE_SECONDS,
 ) -> Location:
     """Parses ``url`` into a Location. Nothing is contacted or created yet.
 
@@ -121,7 +123,7 @@ def _s3(url: str, storage_options: Mapping[str, Any], *, lease_seconds: float) -
     cfg = blob.config
     table = cfg.lock_table or cfg.dynamodb_table
     kind = cfg.lock if cfg.lock != "auto" else ("dynamodb" if table else "s3")
-    skew = cfg.max_clock_skew_rate or 2.0
+    skew = cfg.max_clock_skew_rate or MAX_SKEW_RATE
     if kind == "dynamodb":
         if table is None:
             raise InvalidUsage("lock='dynamodb' needs storage option lock_table or dynamodb_table")
@@ -141,6 +143,57 @@ def _s3(url: str, storage_options: Mapping[str, Any], *, lease_seconds: float) -
     return Location(url, blob, s3_lock)
 
 
+@dataclass(frozen=True)
+class Writer:
+    """A writer opened on a location: the lock it holds, its lease, and its engine, fenced."""
+
+    lock: WriterLock
+    lease: Lease
+    engine: Indexed
+
+    def close(self) -> None:
+        """Releases the lock and closes it (the engine needs no closing).
+
+        Raises:
+            ExternalError: releasing failed (the lease then lapses by itself).
+        """
+        try:
+            self.lock.release(self.lease)
+        finally:
+            self.lock.close()
+
+
+def open_writer(loc: Location, writer: str, *, lock_timeout: float,
+                options: Options | None = None) -> Writer:
+    """Opens ``loc`` as writer ``writer``: takes its writer lock (waiting up to
+    ``lock_timeout`` for another holder), loads the engine stamped with the lock's generation,
+    and fences the log with it (DESIGN.md §5), so no older writer can commit after this one.
+    The engine reads and writes through the blob metrics when they are on.
+
+    Raises:
+        LockHeld: another writer holds the lock (nothing held).
+        Fenced: a newer writer took the lock over before the fence (nothing held).
+        ExternalError, Corruption: storage failed, or holds bytes persist cannot trust
+            (nothing held).
+    """
+    lock = loc.lock()
+    try:
+        lease = lock.acquire(writer, timeout=lock_timeout)
+    except BaseException:
+        lock.close()
+        raise
+    try:
+        ix = Indexed.open(metered(loc.blob), epoch=lease.generation, writer=writer,
+                          options=options)
+        ix.fence()
+    except BaseException:
+        try:
+            lock.release(lease)
+        finally:
+            lock.close()
+        raise
+    return Writer(lock, lease, ix)
+
 
 def open(
     url: str | os.PathLike[str],
@@ -149,7 +202,7 @@ def open(
     read_only: bool = False,
     missing_ok: bool = False,
     lock_timeout: float = 0.0,
-    lease_seconds: float = 30.0,
+    lease_seconds: float = LEASE_SECONDS,
     storage_options: dict[str, Any] | None = None,
     options: Options | None = None,
     on_lock_lost: Callable[[Fenced], None] | None = None,
@@ -206,21 +259,14 @@ def open(
                 f"first writer")
         return Client(loc.url, ix, follower=follower, storage_options=storage_options)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
-    lock = loc.lock()
-    lease = lock.acquire(rid, timeout=lock_timeout)
-    try:
-        ix = Indexed.open(loc.blob, epoch=lease.generation, writer=rid, options=options)
-        ix.fence()
-    except BaseException:
-        lock.release(lease)
-        raise
-    runtime = Runtime(ix, lock=lock, lease=lease, on_lock_lost=on_lock_lost)
+    w = open_writer(loc, rid, lock_timeout=lock_timeout, options=options)
+    runtime = Runtime(w.engine, lock=w.lock, lease=w.lease, on_lock_lost=on_lock_lost)
     notifier = None
     if notify:
-        notifier = Notifier.start(loc.blob, runtime.published, epoch=lease.generation, writer=rid,
-                                  transport="tcp" if notify == "tcp" else "unix")
-    return Client(loc.url, ix, runtime=runtime, notifier=notifier,
+        notifier = Notifier.start(loc.blob, runtime.published, epoch=w.lease.generation,
+                                  writer=rid, transport="tcp" if notify == "tcp" else "unix")
+    return Client(loc.url, w.engine, runtime=runtime, notifier=notifier,
                   storage_options=storage_options)
 
 
-__all__ = ["Location", "open", "resolve"]
+__all__ = ["Location", "Writer", "open", "open_writer", "resolve"]

@@ -186,10 +186,12 @@ class AwsOptions:
             aws_session_token=known.get("aws_session_token"),
             profile_name=known.get("profile_name"),
             addressing_style=style,
-            connect_timeout=option_float("connect_timeout", known.get("connect_timeout", 5.0)),
-            read_timeout=option_float("read_timeout", known.get("read_timeout", 30.0)),
+            connect_timeout=option_float("connect_timeout",
+                                         known.get("connect_timeout", cls.connect_timeout)),
+            read_timeout=option_float("read_timeout", known.get("read_timeout", cls.read_timeout)),
             max_pool_connections=option_int("max_pool_connections",
-                                            known.get("max_pool_connections", 32)),
+                                            known.get("max_pool_connections",
+                                                      cls.max_pool_connections)),
             retry=retry,
         )
         return opts, rest

@@ -1,8 +1,9 @@
 """A store wrapper that counts what crosses the blob edge into :mod:`persist.metrics`.
 
 Byte counts are taken below the envelope, so they are what actually goes over the wire or to
-disk; errors are counted by operation and error class. Without ``prometheus_client`` it costs
-one function call per operation.
+disk; errors are counted by operation and error class. Every writer's engine reads and writes
+through one when the metrics are on (:func:`metered`, used by ``persist.location``); without
+``prometheus_client`` nothing is wrapped.
 """
 
 from __future__ import annotations
@@ -77,4 +78,11 @@ class MeteredBlob(Blob):
         self.inner.close()
 
 
-__all__ = ["MeteredBlob"]
+def metered(blob: Blob) -> Blob:
+    """``blob`` wrapped in a :class:`MeteredBlob` when the metrics are on (``prometheus_client``
+    is installed), else ``blob`` itself: a writer's storage traffic is then counted at no cost
+    to anyone without the metrics."""
+    return MeteredBlob(blob) if metrics.enabled() else blob
+
+
+__all__ = ["MeteredBlob", "metered"]

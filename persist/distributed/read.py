@@ -19,8 +19,7 @@ import pyarrow as pa
 
 from persist.distributed.stores import load_state, read_half
 from persist.errors import InvalidUsage, LockHeld
-from persist.indexed.engine import Indexed
-from persist.indexed.format.meta import State
+from persist.indexed.format.meta import SetHold, State
 from persist.indexed.read.filter import Filter
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, rows_per_time
@@ -28,7 +27,7 @@ from persist.indexed.read.scan import read_part as _read_part
 from persist.indexed.read.scan import read_task as _read_task
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import collection
-from persist.location import resolve
+from persist.location import open_writer, resolve
 
 log = logging.getLogger("persist.distributed")
 
@@ -171,28 +170,22 @@ def set_read_hold(url: str, collection_name: str, hold_id: str, frontier: int | 
         ExternalError, Corruption: storage failed.
     """
     loc = resolve(url, storage_options=dict(storage_options or {}))
-    lock = loc.lock()
-    rid = f"persist-hold:{hold_id}"
     try:
-        held = lock.acquire(rid, timeout=lock_timeout)
+        w = open_writer(loc, f"persist-hold:{hold_id}", lock_timeout=lock_timeout)
     except LockHeld as e:
         log.warning("read hold %r on %r not moved to %s: %s (retry later; a writer holding "
                     "the lock continuously can set it with WriteHandle.hold)", hold_id,
                     collection_name, frontier, e)
-        lock.close()
         return False
     try:
-        ix = Indexed.open(loc.blob, epoch=held.generation, writer=rid)
-        ix.fence()
-        try:
-            ix.set_hold(collection_name, hold_id, frontier)
-        except InvalidUsage as e:
-            log.warning("read hold %r on %r not set: %s", hold_id, collection_name, e)
-            return False
-        return True
+        w.engine.commit_ops([SetHold(name=collection_name, hold_id=hold_id,
+                                     frontier=frontier)])
+    except InvalidUsage as e:
+        log.warning("read hold %r on %r not set: %s", hold_id, collection_name, e)
+        return False
     finally:
-        lock.release(held)
-        lock.close()
+        w.close()
+    return True
 
 
 __all__ = ["Watch", "describe", "read_part", "read_task", "set_read_hold"]

@@ -1,8 +1,10 @@
 """The engine: named collections over a Blob, with one conditional metadata commit per step.
 
 ``Indexed`` is single-threaded and synchronous: the runtime thread owns one and feeds it groups
-of commands; tests drive it directly. Reads (``snapshot``, ``updates_between``) work on any
-``State`` and are safe from any thread.
+of commands, staged on a :class:`Txn` and committed with :meth:`Indexed.commit`; its
+maintenance thread runs :meth:`Indexed.maintain_round` rounds, whose results it commits through the
+same queue. Reads are planned and read by :mod:`persist.indexed.read.scan` on any ``State``,
+from any thread, through the engine's part reader (:attr:`Indexed.reader`).
 
 Commit pipeline for one step (a ``Txn``)::
 
@@ -17,18 +19,19 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import pyarrow as pa
 
-from persist import crashpoints, layout
+from persist import crashpoints, layout, metrics
 from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
     Determinate,
+    ExternalError,
     Fenced,
     Indeterminate,
     InvalidUsage,
@@ -39,24 +42,28 @@ from persist.indexed.format import columnar, evolve, stats
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.meta import (
     AddPart,
-    AllowCompaction,
     CollectionMeta,
     EvolveSchema,
     Op,
     Register,
     ReplaceParts,
     Seal,
-    SetHold,
     State,
     check_op,
     decode_commit,
 )
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance import compact, gc
-from persist.indexed.read.filter import Filter
-from persist.indexed.read.parts import PartReader, Snapshot, Types, updates_between
-from persist.indexed.state.machine import Machine
-from persist.indexed.state.transitions import apply, apply_op, check, collection, plan
+from persist.indexed.read.parts import CACHE_BYTES, PartReader
+from persist.indexed.state.machine import GC_GRACE_SECONDS, CommitConflict, Machine
+from persist.indexed.state.transitions import (
+    apply,
+    apply_op,
+    check,
+    collection,
+    effective_since,
+    plan,
+)
 
 replace = msgspec.structs.replace
 log = logging.getLogger("persist.indexed")
@@ -100,6 +107,37 @@ class Txn:
         check_op(op)
         apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
         self.ops.append(op)
+
+    def register(self, name: str, key: Codec, value: Codec) -> None:
+        """Stages the registration of ``name`` with codecs ``key``/``value``, or, if it exists,
+        checks them against its schema versions and stages nothing (create_or_load).
+
+        Raises:
+            SchemaMismatch: it exists with other types.
+            InvalidUsage: ``name`` is not a non-empty string.
+        """
+        existing = self.collections.get(name)
+        if existing is not None:
+            check_types(existing, key, value)
+        else:
+            self.stage(Register(new_collection(self.base, self, name, key, value)))
+
+    def evolve(self, name: str, key: Codec | None, value: Codec | None,
+               expect: int | None = None) -> bool:
+        """Stages the evolution of ``name``'s schema to ``key``/``value`` (None: keep that
+        one); False, staging nothing, if they are its current types already. It commits alone.
+
+        Raises:
+            SchemaMismatch: a change :mod:`persist.indexed.format.evolve` does not allow, or
+                ``expect`` is not the current version.
+            UnknownCollection: no such collection.
+            InvalidUsage: something was staged before it.
+        """
+        op = evolve.plan(collection(self.collections, name), key, value, expect)
+        if op is None:
+            return False
+        self.stage(op)
+        return True
 
     def stage_write(self, name: str, table: pa.Table, schema_id: int | None = None) -> None:
         """Stages updates (already normalized to the collection's schema version
@@ -189,14 +227,15 @@ class Options:
     inline_threshold: int = 64 << 10
     #: Write a rollup (whole state) after this many commits, bounding replay on open (>= 1).
     rollup_every: int = 64
-    gc_grace_seconds: float = 300.0
+    gc_grace_seconds: float = GC_GRACE_SECONDS
     #: A data blob is referenced by a commit sent within this long of writing it, or never: a
     #: later commit fails with ``CommitDeadline`` (a ``Determinate``) instead. ``persist verify
     #: --delete-leaked`` relies on it: a blob unreferenced for longer than its ``--grace``
     #: (default 300 s) plus a commit's latency is abandoned, not in flight (DESIGN.md §9).
     commit_deadline_seconds: float = 60.0
     compaction: compact.CompactionPolicy = field(default_factory=compact.CompactionPolicy)
-    cache_bytes: int = 256 << 20
+    #: The part cache's budget, in decoded bytes (fixed at open).
+    cache_bytes: int = CACHE_BYTES
     #: Group commit: the runtime commits every command queued behind the one it takes as one
     #: step. False: one command per commit (an fsync each; for tests and for measuring).
     group_commit: bool = True
@@ -263,6 +302,21 @@ def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None
         raise InvalidUsage(f"Options.{name} must be an integer {bound}, not {value!r}")
 
 
+#: How a maintenance round makes its ops durable: ``commit(ops, written_at)`` commits ``ops``
+#: as one step, all or nothing, refusing it with ``CommitDeadline`` if the data blobs written
+#: (``time.monotonic()``) at ``written_at`` are past the commit deadline. The runtime sends them
+#: through its queue (linearized with every other command); a caller that owns the engine
+#: alone commits them directly (:meth:`Indexed.commit_ops`).
+Committer = Callable[[Sequence[Op], float | None], object]
+
+#: Compaction plans per maintenance round at most (merges cascade up the levels).
+MAX_CASCADE = 16
+
+
+def _no_hold(name: str) -> int | None:
+    return None
+
+
 class Indexed:
     """Named, definite collections at one location. Not thread-safe for writing."""
 
@@ -281,16 +335,20 @@ class Indexed:
         made) the state themselves.
         """
         self.machine = machine
-        self.blob = machine.blob
+        #: The store the engine was opened on: a writer's whole store, or a replica's
+        #: read-only view (which has no method that writes).
+        self.store: BlobRead = machine.blob
         self.epoch = epoch
         self.writer = writer
         self.options = _checked_options(options)
-        self.reader = PartReader(self.blob, cache_bytes=self.options.cache_bytes)
+        self.reader = PartReader(self.store, cache_bytes=self.options.cache_bytes)
         self.state = state
         self._last_rollup_seq = self.state.seq
         self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
         self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
                                      tuple[Any, ...]]] = {}
+        self._leaks: gc.LeakSweeper | None = None
+        self._next_leak_sweep = 0.0
 
     @classmethod
     def open(
@@ -340,19 +398,23 @@ class Indexed:
     @property
     def writable(self) -> bool:
         """False for an engine opened on a read-only view (a replica)."""
-        return isinstance(self.blob, Blob)
+        return isinstance(self.store, Blob)
 
-    def _blob(self) -> Blob:
-        if not isinstance(self.blob, Blob):
+    @property
+    def blob(self) -> Blob:
+        """The store, to write to (data parts, GC's deletes, leases' checks).
+
+        Raises:
+            ReadOnly: the engine was opened on a read-only view (a replica).
+        """
+        if not isinstance(self.store, Blob):
             raise ReadOnly("this location was opened read-only; it cannot write")
-        return self.blob
+        return self.store
 
     # -- commits ---------------------------------------------------------------------------
 
     def fence(self) -> State:
         """Claims the log for this writer's epoch with an empty commit (see machine.py)."""
-        from persist.indexed.state.machine import CommitConflict
-
         while True:
             self.state = self.machine.load()
             try:
@@ -375,7 +437,7 @@ class Indexed:
             raise InvalidUsage("txn was staged against an old state")
         if txn.empty and not force:
             return self.state
-        blob = self._blob()
+        blob = self.blob
         ops: list[Op] = [op for op in txn.ops if isinstance(op, Register)]
         written: list[str] = []
         for name, tables in txn.writes.items():
@@ -471,7 +533,7 @@ class Indexed:
         """
         for s in range(lo_seq + 1, hi_seq + 1):
             key = layout.log_key(s)
-            data = self.blob.get(key)
+            data = self.store.get(key)
             if data is None:
                 continue
             entry = decode_commit(key, data)
@@ -479,125 +541,103 @@ class Indexed:
                 return True
         return False
 
-    # -- convenience: one command per commit --------------------------------------------------
-
-    def register(self, name: str, key_type: Any, value_type: Any) -> CollectionMeta:
-        """Registers ``name`` with its types, or checks them if it exists (create_or_load)."""
-        if not isinstance(name, str) or not name:
-            raise InvalidUsage(f"collection name must be a non-empty string, not {name!r}")
-        k, v = Codec.of(key_type, "key"), Codec.of(value_type, "value")
-        existing = self.state.collections.get(name)
-        if existing is not None:
-            check_types(existing, k, v)
-            return existing
-        txn = Txn(self.state)
-        txn.stage(Register(new_collection(self.state, txn, name, k, v)))
-        return self.commit(txn).collections[name]
-
-    def evolve_schema(self, name: str, key_type: Any = None, value_type: Any = None, *,
-                      expect: int | None = None) -> int:
-        """Evolves ``name``'s schema to ``key_type``/``value_type`` (None: keep that one) in one
-        commit; returns the new schema version (the current one if nothing changes).
+    def commit_ops(self, ops: Sequence[Op], written_at: float | None = None) -> State:
+        """Stages ``ops`` against the newest state, all or nothing, and commits them as one
+        step (a caller that owns the engine alone: a hold setter, a maintenance round run
+        without a runtime). ``written_at``: when the data blobs they reference were written
+        (``time.monotonic()``; see :meth:`check_deadline`).
 
         Raises:
-            SchemaMismatch: a change :mod:`persist.indexed.format.evolve` does not allow, an
-                unsupported type, or ``expect`` is not the current version; nothing changed.
-            UnknownCollection: no such collection.
+            InvalidUsage: an op the state refuses (nothing committed).
+            CommitDeadline, Fenced, Determinate, Indeterminate: as :meth:`commit`.
         """
-        k = None if key_type is None else Codec.of(key_type, "key")
-        v = None if value_type is None else Codec.of(value_type, "value")
-        c = collection(self.state.collections, name)
-        op = evolve.plan(c, k, v, expect)
-        if op is None:
-            return evolve.version(c)
         txn = Txn(self.state)
-        txn.stage(op)
-        self.commit(txn)
-        return op.schema.id
-
-    def write(self, updates: Mapping[str, Any]) -> State:
-        """Writes updates to one or more collections atomically (all or nothing)."""
-        txn = Txn(self.state)
+        if written_at is not None:
+            txn.wrote_blobs(written_at)
         with txn.atomically():
-            for name, u in updates.items():
-                txn.stage_write(name, self.normalize(name, u))
+            for op in ops:
+                txn.stage(op)
         return self.commit(txn)
 
-    def seal(self, name: str, upper: int) -> State:
-        """Advances ``name``'s upper to ``upper`` in one commit; returns the new state.
+    # -- maintenance: compaction, GC, rollups, leaked blobs -------------------------------------
+
+    def maintain_round(self, state: Callable[[], State], commit: Committer, *,
+                 held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
+                 now_ms: int | None = None) -> bool:
+        """Runs one maintenance round: compaction (unless ``compaction`` is False), GC of
+        retired blobs, a rollup and the metadata trim, the leaked-blob sweep. Returns True if
+        any of them did something (more may be ready: cascading merges).
+
+        Args:
+            state: returns the newest state (the runtime's published one); read anew by each
+                step, since each commits.
+            commit: makes a step's ops durable (see :data:`Committer`).
+            held: the lowest in-process read hold on a collection (a listener's), if any:
+                compaction forwards times no further.
+            now_ms: GC's wall clock (default: now).
 
         Raises:
-            InvalidUsage: ``upper`` is not a time or below the current upper.
-            UnknownCollection: no such collection.
+            ExternalError, InvalidUsage: the first step that failed (a storage error, or a
+                merge refused by a concurrent change); the others still had their turn.
         """
-        txn = Txn(self.state)
-        txn.stage(Seal(name=name, upper=upper))
-        return self.commit(txn)
+        # NB: the steps are independent, and each runs even if an earlier one failed (its
+        # error is raised after the others had their turn). Under a steady trickle of storage
+        # errors, a GC that failed one delete among many used to end every round before the
+        # rollup: the log after the newest rollup then grew without bound, and so did the
+        # GETs a reopen needs (the slow nemesis found a writer that could no longer reopen).
+        steps: list[Callable[[], bool]] = [
+            lambda: self.collect_retired(state, commit, now_ms=now_ms),
+            lambda: self.rollup_and_trim(state()),
+            lambda: self.reclaim_leaked(state)]
+        if compaction:
+            steps.insert(0, lambda: self.compact(state, commit, held=held))
+        did = False
+        first: BaseException | None = None
+        for step in steps:
+            try:
+                did = step() or did
+            except (ExternalError, InvalidUsage) as e:
+                first = first or e
+        if first is not None:
+            raise first
+        return did
 
-    def allow_compaction(self, name: str, since: int) -> State:
-        """Advances ``name``'s since to ``since`` in one commit; returns the new state.
+    def compact(self, state: Callable[[], State], commit: Committer, *,
+                held: Callable[[str], int | None] = _no_hold) -> bool:
+        """Plans and runs merges, each committed on its own, until nothing is planned (at
+        most :data:`MAX_CASCADE` plans); returns whether it merged anything.
 
         Raises:
-            InvalidUsage: ``since`` is not a time, below the current since, or beyond upper.
-            UnknownCollection: no such collection.
+            CommitDeadline: a merge waited past the commit deadline (its parts are deleted
+                again; the next round plans it anew).
+            ExternalError, InvalidUsage: as ``commit``.
         """
-        txn = Txn(self.state)
-        txn.stage(AllowCompaction(name=name, since=since))
-        return self.commit(txn)
-
-    def set_hold(self, name: str, hold_id: str, frontier: int | None) -> State:
-        """Sets (``frontier`` None: releases) the durable read hold ``hold_id`` on ``name`` in
-        one commit; returns the new state.
-
-        Raises:
-            InvalidUsage: the hold would move below the effective since.
-            UnknownCollection: no such collection.
-        """
-        txn = Txn(self.state)
-        txn.stage(SetHold(name=name, hold_id=hold_id, frontier=frontier))
-        return self.commit(txn)
-
-    def normalize(self, name: str, updates: Any, state: State | None = None,
-                  schema_id: int | None = None) -> pa.Table:
-        """``updates`` (tuples or an Arrow table) as a table of ``name``'s part schema (of its
-        schema version ``schema_id``, None: the current one), checked.
-
-        Raises:
-            SchemaMismatch: a value does not fit its type, or the input is malformed.
-            InvalidUsage: a time is not in ``[0, 2**64)``.
-            UnknownCollection: no such collection (in ``state``, default the newest).
-        """
-        c = collection((state or self.state).collections, name)
-        types = Types.of(c, schema_id)
-        return columnar.from_updates(updates, types.schema, types.key, types.value)
-
-    # -- reads -------------------------------------------------------------------------------
-
-    def snapshot(self, name: str, as_of: int, state: State | None = None, *,
-                 filter: Filter | None = None, schema_id: int | None = None) -> Snapshot:
-        """The definite contents of ``name`` as of ``as_of`` (in ``state``, default the newest);
-        with ``filter``, exactly its rows that match it (:mod:`persist.indexed.read.filter`).
-
-        Raises:
-            InvalidUsage: ``as_of`` is outside ``[since, upper)``; ``filter`` is not a filter.
-            SchemaMismatch: ``filter`` does not fit the collection's types.
-            UnknownCollection: no such collection.
-        """
-        c = collection((state or self.state).collections, name)
-        return Snapshot(c, as_of, self.reader, filter=filter, schema_id=schema_id,
-                        audit=self.options.audit_pruning)
-
-    def updates_between(
-        self, name: str, lo: int, hi: int, state: State | None = None, *, held: bool = False,
-        schema_id: int | None = None,
-    ) -> Iterator[pa.Table]:
-        """The raw updates of ``name`` at times in ``[lo, hi)``, part by part (see
-        :func:`persist.indexed.read.parts.updates_between`; ``held``: the caller holds compaction at
-        ``lo``, so forwarded times are exact; ``schema_id``: as that schema version)."""
-        c = collection((state or self.state).collections, name)
-        return updates_between(c, lo, hi, self.reader, held=held, schema_id=schema_id)
-
-    # -- maintenance: compaction, rollups, GC ---------------------------------------------------
+        # NB: plan again after merging: a merge can fill the next level up (cascading), and a
+        # round per interval must not leave those for later rounds, in which the lowest level
+        # (refilled by new writes meanwhile) would always be chosen first.
+        did = False
+        for _ in range(MAX_CASCADE):
+            newest = state()
+            planned = self.plan_compaction(newest)
+            if not planned:
+                break
+            for name, parts in planned:
+                hold = held(name)
+                c = newest.collections[name]
+                frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
+                started = time.monotonic()
+                op = self.run_compaction(newest, name, parts, frontier)
+                try:
+                    commit((op,), started)
+                except CommitDeadline:
+                    # NB: refused before sending, so nothing references the merged parts:
+                    # delete them now rather than leave them for a leaked-blob sweep. (Not on
+                    # other Determinate errors: if one were ever wrong, deleting would lose
+                    # data.)
+                    self._discard(op)
+                    raise
+                did = True
+        return did
 
     def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
         """The merges the compaction policy wants now: ``(collection, parts)`` pairs. Pure."""
@@ -633,42 +673,47 @@ class Indexed:
         # with the next small part, rewriting all of the collection's inline data each round
         # (found while adding the knob set inline-max to the matrix).
         threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
-        return compact.merge(self._blob(), self.reader, c, parts,
+        return compact.merge(self.blob, self.reader, c, parts,
                              inline_threshold=threshold, frontier=frontier,
                              stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
                              part_target_bytes=opts.compaction.part_target_bytes)
 
-    def maintain(self) -> int:
-        """Runs compaction, GC and rollups until none has work left (synchronous use).
-        Returns the number of commits made."""
-        commits = 0
-        while True:
-            planned = self.plan_compaction(self.state)
-            if not planned:
-                break
-            txn = Txn(self.state)
-            for name, parts in planned:
-                txn.stage(self.run_compaction(self.state, name, parts))
-            self.commit(txn)
-            commits += 1
-        commits += self.collect_garbage()
-        self.maybe_rollup()
-        return commits
+    def _discard(self, op: ReplaceParts) -> None:
+        """Deletes the blobs of a merge that was never committed."""
+        for part in op.added:
+            if part.blob_key is not None:
+                try:
+                    self.blob.delete(part.blob_key)
+                except PersistError as e:  # left for `persist verify --delete-leaked`
+                    log.info("could not delete the uncommitted merge %s: %s", part.blob_key, e)
 
-    def collect_garbage(self, now_ms: int | None = None) -> int:
-        """Deletes retired parts past the grace period and trims old metadata. Returns commits."""
-        blob = self._blob()
+    def collect_retired(self, state: Callable[[], State], commit: Committer, *,
+                        now_ms: int | None = None) -> bool:
+        """Deletes the retired blobs past the GC grace (at ``now_ms``, default now) and
+        commits their ``Forget``; returns whether there were any.
+
+        Raises:
+            ExternalError: a delete failed (the ``Forget`` of those deleted before it is still
+                committed) or the commit did.
+        """
         grace_ms = int(self.options.gc_grace_seconds * 1000)
-        keys = gc.collectable(self.state, now_ms=now_ms or _now_ms(), grace_ms=grace_ms)
-        commits = 0
-        if keys:
-            forget = gc.delete_retired(blob, keys)
-            txn = Txn(self.state)
-            txn.stage(forget)
-            self.commit(txn)
-            commits += 1
+        keys = gc.collectable(state(), now_ms=int(time.time() * 1000) if now_ms is None
+                              else now_ms, grace_ms=grace_ms)
+        if not keys:
+            return False
+        commit((gc.delete_retired(self.blob, keys),), None)
+        return True
+
+    def rollup_and_trim(self, state: State) -> bool:
+        """Writes a rollup of ``state`` if it is due (:meth:`maybe_rollup`) and trims the
+        metadata a rollup made obsolete (:meth:`trim_metadata`); returns whether it rolled up.
+
+        Raises:
+            ExternalError: a write or delete failed (the next round tries again).
+        """
+        did = self.maybe_rollup(state)
         self.trim_metadata()
-        return commits
+        return did
 
     def maybe_rollup(self, state: State | None = None) -> bool:
         """Writes a rollup of ``state`` (default the newest) if ``rollup_every`` commits passed
@@ -694,7 +739,32 @@ class Indexed:
             return 0
         r = max(ripe)
         self._rollups = [(s, at) for s, at in self._rollups if s > r]
-        return gc.trim_metadata(self._blob(), r)
+        return gc.trim_metadata(self.blob, r)
+
+    def reclaim_leaked(self, state: Callable[[], State]) -> bool:
+        """Sweeps for leaked data blobs (:class:`~persist.indexed.maintenance.gc.LeakSweeper`)
+        if ``Options.leak_grace_seconds`` allows and none ran in the last half grace; returns
+        whether it deleted any.
+
+        Raises:
+            ExternalError: the listing or the first delete failed.
+        """
+        # NB: a LIST of every data blob is the one costly call here (on S3, one request per
+        # 1,000 keys), so it runs at most twice per grace: a leaked blob is then deleted
+        # between one and one and a half graces after it was first seen.
+        grace = self.options.leak_grace_seconds
+        now = time.monotonic()
+        if grace is None or now < self._next_leak_sweep:
+            return False
+        if self._leaks is None or self._leaks.grace_seconds != grace:
+            self._leaks = gc.LeakSweeper(grace)
+        self._next_leak_sweep = now + grace / 2
+        deleted = self._leaks.sweep(self.blob, state, now)
+        if deleted:
+            log.info("deleted %d leaked data blobs (unreferenced for over %gs): %s",
+                     len(deleted), grace, deleted[:5])
+            metrics.leaked_blobs_reclaimed(len(deleted))
+        return bool(deleted)
 
 
 def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> CollectionMeta:

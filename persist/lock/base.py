@@ -56,6 +56,11 @@ LOCK_FORMAT_VERSION = 1
 #: Seconds one lock operation keeps retrying a failing store when its caller gave no longer
 #: bound (``acquire`` uses ``max(timeout, store_timeout)``).
 STORE_TIMEOUT = 5.0
+#: The lease a writer claims by default, in seconds (heartbeated every third of it).
+LEASE_SECONDS = 30.0
+#: How much faster than a contender's clock a holder's may run, by default (see the module
+#: docstring).
+MAX_SKEW_RATE = 2.0
 
 
 class LockRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,7 +191,8 @@ class WriterLock(ABC):
     #: True when every party reads the same wall clock (one machine).
     same_clock: bool = True
 
-    def __init__(self, *, lease_seconds: float = 30.0, max_skew_rate: float = 2.0,
+    def __init__(self, *, lease_seconds: float = LEASE_SECONDS,
+                 max_skew_rate: float = MAX_SKEW_RATE,
                  store_timeout: float = STORE_TIMEOUT) -> None:
         """Args:
             lease_seconds: the lease a holder claims.

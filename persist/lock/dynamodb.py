@@ -38,7 +38,13 @@ from typing_extensions import override
 
 from persist.blob import aws
 from persist.errors import Corruption, Determinate, IncompatibleFormat, InvalidUsage
-from persist.lock.base import LOCK_FORMAT_VERSION, STORE_TIMEOUT, LockRecord
+from persist.lock.base import (
+    LEASE_SECONDS,
+    LOCK_FORMAT_VERSION,
+    MAX_SKEW_RATE,
+    STORE_TIMEOUT,
+    LockRecord,
+)
 from persist.lock.conditional import ConditionalStoreLock
 
 LOCK_SORT_KEY = "#writer-lock"
@@ -95,8 +101,8 @@ class DynamoLock(ConditionalStoreLock):
         table: str,
         lock_id: str,
         *,
-        lease_seconds: float = 30.0,
-        max_skew_rate: float = 2.0,
+        lease_seconds: float = LEASE_SECONDS,
+        max_skew_rate: float = MAX_SKEW_RATE,
         retry: aws.RetryPolicy | None = None,
         store_timeout: float = STORE_TIMEOUT,
     ) -> None:

@@ -25,7 +25,14 @@ from typing_extensions import override
 from persist import layout
 from persist.blob import aws, envelope
 from persist.errors import Corruption, InvalidUsage
-from persist.lock.base import STORE_TIMEOUT, LockRecord, decode_record, encode_record
+from persist.lock.base import (
+    LEASE_SECONDS,
+    MAX_SKEW_RATE,
+    STORE_TIMEOUT,
+    LockRecord,
+    decode_record,
+    encode_record,
+)
 from persist.lock.conditional import ConditionalStoreLock
 
 _ETAGS_KEPT = 16
@@ -41,8 +48,8 @@ class S3Lock(ConditionalStoreLock):
         key: str,
         *,
         blob_key: str = layout.LOCK_KEY,
-        lease_seconds: float = 30.0,
-        max_skew_rate: float = 2.0,
+        lease_seconds: float = LEASE_SECONDS,
+        max_skew_rate: float = MAX_SKEW_RATE,
         retry: aws.RetryPolicy | None = None,
         store_timeout: float = STORE_TIMEOUT,
     ) -> None:

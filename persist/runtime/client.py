@@ -22,7 +22,6 @@ from persist.errors import (
     Corruption,
     Fenced,
     InvalidUsage,
-    PartMissing,
     ReadOnly,
     RuntimeShutdown,
     SchemaMismatch,
@@ -31,12 +30,12 @@ from persist.errors import (
 from persist.indexed.engine import Indexed, Options, check_types
 from persist.indexed.format import evolve
 from persist.indexed.format.columnar import Codec
+from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import CollectionMeta, PartMeta, State
 from persist.indexed.format.transfer import StagedPart, Token, check_inline
 from persist.indexed.read.filter import Filter, col
-from persist.indexed.read.parts import Snapshot, Types, updates_between
 from persist.indexed.read.prune import PruneCounts
-from persist.indexed.read.scan import Address, CollectionInfo
+from persist.indexed.read.scan import Address, CollectionInfo, SnapshotRead, read_task, retrying
 from persist.indexed.state import history
 from persist.indexed.state.transitions import check_time, collection, effective_since
 from persist.runtime import commands as cmd
@@ -47,8 +46,6 @@ from persist.runtime.runtime import LocalHolds, Published, Runtime
 
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
 
-#: How many states a read tries before a vanished part (GC) is reported as PartMissing.
-_READ_ATTEMPTS = 8
 
 
 @atexit.register
@@ -357,11 +354,22 @@ class Client:
             raise ReadOnly(f"{self.url} was opened read_only=True; it cannot write")
         return self._runtime
 
-    def _sync(self, *, full: bool = False) -> State:
+    def _sync(self, *, full: bool = False, to_read: str | None = None) -> State:
         """Brings a replica's view up to date now (the writer's view is always current).
 
         ``full`` also checks for a log trimmed past the replica (after a part vanished).
+        ``to_read``: what needs the newer state (a read that found a part of its state gone).
+
+        Raises:
+            RuntimeShutdown: (``to_read``) the client stopped, or its runtime went fail-stop:
+                its state no longer follows the location's, so a read cannot plan again.
         """
+        if to_read is not None and (self.stopped or (
+                self._runtime is not None and self._runtime.poisoned is not None)):
+            raise RuntimeShutdown(
+                f"{to_read} of {self.url} found a part of its state gone (garbage collected "
+                f"since): this client is stopped, and a stopped client reads only the last "
+                f"state it had; reopen the location to read a newer one")
         if self._follower is not None:
             self._follower.sync(full=full)
         return self.state
@@ -413,7 +421,13 @@ class Client:
     def stop(self) -> None:
         """Commits or fails everything queued, stops the threads, releases the lock.
 
-        Idempotent. After it every command fails with RuntimeShutdown.
+        Idempotent. After it every write, and every wait for a newer state (``wait_for_upper``,
+        ``snapshot(timeout=...)``, a listener past the last upper), fails with
+        RuntimeShutdown. Reads answer from the last state the client had, deliberately:
+        frontiers never move back, so its ``upper`` and ``since`` stay true, and a snapshot
+        below that upper is definite, the same in every later state. A read that finds a part
+        of that state collected since (by another writer's GC) raises RuntimeShutdown rather
+        than plan again: a stopped client learns no newer state.
         """
         if self._finalizer.alive:
             self._finalizer()
@@ -739,63 +753,50 @@ class ReadHandle(_Handle):
 
 
 class ClientSnapshot:
-    """A snapshot that transparently retries on a newer state if GC removed a part mid-read.
+    """A snapshot planned on the client's newest state (:meth:`CollectionInfo.snapshot`) and
+    read through the client's part cache (:class:`~persist.indexed.read.scan.SnapshotRead`):
+    if GC removed a part mid-read, it plans again on a newer state and reads again.
 
     NB: retrying is sound because the answer is definite: every state with ``as_of`` in
     ``[since, upper)`` has the same consolidated contents.
     """
 
     def __init__(self, read: ReadHandle, as_of: int, *, filter: Filter | None = None) -> None:
-        self._read = read
+        client = read.client
         self.as_of = as_of
         self.filter = filter
-        self._snap = self._fresh()
-
-    def _fresh(self) -> Snapshot:
-        ix = self._read.client._ix
-        return Snapshot(self._read._meta(), self.as_of, ix.reader, filter=self.filter,
-                        schema_id=self._read.schema_version, audit=ix.options.audit_pruning)
+        scan = client.info(read.name).snapshot(
+            as_of, filter=filter, schema_version=read.schema_version,
+            audit=client._ix.options.audit_pruning)
+        self._read = SnapshotRead(scan, client._ix.reader,
+                                  lambda: client._sync(full=True, to_read="a snapshot"))
 
     @property
     def schema(self) -> pa.Schema:
         """The Arrow schema of the snapshot's rows: ``key, value, time, diff``."""
-        return self._snap.schema
+        return self._read.schema
 
     @property
-    def parts(self) -> tuple[Any, ...]:
+    def parts(self) -> tuple[PartMeta, ...]:
         """The parts (``PartMeta``) this snapshot reads, as of the state it was taken on."""
-        return self._snap.parts
+        return self._read.parts
 
     @property
     def pruning(self) -> PruneCounts | None:
-        """With a filter: what this snapshot's reads fetched and what pruning skipped (counted
-        since the last retry), else None."""
-        return self._snap.pruning
-
-    def _retrying(self, fn: Callable[[Snapshot], Any]) -> Any:
-        forbid_in_event_loop("snapshot reads")
-        for attempt in range(_READ_ATTEMPTS):
-            try:
-                return fn(self._snap)
-            except PartMissing:
-                if attempt == _READ_ATTEMPTS - 1:
-                    raise
-                # NB: parts read before stay cached (they are immutable), so each retry only
-                # fetches what compaction wrote since.
-                self._read.client._sync(full=True)
-                self._snap = self._fresh()
-        raise AssertionError("unreachable")
+        """With a filter: what this snapshot's reads fetched and what pruning skipped (over
+        every read so far), else None."""
+        return self._read.pruning
 
     def to_arrow(self) -> pa.Table:
         """Consolidated contents: one row per (key, value) with a nonzero diff, sorted."""
-        table: pa.Table = self._retrying(lambda s: s.to_arrow())
-        return table
+        forbid_in_event_loop("snapshot reads")
+        return self._read.to_arrow()
 
     def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
         """The consolidated contents as ``((key, value), as_of, diff)`` tuples, sorted, with
         keys and values decoded to Python objects (msgpack-coded ones to their class)."""
-        rows: list[tuple[tuple[Any, Any], int, int]] = self._retrying(lambda s: s.to_python())
-        return rows
+        forbid_in_event_loop("snapshot reads")
+        return self._read.to_python()
 
     def batches(self) -> Iterator[pa.Table]:
         """Raw updates part by part (times forwarded to as_of); bounded memory.
@@ -804,7 +805,7 @@ class ClientSnapshot:
         PartMissing (the raw rows of a newer state differ, so this cannot retry silently).
         """
         forbid_in_event_loop("snapshot reads")
-        yield from self._snap.batches()
+        yield from self._read.batches()
 
 
 class Listener(Iterator[ListenEvent]):
@@ -878,36 +879,36 @@ class Listener(Iterator[ListenEvent]):
             raise
         if state is None:
             return
-        reader = self._read.client._ix.reader
-        for attempt in range(_READ_ATTEMPTS):
-            c = collection(state.collections, name)
-            try:
-                # NB: the whole range is read before any of it is queued, so a retry on a newer
-                # state (GC removed a part under us) never repeats an update.
-                tables = list(updates_between(c, lo, c.upper, reader,
-                                              held=self._token is not None,
-                                              schema_id=self._read.schema_version))
-                break
-            except PartMissing:
-                if attempt == _READ_ATTEMPTS - 1:
-                    raise
-                state = self._read.client._sync(full=True)
-            except SchemaMismatch as e:
-                # An update that does not fit this listener's (older) schema version: it
-                # cannot be delivered, and skipping it would be silent loss.
-                self._failed = e
-                self.close()
-                raise
-            except InvalidUsage as e:
-                # A replica cannot hold back the writer's compaction: once since passes this
-                # listener, the updates it still owes may have been merged; fail, never guess.
-                self._failed = InvalidUsage(
-                    f"listener on {name!r} cannot continue from {lo}: the writer advanced since "
-                    f"to {effective_since(c)}, past what this listener has delivered; restart "
-                    f"it from a snapshot at or after since"
-                )
-                self.close()
-                raise self._failed from e
+        client = self._read.client
+        held = self._token is not None
+
+        def read(newer: State | None) -> tuple[CollectionMeta, list[pa.Table]]:
+            c = collection((newer or state).collections, name)
+            scan = CollectionInfo(client.address, c).changes(
+                lo, c.upper, schema_version=self._read.schema_version, held=held)
+            # NB: the whole range is read before any of it is queued, so a retry on a newer
+            # state (GC removed a part under us) never repeats an update.
+            return c, list(read_task(client._ix.reader, scan.task()))
+
+        try:
+            c, tables = retrying(read, lambda: client._sync(full=True, to_read="a listener"))
+        except SchemaMismatch as e:
+            # An update that does not fit this listener's (older) schema version: it
+            # cannot be delivered, and skipping it would be silent loss.
+            self._failed = e
+            self.close()
+            raise
+        except InvalidUsage as e:
+            # A replica cannot hold back the writer's compaction: once since passes this
+            # listener, the updates it still owes may have been merged; fail, never guess.
+            since = effective_since(collection(client.state.collections, name))
+            self._failed = InvalidUsage(
+                f"listener on {name!r} cannot continue from {lo}: the writer advanced since "
+                f"to {since}, past what this listener has delivered; restart it from a "
+                f"snapshot at or after since"
+            )
+            self.close()
+            raise self._failed from e
         hi = c.upper
         for t in tables:
             self._pending.append(ListenUpdates(t, lo, hi))

@@ -144,7 +144,7 @@ class Follower:
         self.subscriber: Subscriber | None = None
         if notify:
             self.subscriber = Subscriber(
-                ix.blob, on_push=self._on_push, on_change=self._on_push_change,
+                ix.store, on_push=self._on_push, on_change=self._on_push_change,
                 min_epoch=lambda: self.published.state.epoch,
             )
         self._thread = threading.Thread(target=self._run, name="persist-follower", daemon=True)

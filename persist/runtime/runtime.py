@@ -29,7 +29,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from persist import layout, metrics
@@ -42,27 +42,23 @@ from persist.errors import (
     PersistError,
     RuntimeShutdown,
 )
-from persist.indexed.engine import Indexed, Txn, check_types, new_collection
+from persist.indexed.engine import Indexed, Txn
 from persist.indexed.format import evolve
 from persist.indexed.format.meta import (
     AddPart,
     AllowCompaction,
-    Register,
-    ReplaceParts,
+    Op,
     Seal,
     SetHold,
     State,
 )
-from persist.indexed.maintenance import compact, gc
+from persist.indexed.maintenance import compact
 from persist.indexed.state import lease as staging
 from persist.indexed.state.transitions import collection, effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
 
 log = logging.getLogger("persist.runtime")
-
-#: Compaction plans per maintenance round at most (merges cascade up the levels).
-_MAX_CASCADE = 16
 
 
 class Published:
@@ -165,8 +161,6 @@ class Runtime:
         self.lease = lease
         self.on_lock_lost = on_lock_lost
         self.published = Published(ix.state)
-        self._leaks: gc.LeakSweeper | None = None
-        self._next_leak_sweep = 0.0
         self.holds = LocalHolds()
         self.max_group = max_group
         self.maintenance_linger = maintenance_linger
@@ -336,9 +330,7 @@ class Runtime:
         """Stages and commits one schema evolution alone (its future: the new version)."""
         txn = Txn(self.ix.state)
         try:
-            op = evolve.plan(collection(txn.collections, c.name), c.key, c.value, c.expect)
-            if op is not None:
-                txn.stage(op)
+            staged = txn.evolve(c.name, c.key, c.value, c.expect)
         except InvalidUsage as e:
             c.future.set_exception(e)
             return
@@ -346,7 +338,7 @@ class Runtime:
             log.exception("staging a schema evolution failed")
             c.future.set_exception(e)
             return
-        if op is None:  # already the current schema: nothing to commit
+        if not staged:  # already the current schema: nothing to commit
             c.future.set_result(evolve.version(collection(txn.collections, c.name)))
             return
         self._commit(txn, [c])
@@ -360,7 +352,7 @@ class Runtime:
                 # NB: rule 2 of persist.indexed.state.lease: no lease revoked now, and the commit
                 # lands within the deadline counted from here, before any sweep's grace from a
                 # revocation after this check can end.
-                staging.check_committable(self.ix._blob(), leases)
+                staging.check_committable(self.ix.blob, leases)
                 txn.wrote_blobs(time.monotonic())
             with txn.atomically():
                 for name, part in c.parts:
@@ -376,11 +368,7 @@ class Runtime:
         elif isinstance(c, cmd.EvolveSchema):
             raise AssertionError("schema evolutions are committed alone, by _evolve")
         elif isinstance(c, cmd.Register):
-            existing = txn.collections.get(c.name)
-            if existing is not None:
-                check_types(existing, c.key, c.value)
-            else:
-                txn.stage(Register(new_collection(txn.base, txn, c.name, c.key, c.value)))
+            txn.register(c.name, c.key, c.value)
         elif isinstance(c, cmd.Maintenance):
             if c.written_at is not None:
                 # NB: refuse it alone here (a merge waited too long in the queue) rather than
@@ -518,97 +506,18 @@ class Runtime:
         with self._maint_lock:
             return self._maintain_round(background)
 
-    def _maintain_round(self, background: bool = False) -> bool:
-        # NB: the steps are independent, and each runs even if an earlier one failed (its
-        # error is raised after the others had their turn). Under a steady trickle of storage
-        # errors, a GC that failed one delete among many used to end every round before the
-        # rollup: the log after the newest rollup then grew without bound, and so did the
-        # GETs a reopen needs (the slow nemesis found a writer that could no longer reopen).
-        did = False
-        first: BaseException | None = None
-        steps: list[Callable[[], bool]] = [self._collect_garbage, self._rollup_and_trim,
-                                           self._reclaim_leaked]
-        if not background or self.ix.options.background_compaction:
-            steps.insert(0, self._compact)
-        for step in steps:
-            try:
-                did = step() or did
-            except (ExternalError, InvalidUsage) as e:  # the loop in _maintain logs it
-                first = first or e
+    def _maintain_round(self, background: bool) -> bool:
+        did = self.ix.maintain_round(
+            lambda: self.published.state, self._commit_maintenance, held=self.holds.frontier,
+            compaction=not background or self.ix.options.background_compaction)
         if did:
             self._maint_wake.set()  # more may be ready (cascading merges)
-        if first is not None:
-            raise first
         return did
 
-    def _compact(self) -> bool:
-        # NB: plan again after merging: a merge can fill the next level up (cascading), and a
-        # round per interval must not leave those for later rounds, in which the lowest level
-        # (refilled by new writes meanwhile) would always be chosen first.
-        did = False
-        for _ in range(_MAX_CASCADE):
-            state = self.published.state
-            planned = self.ix.plan_compaction(state)
-            if not planned:
-                break
-            for name, parts in planned:
-                held = self.holds.frontier(name)
-                c = state.collections[name]
-                frontier = effective_since(c) if held is None else min(held, effective_since(c))
-                started = time.monotonic()
-                op = self.ix.run_compaction(state, name, parts, frontier)
-                try:
-                    self.submit(cmd.Maintenance((op,), written_at=started)).result()
-                except CommitDeadline:
-                    # NB: refused before sending, so nothing references the merged parts: delete
-                    # them now rather than leave them for a leaked-blob sweep. (Not on other
-                    # Determinate errors: if one were ever wrong, deleting would lose data.)
-                    self._discard(op)
-                    raise
-                did = True
-        return did
-
-    def _collect_garbage(self) -> bool:
-        state = self.published.state
-        grace_ms = int(self.ix.options.gc_grace_seconds * 1000)
-        keys = gc.collectable(state, now_ms=int(time.time() * 1000), grace_ms=grace_ms)
-        if not keys:
-            return False
-        forget = gc.delete_retired(self.ix._blob(), keys)
-        self.submit(cmd.Maintenance((forget,))).result()
-        return True
-
-    def _reclaim_leaked(self) -> bool:
-        # NB: a LIST of every data blob is the one costly call here (on S3, one request per
-        # 1,000 keys), so it runs at most twice per grace: a leaked blob is then deleted
-        # between one and one and a half graces after it was first seen.
-        grace = self.ix.options.leak_grace_seconds
-        now = time.monotonic()
-        if grace is None or now < self._next_leak_sweep:
-            return False
-        if self._leaks is None or self._leaks.grace_seconds != grace:
-            self._leaks = gc.LeakSweeper(grace)
-        self._next_leak_sweep = now + grace / 2
-        deleted = self._leaks.sweep(self.ix._blob(), lambda: self.published.state, now)
-        if deleted:
-            log.info("deleted %d leaked data blobs (unreferenced for over %gs): %s",
-                     len(deleted), grace, deleted[:5])
-            metrics.leaked_blobs_reclaimed(len(deleted))
-        return bool(deleted)
-
-    def _rollup_and_trim(self) -> bool:
-        did = self.ix.maybe_rollup(self.published.state)
-        self.ix.trim_metadata()
-        return did
-
-    def _discard(self, op: ReplaceParts) -> None:
-        blob = self.ix._blob()
-        for part in op.added:
-            if part.blob_key is not None:
-                try:
-                    blob.delete(part.blob_key)
-                except PersistError as e:  # left for `persist verify --delete-leaked`
-                    log.info("could not delete the uncommitted merge %s: %s", part.blob_key, e)
+    def _commit_maintenance(self, ops: Sequence[Op], written_at: float | None) -> None:
+        """A maintenance round's ops, committed through the queue (linearized like every
+        command), waited for."""
+        self.submit(cmd.Maintenance(tuple(ops), written_at=written_at)).result()
 
     # -- the lock heartbeat --------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,13 +25,14 @@ import pytest
 import persist
 from persist import cli, layout
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format import meta
+from persist.indexed.format.evolve import Types
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.maintenance.verify import verify
-from persist.indexed.read.parts import Types
 from persist.indexed.state.machine import Machine
+from tests.support.engine import Engine
 
 EXE = shutil.which("persist", path=os.path.dirname(sys.executable))
 OPTIONS = persist.Options(inline_threshold=1200, rollup_every=4, gc_grace_seconds=3600,
@@ -157,6 +159,32 @@ def test_inspect(loc: Path) -> None:
     for needle in ("format:     metadata v2", "events", "points", "lock:       free",
                    "reader-a at 1"):
         assert needle in text, text
+
+
+def test_inspect_labels_stored_updates_apart_from_live_rows(tmp_path: Path) -> None:
+    """``rows`` used to be the stored updates, unlabelled; an insert and its retraction are two
+    of them until compaction cancels them. ``updates`` says so, and ``--live`` also counts the
+    live rows as of upper - 1 (reading the data), only when asked."""
+    loc = tmp_path / "loc"
+    with persist.open(loc, options=OPTIONS) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w.append([((k, k), 0, 1) for k in range(5)], 1).result()
+        w.append([((0, 0), 1, -1), ((1, 1), 1, -1), ((9, 9), 1, 2)], 2).result()
+        client.create_or_load("empty", key_type=pa.int64(), value_type=pa.int64())
+    info = json.loads(run("inspect", str(loc), "--json").stdout)
+    by_name = {c["name"]: c for c in info["collections"]}
+    assert by_name["c"]["updates"] == by_name["c"]["rows"] == 8
+    assert "live_rows" not in by_name["c"]  # reads data: only on request
+    live = json.loads(run("inspect", str(loc), "--json", "--live").stdout)
+    by_name = {c["name"]: c for c in live["collections"]}
+    assert (by_name["c"]["updates"], by_name["c"]["live_rows"]) == (8, 4)  # 2, 3, 4 and 9
+    assert by_name["empty"]["live_rows"] is None  # nothing sealed: no time to count at
+    def header(*args: str) -> list[str]:
+        line = run("inspect", str(loc), *args).stdout.split("collections:")[1].splitlines()[1]
+        return re.split(r"\s{2,}", line.strip())
+
+    assert header()[-2:] == ["updates", "bytes"]
+    assert header("--live")[-3:] == ["updates", "live rows", "bytes"]
 
 
 def test_unknown_storage_option_is_usage(loc: Path) -> None:
@@ -349,7 +377,7 @@ def test_verify_ignores_a_part_compacted_and_collected_while_it_reads(loc: Path)
         def _get(self, key: str) -> bytes | memoryview | None:
             if key.startswith(layout.DATA_PREFIX) and not self.fired:
                 self.fired = True
-                writer = Indexed.open(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",
+                writer = Engine.open(FileBlob(loc), epoch=state.epoch + 1, writer="compactor",
                                  options=OPTIONS)
                 writer.fence()
                 txn = Txn(writer.state)

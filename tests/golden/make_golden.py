@@ -13,10 +13,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records import fixed_commit, fixed_state
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -28,7 +29,7 @@ def main() -> None:
     shutil.rmtree(loc, ignore_errors=True)
     opts = Options(inline_threshold=200, rollup_every=4,
                    compaction=CompactionPolicy(inline_flush_bytes=400))
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("strings", pa.string(), pa.int64())
     ix.register("floats", pa.int64(), pa.float64())

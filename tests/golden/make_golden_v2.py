@@ -15,10 +15,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_v2 import KEY, Item, Order, fixed_commit, fixed_state
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 UTC = datetime.UTC
@@ -44,7 +45,7 @@ def main() -> None:
     shutil.rmtree(loc, ignore_errors=True)
     opts = Options(inline_threshold=600, rollup_every=4,
                    compaction=CompactionPolicy(inline_flush_bytes=1200))
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("orders", pa.int64(), Order)
     ix.register("keyed", KEY, pa.list_(pa.float32()))

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from persist.blob.file import FileBlob
 from persist.errors import SchemaMismatch
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format import evolve, meta
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_v3 import (
@@ -30,11 +30,12 @@ from tests.golden.records_v3 import (
     fixed_commit,
     fixed_state,
 )
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
 
-def expected_of(ix: Indexed) -> dict[str, Any]:
+def expected_of(ix: Engine) -> dict[str, Any]:
     """Every collection's snapshots at every readable time, as every schema version reads
     them (a version that cannot hold a record: the error's type)."""
     out: dict[str, Any] = {}
@@ -62,7 +63,7 @@ def main() -> None:
     # stats keep it independent of how stats are stored.
     opts = Options(inline_threshold=600, rollup_every=4, stats_bytes=0,
                    compaction=CompactionPolicy(fanin=3, inline_flush_bytes=1200))
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("orders", pa.int64(), Order0)
     ix.register("keyed", KEY0, pa.int64())

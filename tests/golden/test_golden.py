@@ -14,9 +14,9 @@ from persist import layout
 from persist.blob import envelope
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, IncompatibleFormat
-from persist.indexed.engine import Indexed
 from persist.indexed.format import columnar, meta
 from tests.golden.records import fixed_commit, fixed_state
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -37,7 +37,7 @@ def test_v1_location_reads_identically(tmp_path: Path) -> None:
     loc = tmp_path / "loc"
     shutil.copytree(HERE / "v1-location", loc)
     expected = json.loads((HERE / "v1-expected.json").read_text())
-    ix = Indexed.open(FileBlob(loc).read_only())
+    ix = Engine.open(FileBlob(loc).read_only())
     assert ix.state.seq > 0
     assert any(p.blob_key for c in ix.state.collections.values() for p in c.parts)
     for name, by_time in expected.items():

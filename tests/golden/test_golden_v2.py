@@ -11,9 +11,9 @@ import msgspec
 
 from persist import layout
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed
 from persist.indexed.format import meta
 from tests.golden.records_v2 import Order, fixed_commit, fixed_state
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -37,7 +37,7 @@ def test_v2_location_reads_identically(tmp_path: Path) -> None:
     loc = tmp_path / "loc"
     shutil.copytree(HERE / "v2-location", loc)
     expected = json.loads((HERE / "v2-expected.json").read_text())
-    ix = Indexed.open(FileBlob(loc).read_only())
+    ix = Engine.open(FileBlob(loc).read_only())
     assert any(p.blob_key for c in ix.state.collections.values() for p in c.parts)
     assert meta.required_version(ix.state) == 2
     for name, by_time in expected.items():

@@ -13,9 +13,9 @@ import pytest
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, SchemaMismatch
-from persist.indexed.engine import Indexed
 from persist.indexed.format import evolve, meta
 from tests.golden.records_v3 import Order0, Order2, fixed_commit, fixed_state
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -42,7 +42,7 @@ def test_v3_location_reads_identically(tmp_path: Path) -> None:
     loc = tmp_path / "loc"
     shutil.copytree(HERE / "v3-location", loc)
     expected = json.loads((HERE / "v3-expected.json").read_text())
-    ix = Indexed.open(FileBlob(loc).read_only())
+    ix = Engine.open(FileBlob(loc).read_only())
     assert meta.required_version(ix.state) == 3
     # parts of older versions are still there, read migrated
     keyed = ix.state.collections["keyed"]
@@ -90,6 +90,6 @@ def test_an_older_persist_refuses_the_location(monkeypatch: pytest.MonkeyPatch) 
     could read an evolved collection's parts with one schema."""
     monkeypatch.setattr(meta, "FORMAT_VERSION", 2)
     with pytest.raises(IncompatibleFormat, match="format version 3"):
-        Indexed.open(FileBlob(HERE / "v3-location").read_only())
+        Engine.open(FileBlob(HERE / "v3-location").read_only())
     with pytest.raises(IncompatibleFormat):
         meta.decode_commit(layout.log_key(7), (HERE / "v3-commit.bin").read_bytes())

@@ -24,15 +24,17 @@ from persist.errors import (
     SchemaMismatch,
     UnknownCollection,
 )
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import columnar
+from persist.indexed.format.evolve import Types
 from persist.indexed.maintenance import gc
 from persist.indexed.maintenance.compact import CompactionPolicy
-from persist.indexed.read.parts import PartReader, Types
+from persist.indexed.read.parts import PartReader
+from tests.support.engine import Engine
 
 
-def fresh(blob: Blob | None = None, epoch: int = 1, **opts: object) -> Indexed:
-    ix = Indexed.open(blob or MemoryBlob(uuid.uuid4().hex), epoch=epoch, writer=f"w{epoch}",
+def fresh(blob: Blob | None = None, epoch: int = 1, **opts: object) -> Engine:
+    ix = Engine.open(blob or MemoryBlob(uuid.uuid4().hex), epoch=epoch, writer=f"w{epoch}",
                  options=Options(**opts))  # type: ignore[arg-type]
     ix.fence()
     return ix
@@ -143,13 +145,13 @@ def test_bad_input_changes_nothing() -> None:
         with pytest.raises(exc, match=match):
             fn()  # type: ignore[operator]
         assert ix.state is before
-    assert Indexed.open(ix.blob).state == before
+    assert Engine.open(ix.store).state == before
 
 
 def test_read_only_cannot_write() -> None:
     blob = MemoryBlob(uuid.uuid4().hex)
     fresh(blob).register("c", pa.string(), pa.int64())
-    ro = Indexed.open(blob.read_only())
+    ro = Engine.open(blob.read_only())
     with pytest.raises(ReadOnly):
         ro.seal("c", 1)
     with pytest.raises(ReadOnly):
@@ -200,7 +202,7 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
         rollup = layout.seq_of(blob.list_keys(layout.ROLLUP_PREFIX)[-1])
         keys = [k for k in keys if layout.seq_of(k) > rollup]
     elif kind == "data":
-        state = Indexed.open(blob.read_only()).state
+        state = Engine.open(blob.read_only()).state
         live = {p.blob_key for p in state.collections["c"].parts}
         keys = [k for k in keys if k in live]
     assert keys
@@ -216,7 +218,7 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
     else:
         blob._set(victim, blob._get(other) or b"")  # a valid value of another key
     def read() -> None:
-        Indexed.open(blob.read_only()).snapshot("c", 5).to_arrow()
+        Engine.open(blob.read_only()).snapshot("c", 5).to_arrow()
 
     with pytest.raises(Corruption, match=victim.split("/")[-1]) as err:
         read()
@@ -272,7 +274,7 @@ def test_commit_size_does_not_grow_with_history_or_collections() -> None:
     assert last_commit_size() <= first + 8
     # and a reopen replays a bounded suffix of the log thanks to rollups
     ix.maybe_rollup()
-    reopened = Indexed.open(blob.read_only())
+    reopened = Engine.open(blob.read_only())
     assert reopened.state == ix.state
 
 
@@ -295,7 +297,7 @@ def test_gc_deletes_retired_blobs_only_after_grace(tmp_path: Path) -> None:
     remaining = set(blob.list_keys(layout.DATA_PREFIX))
     assert not (remaining & retired)
     assert remaining == gc.referenced(ix.state)
-    assert Indexed.open(blob.read_only()).snapshot("c", 7).to_python() == [
+    assert Engine.open(blob.read_only()).snapshot("c", 7).to_python() == [
         ((t, t), 7, 1) for t in range(8)
     ]
 
@@ -343,7 +345,7 @@ class _Watched(ReadOnlyView):
         return super()._get(key)
 
 
-def _history(blob: Blob, commits: int, **opts: object) -> Indexed:
+def _history(blob: Blob, commits: int, **opts: object) -> Engine:
     ix = fresh(blob, **opts)
     ix.register("c", pa.string(), pa.int64())
     for t in range(commits):
@@ -358,7 +360,7 @@ def test_reader_load_probes_instead_of_listing_the_log() -> None:
     writer.maybe_rollup()
     writer.seal("c", 41)  # entries after the newest rollup
     view = _Watched(blob)
-    reader = Indexed.open(view)
+    reader = Engine.open(view)
     assert reader.state == writer.state
     assert layout.LOG_PREFIX not in view.listed  # cost: entries since the rollup, not the log
 
@@ -369,10 +371,10 @@ def test_writer_load_finds_a_gap_a_probe_would_read_as_the_end() -> None:
     seq = writer.state.seq
     blob.delete(layout.log_key(seq - 2))  # storage lost an entry in the middle
     with pytest.raises(Corruption, match="gap"):
-        Indexed.open(blob, epoch=2, writer="w2")
+        Engine.open(blob, epoch=2, writer="w2")
     # a reader cannot tell that hole from the end of the log (as when following it), and reads
     # the definite prefix before it
-    assert Indexed.open(blob.read_only()).state.seq == seq - 3
+    assert Engine.open(blob.read_only()).state.seq == seq - 3
 
 
 def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None:
@@ -393,7 +395,7 @@ def test_reader_load_survives_a_trim_past_a_newer_rollup_while_probing() -> None
             blob.delete(layout.log_key(seq))
 
     view.before_get[layout.log_key(first + 1)] = rollup_and_trim
-    reader = Indexed.open(view, options=Options(gc_grace_seconds=0.0))
+    reader = Engine.open(view, options=Options(gc_grace_seconds=0.0))
     assert reader.state == writer.state
 
 

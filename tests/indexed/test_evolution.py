@@ -23,12 +23,13 @@ from hypothesis import strategies as st
 
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, InvalidUsage, SchemaMismatch
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format import columnar, evolve, meta, records
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.meta import AddPart
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance.compact import CompactionPolicy
+from tests.support.engine import Engine
 
 # -- the rules, on their own -------------------------------------------------------------------
 
@@ -161,13 +162,13 @@ def _options() -> Options:
                    compaction=CompactionPolicy(fanin=2, inline_flush_bytes=800))
 
 
-def engine(path: Path | str) -> Indexed:
-    ix = Indexed.open(FileBlob(path), epoch=1, writer="w", options=_options())
+def engine(path: Path | str) -> Engine:
+    ix = Engine.open(FileBlob(path), epoch=1, writer="w", options=_options())
     ix.fence()
     return ix
 
 
-def snapshot(ix: Indexed, name: str, as_of: int, schema_id: int | None = None) -> list[Any]:
+def snapshot(ix: Engine, name: str, as_of: int, schema_id: int | None = None) -> list[Any]:
     return [(k, v, d) for (k, v), _, d in
             ix.snapshot(name, as_of, schema_id=schema_id).to_python()]
 
@@ -317,7 +318,7 @@ def test_refused_evolutions_change_nothing(tmp_path: Path) -> None:
         ix.evolve_schema("c", value_type=st_(A), expect=3)
     assert ix.state is before
     assert sorted(p.name for p in (tmp_path / "meta" / "log").iterdir()) == files
-    assert Indexed.open(FileBlob(tmp_path).read_only()).state == before
+    assert Engine.open(FileBlob(tmp_path).read_only()).state == before
     # nothing to change: no commit, the current version
     assert ix.evolve_schema("c", value_type=st_(A, B)) == 0
     assert ix.state is before
@@ -402,7 +403,7 @@ def test_compaction_migrates_every_part_to_the_current_version(tmp_path: Path) -
     assert {evolve.part_version(p) for p in c.parts} == {3}
     for v, rows in before.items():
         assert snapshot(ix, "c", t - 1, schema_id=v) == rows, v
-    reopened = Indexed.open(FileBlob(tmp_path).read_only())
+    reopened = Engine.open(FileBlob(tmp_path).read_only())
     for v, rows in before.items():
         assert snapshot(reopened, "c", t - 1, schema_id=v) == rows, v
     # versions 0 and 1 never had values wider than they hold, but "a" was dropped by 3:
@@ -412,7 +413,7 @@ def test_compaction_migrates_every_part_to_the_current_version(tmp_path: Path) -
 def test_reopen_and_replica_follow_evolutions(tmp_path: Path) -> None:
     ix = engine(tmp_path)
     ix.register("c", pa.int64(), V0)
-    replica = Indexed.open(FileBlob(tmp_path).read_only())
+    replica = Engine.open(FileBlob(tmp_path).read_only())
     ix.write({"c": [((1, {"id": 1, "name": "a"}), 0, 1)]})
     ix.seal("c", 1)
     ix.evolve_schema("c", value_type=V1)
@@ -463,7 +464,7 @@ def test_old_schema_writers(tmp_path: Path) -> None:
     assert ix.state is before
     # ... and so is a part staged elsewhere (a Spark task) with that version
     old = ix.normalize("c", [((1, {"id": 1, "name": "a"}), 1, 1)], schema_id=1)
-    staged = evolve.tag(new_part(ix._blob(), ix.state.collections["c"], old,
+    staged = evolve.tag(new_part(ix.blob, ix.state.collections["c"], old,
                                  inline_threshold=1 << 20, consolidated=False), 1)
     with pytest.raises(SchemaMismatch, match=r"dropped value\.name"):
         Txn(ix.state).stage(AddPart(name="c", part=staged))
@@ -475,7 +476,7 @@ def test_a_staged_part_of_an_older_version_is_migrated_on_read(tmp_path: Path) -
     c0 = ix.state.collections["c"]
     table = ix.normalize("c", [((1, {"id": 7, "name": "a"}), 0, 1)])
     # a Spark task stages a part of version 0; the collection evolves before its commit
-    staged = new_part(ix._blob(), c0, table, inline_threshold=0, consolidated=False,
+    staged = new_part(ix.blob, c0, table, inline_threshold=0, consolidated=False,
                       staged=True)
     ix.evolve_schema("c", value_type=V1)
     txn = Txn(ix.state)
@@ -551,7 +552,7 @@ def test_format_version_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     # an older persist (reading up to version 2) refuses the location instead of misreading
     monkeypatch.setattr(meta, "FORMAT_VERSION", 2)
     with pytest.raises(IncompatibleFormat, match="format version 3"):
-        Indexed.open(blob.read_only())
+        Engine.open(blob.read_only())
 
 
 # -- the property: a random chain of evolutions against a model ------------------------------
@@ -715,7 +716,7 @@ class Model:
         return {x: d for x, d in out.items() if d}
 
 
-def read(ix: Indexed, name: str, as_of: int, version: int) -> dict[Any, int] | None:
+def read(ix: Engine, name: str, as_of: int, version: int) -> dict[Any, int] | None:
     try:
         rows = ix.snapshot(name, as_of, schema_id=version).to_python()
     except SchemaMismatch:
@@ -806,7 +807,7 @@ def test_evolution_chains_match_the_model(scenario: tuple[pa.DataType, pa.DataTy
                 ix.seal("c", t)
             check(ix, m, t)
         check(ix, m, t)
-        replica = Indexed.open(FileBlob(d).read_only())
+        replica = Engine.open(FileBlob(d).read_only())
         check(replica, m, t)
         ix.allow_compaction("c", max(t - 1, 0))
         while ix.maintain():
@@ -816,7 +817,7 @@ def test_evolution_chains_match_the_model(scenario: tuple[pa.DataType, pa.DataTy
         check(replica, m, t)
 
 
-def check(ix: Indexed, m: Model, t: int) -> None:
+def check(ix: Engine, m: Model, t: int) -> None:
     c = ix.state.collections["c"]
     assert evolve.version(c) == len(m.keys) - 1
     if t == 0:

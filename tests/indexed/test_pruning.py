@@ -24,16 +24,16 @@ from persist.blob.base import Blob
 from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, InvalidUsage
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format import columnar, stats
 from persist.indexed.format.meta import AddPart
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance import compact
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.filter import Filter, col
-from persist.indexed.read.parts import Snapshot
 from tests.indexed.test_filter import filters, model
 from tests.indexed.test_records import arrow_types, canon, collections, values, written
+from tests.support.engine import Engine
 
 # -- a store that counts what it serves ---------------------------------------------------------
 
@@ -77,7 +77,7 @@ def rows_of(t: pa.Table) -> list[Any]:
     return [tuple(canon(x) for x in r.values()) for r in t.to_pylist()]
 
 
-def check_filtered(ix: Indexed, f: Filter, as_of: int) -> None:
+def check_filtered(ix: Engine, f: Filter, as_of: int) -> None:
     """The filtered snapshot is the unfiltered one, filtered in Python; and its raw batches
     consolidate to it."""
     whole = ix.snapshot("r", as_of).to_arrow()
@@ -131,8 +131,8 @@ def test_pruned_reads_are_the_unpruned_reads_filtered(
         for f in fs:
             check_filtered(ix, f, 2)
             check_filtered(ix, f, 3)
-        again = Indexed.open(FileBlob(loc), epoch=2, writer="w2", options=opts)
-        replica = Indexed.open(FileBlob(loc).read_only(), options=opts)
+        again = Engine.open(FileBlob(loc), epoch=2, writer="w2", options=opts)
+        replica = Engine.open(FileBlob(loc).read_only(), options=opts)
         for f in fs:
             check_filtered(again, f, 3)
             check_filtered(replica, f, 2)
@@ -190,7 +190,7 @@ def bulk(n: int, t: int, start: int = 0) -> pa.Table:
 def test_a_key_range_read_fetches_only_the_parts_that_hold_it(tmp_path: Path) -> None:
     store = CountingBlob(FileBlob(tmp_path))
     opts = pinned(audit_pruning=False, compaction={"part_target_bytes": 64 << 10})
-    ix = Indexed.open(store, epoch=1, writer="w", options=opts)
+    ix = Engine.open(store, epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), VT)
     for t in range(4):
@@ -222,7 +222,7 @@ def test_a_key_range_read_fetches_only_the_parts_that_hold_it(tmp_path: Path) ->
 
 def test_record_batches_that_cannot_match_are_not_decoded(tmp_path: Path) -> None:
     opts = pinned(batch_rows=1000)
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), VT)
     ix.write({"r": bulk(10_000, 0)})  # one part of ten 1,000-row batches, keys in order
@@ -246,12 +246,12 @@ def test_the_audit_catches_stats_that_lie(tmp_path: Path) -> None:
     """A part whose stats do not describe its data: without the audit the read believes them
     (and silently misses a row); with it, the read fails loudly naming the part."""
     opts = pinned(audit_pruning=False)
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     c = ix.register("r", pa.int64(), pa.int64())
     table = columnar.from_updates([((k, k), 0, 1) for k in range(10)], columnar.part_schema(
         pa.int64(), pa.int64()), columnar.Codec(pa.int64()), columnar.Codec(pa.int64()))
-    part = new_part(ix._blob(), c, table, inline_threshold=0, consolidated=False)
+    part = new_part(ix.blob, c, table, inline_threshold=0, consolidated=False)
     assert isinstance(part.stats, stats.PartStats)
     lie = msgspec.structs.replace(part.stats, leaves=(stats.LeafStats("key", 0, 0, 100, 200),))
     txn = Txn(ix.state)
@@ -267,7 +267,7 @@ def test_the_audit_catches_stats_that_lie(tmp_path: Path) -> None:
 
 def test_parts_without_stats_are_read(tmp_path: Path) -> None:
     opts = pinned(stats_bytes=0)
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), VT)
     ix.write({"r": bulk(100, 0)})
@@ -319,7 +319,7 @@ def test_long_strings_prune_by_their_prefix_and_match_exactly(tmp_path: Path) ->
     stem = "x" * 40  # longer than a part's string prefix (32 bytes)
     vt = pa.string()
     opts = pinned()
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), vt)
     ix.write({"r": [((1, stem + "a"), 0, 1), ((2, stem + "m"), 0, 1)]})
@@ -343,7 +343,7 @@ def test_long_strings_prune_by_their_prefix_and_match_exactly(tmp_path: Path) ->
 def test_compaction_cuts_key_disjoint_parts_of_the_target_size(tmp_path: Path) -> None:
     target = 20_000
     opts = pinned(compaction={"fanin": 2, "part_target_bytes": target})
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), pa.int64())
     # keys 0..499, each written 8 times (8 values) in interleaved order: a key's 8 rows must
@@ -375,7 +375,7 @@ def test_split_output_is_never_merged_again(tmp_path: Path) -> None:
     planned takes a bounded number of rounds, never picks a full part, and each merge leaves at
     most one mergeable part."""
     opts = pinned(compaction={"fanin": 2, "part_target_bytes": 600})
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), pa.int64())
     policy = opts.compaction
@@ -441,7 +441,7 @@ def test_stats_of_older_schema_versions_are_used_only_where_values_survive(
     v1 = pa.struct([("c", pa.int64())])                              # a dropped, c widened
     v2 = pa.struct([("c", pa.int64()), ("a", pa.string())])          # a new field named a
     opts = pinned()
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
     ix.register("r", pa.int64(), v0)
     ix.write({"r": [((k, {"a": k, "c": k}), 0, 1) for k in range(10)]})
@@ -477,11 +477,11 @@ def test_stats_of_older_schema_versions_are_used_only_where_values_survive(
 def test_batch_stats_that_do_not_describe_the_batches(tmp_path: Path) -> None:
     """Batch stats that do not add up to the part are ignored (the part is read whole); ones
     that add up but place the batches wrongly are Corruption, never a wrong answer."""
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=pinned(batch_rows=1000))
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=pinned(batch_rows=1000))
     ix.fence()
     for name, fails in (("short", False), ("shifted", True)):
         c = ix.register(name, pa.int64(), VT)
-        part = new_part(ix._blob(), c, ix.normalize(name, bulk(10_000, 0)), inline_threshold=0,
+        part = new_part(ix.blob, c, ix.normalize(name, bulk(10_000, 0)), inline_threshold=0,
                         consolidated=False, batch_rows=1000)
         assert isinstance(part.stats, stats.PartStats)
         sizes = (1000,) * 9 if name == "short" else (999, 1001, *(1000,) * 8)
@@ -491,10 +491,10 @@ def test_batch_stats_that_do_not_describe_the_batches(tmp_path: Path) -> None:
         ix.commit(txn)
         ix.seal(name, 1)
         for cached in (False, True):
-            reader = ix.reader if cached else Indexed.open(FileBlob(tmp_path)).reader
+            reader = ix.reader if cached else Engine.open(FileBlob(tmp_path)).reader
             if cached:
                 ix.snapshot(name, 0).to_arrow()  # the part is now in the engine's cache
-            snap = Snapshot(ix.state.collections[name], 0, reader, filter=col("key") == 5)
+            snap = ix.snapshot(name, 0, filter=col("key") == 5, reader=reader, audit=False)
             if fails:
                 with pytest.raises(Corruption, match="stats say"):
                     snap.to_arrow()

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from persist.blob.file import FileBlob
 from persist.errors import SchemaMismatch
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import columnar, records
 from persist.indexed.format.columnar import Codec
 from persist.indexed.maintenance.compact import CompactionPolicy
+from tests.support.engine import Engine
 
 UTC = datetime.UTC
 
@@ -192,10 +193,10 @@ def _options() -> Options:
 
 
 def written(loc: Path, kt: pa.DataType, vt: pa.DataType, rows: list[Any],
-            options: Options) -> Indexed:
+            options: Options) -> Engine:
     """A writer at ``loc`` whose collection ``r`` holds ``rows`` (times 0-3), each time
     written and then sealed."""
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="w", options=options)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="w", options=options)
     ix.fence()
     ix.register("r", kt, vt)
     for t in range(4):
@@ -216,7 +217,7 @@ def test_snapshots_match_the_model_through_compaction_reopen_and_replica(
         loc = Path(d)
         ix = written(loc, kt, vt, rows, _options())
 
-        def check(engine: Indexed, lo: int) -> None:
+        def check(engine: Engine, lo: int) -> None:
             for as_of in range(lo, 4):
                 got = engine.snapshot("r", as_of).to_arrow()
                 assert table_model(got, False) == model(rows, as_of), as_of
@@ -225,9 +226,9 @@ def test_snapshots_match_the_model_through_compaction_reopen_and_replica(
         ix.allow_compaction("r", 2)
         ix.maintain()
         check(ix, 2)
-        again = Indexed.open(FileBlob(loc), epoch=2, writer="w2", options=_options())
+        again = Engine.open(FileBlob(loc), epoch=2, writer="w2", options=_options())
         check(again, 2)
-        replica = Indexed.open(FileBlob(loc).read_only())
+        replica = Engine.open(FileBlob(loc).read_only())
         check(replica, 2)
 
 

@@ -15,9 +15,9 @@ import persist
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, SchemaMismatch
-from persist.indexed.engine import Indexed
 from persist.indexed.format import columnar, meta, records
 from persist.indexed.format.columnar import Codec
+from tests.support.engine import Engine
 
 UTC = datetime.UTC
 
@@ -81,13 +81,13 @@ def test_struct_round_trip_through_the_client(tmp_path: Path) -> None:
         bad = msgspec.structs.replace(_order(1), at=datetime.datetime(2024, 1, 1))
         with pytest.raises(SchemaMismatch, match=r"value.at: .* aware datetime"):
             w.append([((9, bad), 2, 1)], upper=3).result()
-    ix = Indexed.open(FileBlob(tmp_path / "loc").read_only())
+    ix = Engine.open(FileBlob(tmp_path / "loc").read_only())
     arrow = ix.snapshot("orders", 1).to_arrow()
     assert arrow.schema.field("value").type == records.struct_type_of(Order)
 
 
 def test_a_msgpack_collection_of_a_class_that_now_maps_keeps_msgpack(tmp_path: Path) -> None:
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w")
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w")
     ix.fence()
     old = Codec(pa.binary(), Line, f"{Line.__module__}:{Line.__qualname__}")  # persist <= v1
     from persist.indexed.engine import Txn, new_collection
@@ -116,7 +116,7 @@ def _log_versions(loc: Path) -> list[int]:
 
 
 def test_only_what_carries_records_is_version_2(tmp_path: Path) -> None:
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w")
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w")
     ix.fence()
     ix.register("plain", pa.string(), pa.int64())
     ix.write({"plain": [(("a", 1), 0, 1)]})
@@ -137,7 +137,7 @@ def test_only_what_carries_records_is_version_2(tmp_path: Path) -> None:
 
 def test_a_reader_that_predates_records_refuses_them(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w")
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w")
     ix.fence()
     ix.register("plain", pa.string(), pa.int64())
     ix.register("rec", pa.int64(), pa.struct([("a", pa.int32())]))
@@ -153,7 +153,7 @@ def test_a_reader_that_predates_records_refuses_them(tmp_path: Path,
     with pytest.raises(IncompatibleFormat, match="upgrade persist"):
         meta.decode_commit(register_rec, _get(blob, register_rec))
     with pytest.raises(IncompatibleFormat):
-        Indexed.open(FileBlob(tmp_path).read_only())
+        Engine.open(FileBlob(tmp_path).read_only())
     data = part.inline if part.inline is not None else _get(blob, part.blob_key or "")
     with pytest.raises(IncompatibleFormat, match="format version 2"):
         columnar.decode_part("p", data, schema)

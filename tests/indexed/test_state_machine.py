@@ -22,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import InvalidUsage, UnknownCollection
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.maintenance.compact import CompactionPolicy
+from tests.support.engine import Engine
 
 NAMES = ("a", "b")
 KEYS = st.sampled_from(["x", "y", "z", ""])
@@ -76,8 +77,8 @@ class EngineMachine(RuleBasedStateMachine):
             self.ix.seal(name, seal_to)
             self.models[name].upper = seal_to
 
-    def _open(self) -> Indexed:
-        ix = Indexed.open(self.blob, epoch=self.epoch, writer=f"w{self.epoch}", options=OPTIONS)
+    def _open(self) -> Engine:
+        ix = Engine.open(self.blob, epoch=self.epoch, writer=f"w{self.epoch}", options=OPTIONS)
         ix.fence()
         return ix
 
@@ -207,7 +208,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule()
     def reopen_read_only(self) -> None:
-        ro = Indexed.open(self.blob.read_only(), options=OPTIONS)
+        ro = Engine.open(self.blob.read_only(), options=OPTIONS)
         assert ro.state == self.ix.state
 
     @rule(name=st.text(min_size=1, max_size=3))

@@ -100,6 +100,25 @@ def test_metered_blob_counts_bytes_and_errors() -> None:
     assert sample("persist_blob_errors_total", {"op": "get", "kind": "Determinate"}) == errors + 1
 
 
+def test_a_writer_counts_its_storage_traffic() -> None:
+    """Every writer's engine reads and writes through the blob metrics (``open_writer``): its
+    data part's framed bytes are counted written, and read again by an uncached snapshot."""
+    name = f"metered-{uuid.uuid4().hex}"
+    written = sample("persist_blob_bytes_written_total")
+    read = sample("persist_blob_bytes_read_total")
+    opts = persist.Options(inline_threshold=0, cache_bytes=0)
+    with persist.open(f"mem://{name}", options=opts) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w.append([((i, i), 0, 1) for i in range(100)], 1).result()
+        (part,) = client.state.collections["c"].parts
+        assert part.blob_key is not None
+        framed = len(MemoryBlob(name)._get(part.blob_key) or b"")
+        assert sample("persist_blob_bytes_written_total") >= written + framed
+        assert len(r.snapshot(0).to_arrow()) == 100
+        assert sample("persist_blob_bytes_read_total") >= read + framed
+    MemoryBlob.forget(name)
+
+
 def test_everything_works_without_prometheus_client() -> None:
     code = (
         "import sys; sys.modules['prometheus_client'] = None\n"

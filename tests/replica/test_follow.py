@@ -9,6 +9,7 @@ import pytest
 
 import persist
 from persist.indexed.engine import Options
+from persist.indexed.format.meta import Seal
 from persist.lock.file import FileLock
 from persist.runtime.replica import Follower
 from tests.replica.helpers import append_times, events, eventually, file_tree, listened_rows
@@ -110,8 +111,8 @@ def test_replica_cannot_write_and_changes_nothing(loc: str) -> None:
                 call()
         # not even the engine underneath can: it holds only the read half of the store
         with pytest.raises(persist.ReadOnly):
-            replica._ix.seal("events", 6)
-        assert not hasattr(replica._ix.blob, "set")
+            replica._ix.commit_ops([Seal(name="events", upper=6)])
+        assert not hasattr(replica._ix.store, "set")
     assert FileLock(loc).current() == lock_before
     assert file_tree(loc) == tree
 

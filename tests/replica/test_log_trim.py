@@ -8,10 +8,11 @@ import pytest
 from persist import layout
 from persist.blob.base import BlobRead
 from persist.blob.memory import MemoryBlob
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.state.machine import Machine
 from persist.runtime.replica import CountingRead, Follower
 from tests.replica.helpers import eventually
+from tests.support.engine import Engine
 
 
 @pytest.fixture
@@ -19,14 +20,14 @@ def blob() -> MemoryBlob:
     return MemoryBlob()
 
 
-def _writer(blob: MemoryBlob) -> Indexed:
-    ix = Indexed.open(blob, epoch=1, writer="w", options=Options(gc_grace_seconds=0, rollup_every=2))
+def _writer(blob: MemoryBlob) -> Engine:
+    ix = Engine.open(blob, epoch=1, writer="w", options=Options(gc_grace_seconds=0, rollup_every=2))
     ix.fence()
     ix.register("c", pa.string(), pa.int64())
     return ix
 
 
-def _commit_and_trim(ix: Indexed, n: int) -> None:
+def _commit_and_trim(ix: Engine, n: int) -> None:
     for _ in range(n):
         t = ix.state.collections["c"].upper
         ix.write({"c": [(("k", 1), t, 1)]})
@@ -59,7 +60,7 @@ def test_a_reader_that_assumes_the_writers_grace_catches_up_by_itself(blob: Memo
 
 
 def test_refresh_follows_an_untrimmed_log_with_gets_only(blob: MemoryBlob) -> None:
-    ix = Indexed.open(blob, epoch=1, writer="w")
+    ix = Engine.open(blob, epoch=1, writer="w")
     ix.fence()
     counted = CountingRead(blob.read_only())
     m = Machine(counted)
@@ -83,7 +84,7 @@ def test_refresh_follows_an_untrimmed_log_with_gets_only(blob: MemoryBlob) -> No
 class _TrimsDuringLoad(BlobRead):
     """Runs the writer (commit, rollup, trim) right after the reader listed the rollups."""
 
-    def __init__(self, inner: MemoryBlob, ix: Indexed, times: int) -> None:
+    def __init__(self, inner: MemoryBlob, ix: Engine, times: int) -> None:
         self._inner = inner
         self._ix = ix
         self._times = times
@@ -110,7 +111,7 @@ def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
     blob: MemoryBlob,
 ) -> None:
     ix = _writer(blob)
-    replica = Indexed.open(blob.read_only())  # default options: assumes 300 s of grace
+    replica = Engine.open(blob.read_only())  # default options: assumes 300 s of grace
     follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5, 0.5))
     try:
         _commit_and_trim(ix, 10)

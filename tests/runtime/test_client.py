@@ -22,6 +22,7 @@ from persist.errors import (
     SchemaMismatch,
     UnknownCollection,
 )
+from persist.indexed.maintenance.compact import CompactionPolicy
 
 
 def url() -> str:
@@ -189,6 +190,54 @@ def test_stop_fails_later_commands_and_is_idempotent() -> None:
             f.result(timeout=5)
     with pytest.raises(RuntimeShutdown):
         w.write([((1, 1), 0, 1)]).result(timeout=5)
+
+
+def test_after_stop_handles_read_the_last_state_and_waits_and_writes_raise(
+        tmp_path: Path) -> None:
+    """After ``stop()`` a handle answers from the last state its client had: frontiers only
+    move forward, so its upper and since are still true (if perhaps no longer the newest), and
+    a snapshot below that upper is definite, the same in every state. What needs a newer state
+    raises ``RuntimeShutdown``: writes, waits for a later upper, a listener past the last upper,
+    and a snapshot whose parts another writer's GC removed since."""
+    loc = tmp_path / "loc"
+    # NB: no part cache, blob parts: the read after the other writer's GC goes to storage.
+    client = persist.open(loc, reentrance_id="a",
+                          options=persist.Options(cache_bytes=0, inline_threshold=0))
+    w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+    w.append([((1, 1), 0, 1)], upper=1).result()
+    w.append([((2, 2), 1, 1)], upper=2).result()
+    listener = r.listen(0)
+    client.stop()
+    assert client.stopped
+    assert (r.upper, r.since, w.holds) == (2, 0, {})
+    assert r.schema.names == ["key", "value", "time", "diff"]
+    assert [e.upper for e in r.history()] == [1, 2]
+    assert client.info("c").upper == 2
+    assert r.snapshot(1).to_python() == [((1, 1), 1, 1), ((2, 2), 1, 1)]
+    assert r.wait_for_upper(1) == 2  # already past: nothing to wait for
+    with pytest.raises(RuntimeShutdown):
+        w.append([((3, 3), 2, 1)], upper=3).result(timeout=10)
+    with pytest.raises(RuntimeShutdown):
+        r.wait_for_upper(2, timeout=10)
+    with pytest.raises(RuntimeShutdown):
+        r.snapshot(2, timeout=10)
+    first = next(listener)  # what the last state holds is still delivered...
+    assert isinstance(first, persist.ListenUpdates)
+    assert (first.lower, first.upper) == (1, 2)
+    assert next(listener) == persist.ListenProgress(2)
+    with pytest.raises(RuntimeShutdown):  # ...and nothing after it
+        next(listener)
+    # another writer merges the parts and collects them at once
+    with persist.open(loc, reentrance_id="b", options=persist.Options(
+            gc_grace_seconds=0, inline_threshold=0, background_compaction=False,
+            compaction=CompactionPolicy(fanin=2, final_rows=1 << 30))) as other:
+        other.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        other.maintain()
+        other.maintain()
+        assert not other.state.retired
+    snap = r.snapshot(1)
+    with pytest.raises(RuntimeShutdown, match="stopped"):
+        snap.to_arrow()
 
 
 def test_dropping_the_client_stops_the_runtime_and_releases_the_lock(tmp_path: Path) -> None:

@@ -16,13 +16,14 @@ from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import CommitDeadline
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.maintenance import gc
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.maintenance.verify import delete_leaked, verify
 from persist.location import resolve
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
+from tests.support.engine import Engine
 
 
 class StallingBlob(FileBlob):
@@ -62,7 +63,7 @@ def rows(n: int, t: int) -> pa.Table:
 
 def test_a_commit_past_its_deadline_sends_nothing_and_removes_its_blobs() -> None:
     blob = MemoryBlob(uuid.uuid4().hex)
-    ix = Indexed.open(blob, epoch=1, writer="w",
+    ix = Engine.open(blob, epoch=1, writer="w",
                  options=Options(inline_threshold=0, commit_deadline_seconds=0.0))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
@@ -72,7 +73,7 @@ def test_a_commit_past_its_deadline_sends_nothing_and_removes_its_blobs() -> Non
     assert (ix.state, blob.list_keys(layout.LOG_PREFIX)) == before
     assert blob.list_keys(layout.DATA_PREFIX) == []
     ix.seal("c", 1)  # no data blob, no deadline
-    assert Indexed.open(blob.read_only()).state.collections["c"].upper == 1
+    assert Engine.open(blob.read_only()).state.collections["c"].upper == 1
 
 
 def test_a_merge_past_its_deadline_is_dropped_and_leaves_no_blob() -> None:
@@ -81,7 +82,7 @@ def test_a_merge_past_its_deadline_is_dropped_and_leaves_no_blob() -> None:
     blob = MemoryBlob(uuid.uuid4().hex)
     opts = Options(inline_threshold=1 << 20, commit_deadline_seconds=0.0,
                    compaction=CompactionPolicy(inline_flush_bytes=1))
-    ix = Indexed.open(blob, epoch=1, writer="w", options=opts)
+    ix = Engine.open(blob, epoch=1, writer="w", options=opts)
     ix.fence()
     client = Client("mem://deadline", ix, runtime=Runtime(ix, lock=None, lease=None, maintenance=False))
     try:
@@ -104,7 +105,7 @@ def test_a_live_leaked_blob_sweep_cannot_delete_what_a_writer_commits(tmp_path: 
     deletes the part; the writer must not then commit a reference to it."""
     loc = tmp_path / "loc"
     blob = StallingBlob(loc, stall=1.5)
-    ix = Indexed.open(blob, epoch=1, writer="w",
+    ix = Engine.open(blob, epoch=1, writer="w",
                  options=Options(inline_threshold=0, commit_deadline_seconds=0.3))
     ix.fence()
     client = Client(str(loc), ix, runtime=Runtime(ix, lock=None, lease=None, maintenance=False))
@@ -133,14 +134,14 @@ def test_a_commit_landing_past_the_deadline_is_logged(tmp_path: Path,
     """The deadline is checked before sending; a commit slower than the sweep's margin (grace
     minus deadline) is the one case it cannot prevent, so it is at least reported."""
     blob = SlowCommitBlob(tmp_path / "loc", stall=0.3)
-    ix = Indexed.open(blob, epoch=1, writer="w",
+    ix = Engine.open(blob, epoch=1, writer="w",
                  options=Options(inline_threshold=0, commit_deadline_seconds=0.1))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     with caplog.at_level("WARNING", logger="persist.indexed"):
         ix.write({"c": rows(10, 0)})
     assert "past the commit deadline" in caplog.text
-    assert len(Indexed.open(blob.read_only()).state.collections["c"].parts) == 1  # it landed
+    assert len(Engine.open(blob.read_only()).state.collections["c"].parts) == 1  # it landed
 
 
 def test_a_merge_is_admitted_to_a_group_only_with_half_its_deadline_left() -> None:
@@ -151,7 +152,7 @@ def test_a_merge_is_admitted_to_a_group_only_with_half_its_deadline_left() -> No
     from persist.runtime import commands as cmd
 
     blob = MemoryBlob(uuid.uuid4().hex)
-    ix = Indexed.open(blob, epoch=1, writer="w", options=Options(commit_deadline_seconds=1.0))
+    ix = Engine.open(blob, epoch=1, writer="w", options=Options(commit_deadline_seconds=1.0))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     runtime = Runtime(ix, lock=None, lease=None, maintenance=False)

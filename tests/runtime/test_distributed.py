@@ -157,6 +157,58 @@ def test_a_change_range_is_exact_or_refused(tmp_path: Path) -> None:
         distributed.describe(url, "c").snapshot(1)
 
 
+def test_every_range_of_changes_is_exact_or_refused_from_zero_too(tmp_path: Path) -> None:
+    """Every range ``[lo, hi)`` of changes is either refused or sums, per (key, value), to
+    exactly the updates written at times in it, once compaction forwarded all history below
+    since. From ``lo == 0`` the range is exact only while ``since < hi``: the history forwarded
+    to since then lies inside it, and outside it otherwise. (The listener's old range read took
+    every range from 0 as exact, while the distributed planner refused it: with since at 6, it
+    read ``[0, 3)`` as empty, everything written at 0, 1 and 2 having moved to time 6.)"""
+    url = f"file://{tmp_path}/loc"
+    since, upper = 6, 10
+    # NB: every part inline and flushed into one blob by the first merge, so every time below
+    # since is forwarded (what makes a wrongly accepted range read wrong, not merely lucky).
+    opts = persist.Options(background_compaction=False, inline_threshold=1 << 20,
+                           compaction=persist.CompactionPolicy(fanin=1 << 30, inline_flush_bytes=1,
+                                                       final_rows=1 << 30))
+    written: list[tuple[str, int, int, int]] = []
+    with persist.open(url, options=opts) as client:
+        w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        for t in range(upper):
+            rows = [(f"k{(t + i) % 4}", i, t, 1 if (t + i) % 3 else -1) for i in range(5)]
+            written += rows
+            w.append([((k, v), tt, d) for k, v, tt, d in rows], upper=t + 1).result()
+        w.allow_compaction(since).result()
+        client.maintain()
+        parts = client.state.collections["c"].parts
+        assert min(p.min_time for p in parts) == since  # all history forwarded to since
+        info = client.info("c")
+
+    def read(scan: distributed.Scan) -> Counter[tuple[Any, Any]]:
+        return _sums([t for task in scan.tasks() for t in distributed.read_task(task)])
+
+    accepted = set()
+    for lo in range(upper):
+        for hi in range(lo + 1, upper + 1):
+            want: Counter[tuple[Any, Any]] = Counter()
+            for k, v, t, d in written:
+                if lo <= t < hi:
+                    want[(k, v)] += d
+            exact = since < hi if lo == 0 else lo - 1 >= since
+            assert info.exact(lo, hi) == exact
+            if not exact:
+                with pytest.raises(InvalidUsage, match="no longer exact"):
+                    info.changes(lo, hi)
+                if lo == 0:  # what taking it as exact read: nothing, all of it moved to since
+                    assert +want
+                    assert read(info.changes(lo, hi, held=True)) == Counter()
+                continue
+            accepted.add((lo, hi))
+            assert read(info.changes(lo, hi)) == +want, (lo, hi)
+    assert accepted == {(0, hi) for hi in range(since + 1, upper + 1)} | {
+        (lo, hi) for lo in range(since + 1, upper) for hi in range(lo + 1, upper + 1)}
+
+
 def test_bad_inputs_are_typed_errors(tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
     with pytest.raises(MissingResource, match="no persist location"):

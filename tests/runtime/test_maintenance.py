@@ -10,11 +10,12 @@ import pytest
 from persist import layout
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.maintenance import gc
 from persist.indexed.state.machine import Machine
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
+from tests.support.engine import Engine
 
 
 class FlakyBlob(MemoryBlob):
@@ -55,7 +56,7 @@ def test_a_failing_gc_does_not_starve_rollups() -> None:
     stays bounded (it grew without bound before, until reopening failed)."""
     blob = FlakyBlob(uuid.uuid4().hex)
     opts = Options(inline_threshold=0, rollup_every=4, gc_grace_seconds=0.0)
-    ix = Indexed.open(blob, epoch=1, writer="w", options=opts)
+    ix = Engine.open(blob, epoch=1, writer="w", options=opts)
     ix.fence()
     client = Client("mem://flaky", ix, runtime=Runtime(ix, lock=None, lease=None,
                                                          maintenance=False))
@@ -77,7 +78,7 @@ def test_a_failing_gc_does_not_starve_rollups() -> None:
 
 def test_loading_retries_a_failed_read() -> None:
     blob = FlakyBlob(uuid.uuid4().hex)
-    ix = Indexed.open(blob, epoch=1, writer="w")
+    ix = Engine.open(blob, epoch=1, writer="w")
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     blob.fail_gets = 2

@@ -148,11 +148,11 @@ def test_inline_parts_are_flushed_to_a_blob_even_when_the_threshold_would_keep_t
     flushes inline parts used to produce one inline part again: every later round merged it
     with the next small part and rewrote the collection's whole inline data, in a commit (and
     every rollup) carrying all of it."""
-    from persist.indexed.engine import Indexed
+    from tests.support.engine import Engine
 
     # NB: pins the knobs it is about: the largest inline threshold, a small flush size, no
     # level merges, parts of 20 rows not yet final, and merges not cut into smaller parts
-    ix = Indexed.open(MemoryBlob(uuid.uuid4().hex), epoch=1, writer="w", options=Options(
+    ix = Engine.open(MemoryBlob(uuid.uuid4().hex), epoch=1, writer="w", options=Options(
         inline_threshold=MAX_INLINE_THRESHOLD,
         compaction=CompactionPolicy(fanin=1 << 30, final_rows=1 << 19, inline_flush_bytes=2048,
                                     part_target_bytes=64 << 20)))

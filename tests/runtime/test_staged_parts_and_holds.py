@@ -11,9 +11,10 @@ import pytest
 import persist
 from persist.errors import InvalidUsage
 from persist.indexed.format import write
+from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import PartMeta
-from persist.indexed.read.parts import Types
 from persist.location import resolve
+from tests.support.engine import updates_between
 
 
 def url() -> str:
@@ -79,7 +80,7 @@ def test_hold_keeps_compaction_back_and_releases() -> None:
         w.allow_compaction(9).result()
         assert r.since == 0  # held back: the effective since
         # exact updates after the hold are still there, with their own times
-        got = pa.concat_tables(client._ix.updates_between("c", 1, 10))
+        got = pa.concat_tables(updates_between(client, "c", 1, 10))
         assert sorted(got.column("time").to_pylist()) == list(range(1, 10))
         w.hold("stream-a", 4).result()
         assert r.since == 4

@@ -17,9 +17,9 @@ from persist.blob.file import FileBlob
 from persist.errors import Determinate, InvalidUsage
 from persist.indexed.format import write
 from persist.indexed.format.columnar import from_updates
+from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.maintenance import gc, verify
-from persist.indexed.read.parts import Types
 from persist.indexed.state import lease
 
 

@@ -21,9 +21,9 @@ import pyarrow as pa
 
 from persist.blob import aws
 from persist.blob.s3 import S3Blob
-from persist.indexed.engine import Indexed
 from persist.location import resolve
 from persist.lock.dynamodb import create_table
+from tests.support.engine import Engine
 
 SERVER = Path(__file__).resolve().parents[1] / "support" / "moto_server.py"
 
@@ -133,11 +133,11 @@ def main() -> None:
 
         for name, blob_opts in (("native", options), ("dynamodb", dyn)):
             loc = resolve(f"s3://{bucket}/engine-{name}", storage_options=blob_opts)
-            engine = Indexed.open(loc.blob, epoch=1, writer="w")
+            engine = Engine.open(loc.blob, epoch=1, writer="w")
             engine.fence()
             engine.register("c", pa.string(), pa.int64())
 
-            def step(i: int, engine: Indexed = engine) -> None:
+            def step(i: int, engine: Engine = engine) -> None:
                 engine.write({"c": [((f"k{j}", j), i, 1) for j in range(100)]})
                 engine.seal("c", i + 1)
 

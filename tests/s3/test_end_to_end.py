@@ -10,8 +10,8 @@ import pytest
 
 from persist.blob.s3 import S3Blob
 from persist.errors import Fenced
-from persist.indexed.engine import Indexed
 from persist.location import resolve
+from tests.support.engine import Engine
 
 pytestmark = pytest.mark.s3
 
@@ -31,7 +31,7 @@ def test_indexed_engine_on_s3(aws_options: dict[str, Any], bucket: str, dynamodb
     lease = location.lock().acquire("w")
     assert lease.generation == 1
 
-    engine = Indexed.open(location.blob, epoch=1, writer="w")
+    engine = Engine.open(location.blob, epoch=1, writer="w")
     engine.fence()
     engine.register("c", pa.string(), pa.int64())
     engine.write({"c": [(("a", 1), 0, 1)]})
@@ -39,7 +39,7 @@ def test_indexed_engine_on_s3(aws_options: dict[str, Any], bucket: str, dynamodb
     assert engine.snapshot("c", 0).to_python() == [(("a", 1), 0, 1)]
 
     # A reader on another handle sees the same state.
-    reader = Indexed.open(resolve(f"s3://{bucket}/prefix",
+    reader = Engine.open(resolve(f"s3://{bucket}/prefix",
                              storage_options=aws_options).blob.read_only())
     assert reader.snapshot("c", 0).to_python() == [(("a", 1), 0, 1)]
     assert all(k.startswith(("meta/", "data/", "LOCK")) for k in location.blob.list_keys(""))
@@ -51,7 +51,7 @@ def test_paused_writer_is_fenced_by_the_commit_cas(aws_options: dict[str, Any], 
     options = _options(aws_options, mode, dynamodb_table)
     old_loc = resolve(f"s3://{bucket}/f", storage_options=options, lease_seconds=0.1)
     old_lease = old_loc.lock().acquire("old")
-    old = Indexed.open(old_loc.blob, epoch=old_lease.generation, writer="old")
+    old = Engine.open(old_loc.blob, epoch=old_lease.generation, writer="old")
     old.fence()
     old.register("c", pa.string(), pa.int64())
 
@@ -59,7 +59,7 @@ def test_paused_writer_is_fenced_by_the_commit_cas(aws_options: dict[str, Any], 
     new_loc = resolve(f"s3://{bucket}/f", storage_options=options, lease_seconds=0.1)
     new_lease = new_loc.lock().acquire("new", timeout=5)
     assert new_lease.generation == old_lease.generation + 1
-    new = Indexed.open(new_loc.blob, epoch=new_lease.generation, writer="new")
+    new = Engine.open(new_loc.blob, epoch=new_lease.generation, writer="new")
     new.fence()
 
     with pytest.raises(Fenced):

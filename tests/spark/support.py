@@ -13,6 +13,7 @@ import pyarrow as pa
 import persist
 from persist.errors import InvalidUsage
 from persist.indexed.maintenance.compact import CompactionPolicy
+from tests.support.engine import updates_between
 
 
 def session_builder(app: str) -> Any:
@@ -121,7 +122,7 @@ def expected_updates(url: str, name: str, lo: int, hi: int) -> pa.Table:
     """Every update of ``name`` with ``lo <= time < hi`` (exact, original times)."""
     with persist.open(url, read_only=True) as client:
         schema = client._ix.state.collections[name]
-        tables = list(client._ix.updates_between(name, lo, hi))
+        tables = updates_between(client, name, lo, hi)
         del schema
     if not tables:
         return pa.table({"key": pa.array([], pa.string()), "value": pa.array([], pa.int64()),

@@ -11,6 +11,7 @@ import pytest
 
 import persist
 from tests.spark.support import Collected, canon, sums, updates_at
+from tests.support.engine import updates_between
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
@@ -28,7 +29,7 @@ def test_batch_stream_and_sink_on_s3(spark: Any, tmp_path: Path, bucket: str,
         for t in range(3):
             w.append(updates_at(t, 40), upper=t + 1).result()
         want = r.snapshot(2).to_arrow()
-        history = pa.concat_tables(list(client._ix.updates_between("events", 0, 3)))
+        history = pa.concat_tables(updates_between(client, "events", 0, 3))
 
     def opts(builder: Any) -> Any:
         for k, v in s3_options.items():

@@ -99,6 +99,32 @@ def codecs(s: SchemaVersion) -> tuple[Codec, Codec]:
     return Codec.from_meta(s.key_type, s.key_codec), Codec.from_meta(s.value_type, s.value_codec)
 
 
+@dataclass(frozen=True)
+class Types:
+    """The decoded types of one schema version of a collection: its key and value codecs and
+    its part schema (``key, value, time, diff``)."""
+
+    key: Codec
+    value: Codec
+    schema: pa.Schema
+
+    @classmethod
+    def of(cls, c: CollectionMeta, schema_id: int | None = None) -> Types:
+        """The codecs and part schema ``c``'s metadata records (see ``Codec.from_meta``) for
+        its schema version ``schema_id`` (None: the current one; an index into
+        :func:`history`).
+
+        Raises:
+            Corruption: a stored type does not decode.
+        """
+        if schema_id is None or schema_id == version(c):
+            k = Codec.from_meta(c.key_type, c.key_codec)
+            v = Codec.from_meta(c.value_type, c.value_codec)
+        else:
+            k, v = codecs(history(c)[schema_id])
+        return cls(k, v, columnar.part_schema(k.arrow_type, v.arrow_type))
+
+
 def evolved(c: CollectionMeta, s: SchemaVersion) -> CollectionMeta:
     """``c`` with ``s`` registered as its newest version (an :class:`EvolveSchema` applied)."""
     return msgspec.structs.replace(c, schemas=(*history(c), s), key_type=s.key_type,

@@ -421,11 +421,6 @@ def frame(col: Col) -> list[Col]:
     return [col]
 
 
-def framed_types(t: pa.DataType) -> bool:
-    """True if ``t``'s values need :func:`frame` to be compared (structs and lists)."""
-    return is_nested(t)
-
-
 def weak_equal(a: Col, b: Col) -> pa.Array | pa.ChunkedArray:
     """Row-wise equality of two frame columns that may only err towards equal: null equals
     null, NaN equals NaN, and ``-0.0`` equals ``0.0`` (sorting ties them, so neighbours that

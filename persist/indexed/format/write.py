@@ -3,7 +3,7 @@
 Every part persist stores is made here, whoever makes it: a commit of user writes
 (:mod:`persist.indexed.engine`), a compaction merge (:mod:`persist.indexed.maintenance.compact`), or a part
 staged by a distributed writer (the Spark sink). Its counterpart for reading is
-:mod:`persist.indexed.read.parts`.
+:mod:`persist.indexed.read.parts` (the part reader).
 """
 
 from __future__ import annotations

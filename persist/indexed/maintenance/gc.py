@@ -151,8 +151,3 @@ class LeakSweeper:
             deleted.append(key)
         return deleted
 
-    @property
-    def suspects(self) -> int:
-        """Unreferenced blobs seen so far and not yet old enough to delete."""
-        return len(self._first_seen)
-

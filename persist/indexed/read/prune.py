@@ -1,6 +1,6 @@
 """Pruned reads: which parts and record batches a filtered snapshot can skip, and the audit.
 
-A filtered snapshot (:class:`persist.indexed.read.parts.Snapshot` with a filter) asks, for each part,
+A filtered read (planned by :mod:`persist.indexed.read.scan`) asks, for each part,
 whether its stats (:mod:`persist.indexed.format.stats`) prove that none of its rows matches the filter
 (:meth:`persist.indexed.read.filter.Bound.may_match`). A part proven empty is not fetched; within a
 part that may match, record batches proven empty are not decoded. What is read is then filtered
@@ -66,13 +66,15 @@ class Pruner:
     """Decides and performs the pruned reads of one filtered snapshot. Not thread-safe (its
     counts), like a snapshot's iteration."""
 
-    def __init__(self, bound: Bound, view: evolve.View, *, audit: bool = False) -> None:
+    def __init__(self, bound: Bound, view: evolve.View, *, audit: bool = False,
+                 counts: PruneCounts | None = None) -> None:
         """Prunes reads of ``view`` (its target version, through the current one) filtered by
-        ``bound`` (bound to the target version's types); ``audit`` reads what it skips."""
+        ``bound`` (bound to the target version's types); ``audit`` reads what it skips;
+        ``counts``: where to count what it reads and skips (default: counts of its own)."""
         self.bound = bound
         self.view = view
         self.audit = audit
-        self.counts = PruneCounts()
+        self.counts = PruneCounts() if counts is None else counts
         self._paths = bound.paths()
 
     # -- decisions -----------------------------------------------------------------------------
@@ -145,6 +147,17 @@ class Pruner:
                                                   s.batch_rows)
                     self._check_skipped(p, skipped, "a record batch of the part")
         return self._migrate(table, p, current=current)
+
+    def check_skipped_part(self, reader: BatchSource, p: PartMeta) -> None:
+        """The audit of a part a planner's pruning skipped (with this filter and the same
+        stats): reads it whole and raises if it holds a matching row. Counts nothing (the
+        planner counted the skip).
+
+        Raises:
+            Corruption: it holds a matching row.
+            PartMissing, ExternalError: as ``PartReader.read``.
+        """
+        self._check_skipped(p, self.view.stored(reader, p), "the part")
 
     def _migrate(self, table: pa.Table, p: PartMeta, *, current: bool) -> pa.Table:
         v = self.view

@@ -1,9 +1,11 @@
-"""Distributed reads: a snapshot or a range of changes planned on one machine as serializable
-tasks, each read on any machine straight from the blob store.
+"""Read plans and read tasks: every read of a collection, a snapshot or a range of changes,
+planned from one state's metadata and read straight from the blob store, here or on any machine.
 
-This is the one place that knows which parts a read needs and how a task reads them; every
-engine that reads persist in parallel (the Spark source in ``operators/``, Dask, Ray, ...)
-goes through it, via the public face in :mod:`persist.distributed`::
+This is the one place that knows which parts a read needs and how they are read. A client's
+snapshots and listeners (:mod:`persist.runtime.client`, through :class:`SnapshotRead` and the
+client's part cache), ``persist snapshot`` and ``persist inspect --live``, and every engine
+that reads persist in parallel (the Spark source in ``operators/``, Dask, Ray, ...: through the
+public face in :mod:`persist.distributed`) plan a :class:`Scan` and read its tasks::
 
     info = persist.distributed.describe(url, "events")   # metadata only, no lock
     scan = info.snapshot(41, filter=persist.col("key") == "a")
@@ -16,23 +18,27 @@ address, the collection's schema history, its parts (inline parts with their byt
 time bounds — so it needs no client, no lock and no call back to the planner, and its output
 depends only on the task.
 
-The rules, stated once:
+The rules, stated once (DESIGN.md §11a lists where each lives):
 
 * **Which parts.** A snapshot as of ``t`` needs every part with a row at a time ``<= t``
   (:func:`snapshot_parts`); a range ``[lo, hi)`` the parts with a time in it
   (:func:`range_parts`). A filter's stats prune parts on the planner and record batches in
   the task (:class:`persist.indexed.read.prune.Pruner`); what is read is then filtered exactly.
 * **Exactness.** A snapshot is definite for ``as_of`` in ``[since, upper)``
-  (:func:`persist.indexed.read.parts.check_as_of`). A range is exact while nothing before it was
-  forwarded into it (:func:`exact`).
+  (:func:`check_as_of`). A range is exact while nothing before it was forwarded into it
+  (:meth:`CollectionInfo.exact`).
 * **Consolidated tasks** split the keys into disjoint ranges (:mod:`persist.indexed.read.split`,
   from the sorted parts' per-batch key stats: a task decodes only the parts and record
   batches that may hold its keys) or, where the keys have no usable order or stats, into
   disjoint hash buckets (:mod:`persist.indexed.read.buckets`: each task decodes every part and
   keeps its share). Either way every key lands in exactly one task, so the tasks' outputs are
-  disjoint and their union is the snapshot. A task that finds a part gone (GC after
-  compaction replaced it) re-plans on the newest state: its answer is definite, so the same.
-  Raw and change tasks do not (raw rows are not definite).
+  disjoint and their union is the snapshot. A single task over every key can also be read
+  sorted (``ordered``): what a client's snapshot returns (:class:`SnapshotRead`).
+* **Planning again.** A consolidated read that finds a part gone (GC after compaction replaced
+  it) re-plans on a newer state: its answer is definite, so the same. Every read that retries
+  does so through :func:`retrying`, with one budget (:data:`READ_ATTEMPTS`). Raw snapshot
+  tasks do not retry (raw rows are not definite); a reader of changes may re-plan the whole
+  range and read it again (the client's listener does), never part of it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -49,17 +55,15 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.blob.base import BlobRead
 from persist.errors import Corruption, InvalidUsage, PartMissing, SchemaMismatch
 from persist.indexed.format import columnar, evolve, stats
 from persist.indexed.format.meta import CollectionMeta, OfPart, PartMeta, State
 from persist.indexed.read import buckets, split
 from persist.indexed.read.filter import Bound, Filter, bind
-from persist.indexed.read.parts import PartReader, check_as_of
-from persist.indexed.read.prune import Pruner
+from persist.indexed.read.parts import PartReader
+from persist.indexed.read.prune import PruneCounts, Pruner
 from persist.indexed.state import history
-from persist.indexed.state.machine import Machine
-from persist.indexed.state.transitions import collection, effective_since
+from persist.indexed.state.transitions import check_time, collection, effective_since
 
 #: Consolidated reads: one key-hash bucket (task) per this many rows, by default. Each bucket
 #: decodes every part, but it consolidates and hands on only its share, and handing rows to
@@ -71,6 +75,55 @@ ROWS_PER_RANGE = 4_000_000
 #: Raw and change reads: tasks of about this many rows, by default (about Spark's default
 #: 128 MiB file split for two int64 columns).
 ROWS_PER_TASK = 4_000_000
+#: How many states a read tries before a part that GC removed meanwhile is reported as
+#: ``PartMissing``: the one it was planned on, then a newer one per retry. A part goes only a
+#: GC grace (300 s by default) after compaction replaced it, so a retry is rare and a second
+#: one rarer; the budget is for writers compacting and collecting with no grace at all (tests,
+#: the nemesis), where each retry can lose the race again.
+READ_ATTEMPTS = 8
+
+_T = TypeVar("_T")
+
+
+def retrying(read: Callable[[State | None], _T], fresh: Callable[[], State] | None) -> _T:
+    """``read(None)`` (on the state the read was planned on) and, each time it raises
+    ``PartMissing``, ``read(fresh())`` on a newer state, up to :data:`READ_ATTEMPTS` in all.
+
+    Only for reads whose answer does not depend on the state they are read on (a definite
+    snapshot, or a range of changes read whole): that is what makes a retry invisible.
+
+    Raises:
+        PartMissing: the last attempt found a part gone too (or ``fresh`` is None).
+    """
+    state: State | None = None
+    for attempt in range(READ_ATTEMPTS):
+        try:
+            return read(state)
+        except PartMissing:
+            if attempt == READ_ATTEMPTS - 1 or fresh is None:
+                raise
+            state = fresh()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def check_as_of(c: CollectionMeta, as_of: int) -> None:
+    """Checks that a read of ``c`` as of ``as_of`` is definite: ``since <= as_of < upper``.
+
+    Raises:
+        InvalidUsage: ``as_of`` is not a time, or lies outside ``[since, upper)``.
+    """
+    check_time("as_of", as_of)
+    since = effective_since(c)
+    if as_of < since:
+        raise InvalidUsage(
+            f"read of {c.name!r} as of {as_of} is below its since {since}: history before "
+            f"{since} may be compacted and is no longer distinguishable"
+        )
+    if as_of >= c.upper:
+        raise InvalidUsage(
+            f"read of {c.name!r} as of {as_of} is not below its upper {c.upper}: times "
+            f">= {c.upper} are not sealed yet"
+        )
 
 
 class Address(msgspec.Struct, frozen=True):
@@ -309,8 +362,13 @@ class CollectionInfo:
             SchemaMismatch: it names a field the types do not have, or compares a field with a
                 value of another type (the message names the field).
         """
-        key, value = self.types(schema_version)
-        bind(f, key, value, key_codec=self.meta.key_codec, value_codec=self.meta.value_codec)
+        self._bind(f, evolve.View.of(self.meta, schema_version).target)
+
+    def _bind(self, f: Filter, sid: int) -> Bound:
+        """``f`` checked against and bound to the types of schema version ``sid``."""
+        t = evolve.Types.of(self.meta, sid)
+        return bind(f, t.key.arrow_type, t.value.arrow_type, key_codec=t.key.name,
+                    value_codec=t.value.name)
 
     def exact(self, lo: int, hi: int) -> bool:
         """Whether the updates with ``lo <= time < hi`` can still be read exactly.
@@ -349,10 +407,9 @@ class CollectionInfo:
             as_of = c.upper - 1
         check_as_of(c, as_of)
         sid = evolve.View.of(c, schema_version).target
-        if filter is not None:
-            self.check_filter(filter, sid)
-        kept, skipped = _prune(snapshot_parts(c, as_of), filter, c, sid)
-        return Scan(self, sid, "snapshot", 0, as_of + 1, filter, kept, skipped, audit)
+        bound = None if filter is None else self._bind(filter, sid)
+        kept, skipped = _prune(snapshot_parts(c, as_of), filter, c, sid, bound)
+        return Scan(self, sid, "snapshot", 0, as_of + 1, filter, kept, skipped, audit, bound)
 
     def changes(self, lo: int, hi: int, *, schema_version: int | None = None,
                 held: bool = False) -> Scan:
@@ -399,22 +456,25 @@ def _bound(f: Filter, c: CollectionMeta, sid: int) -> Bound:
     return bind(f, s.field("key").type, s.field("value").type)
 
 
-def _pruner(f: Filter | None, c: CollectionMeta, sid: int, *, audit: bool = False
-            ) -> Pruner | None:
+def _pruner(f: Filter | None, c: CollectionMeta, sid: int, *, audit: bool = False,
+            counts: PruneCounts | None = None, bound: Bound | None = None) -> Pruner | None:
+    """The pruner of reads of ``c`` as version ``sid`` filtered by ``f`` (None without one);
+    ``bound``: ``f`` already bound to those types (the plan's), so not bound again."""
     if f is None:
         return None
-    return Pruner(_bound(f, c, sid), evolve.View.of(c, sid), audit=audit)
+    return Pruner(bound or _bound(f, c, sid), evolve.View.of(c, sid), audit=audit,
+                  counts=counts)
 
 
-def _prune(parts: Sequence[PartMeta], f: Filter | None, c: CollectionMeta, sid: int
-           ) -> tuple[tuple[PartMeta, ...], tuple[PartMeta, ...]]:
+def _prune(parts: Sequence[PartMeta], f: Filter | None, c: CollectionMeta, sid: int,
+           bound: Bound | None = None) -> tuple[tuple[PartMeta, ...], tuple[PartMeta, ...]]:
     """``parts`` split into those that may hold a row matching ``f`` and those whose stats
     prove none does. A part without stats is kept; without a filter every part is.
 
     Sound for consolidated reads too: the filter reads only ``(key, value)``, so a part holding
     no matching row contributes nothing to a matching group's sum.
     """
-    pr = _pruner(f, c, sid)
+    pr = _pruner(f, c, sid, bound=bound)
     if pr is None:
         return tuple(parts), ()
     kept: list[PartMeta] = []
@@ -511,6 +571,8 @@ class Scan:
     kept: tuple[PartMeta, ...]
     skipped_parts: tuple[PartMeta, ...]
     audit: bool
+    #: The filter as the planner bound it to the scan's types (reads in this process reuse it).
+    bound: Bound | None = field(default=None, repr=False, compare=False)
 
     @property
     def as_of(self) -> int:
@@ -542,27 +604,50 @@ class Scan:
         """Rows stored in the planned parts (an upper bound on what the read returns)."""
         return sum(p.rows for p in self.kept)
 
+    def _common(self) -> dict[str, Any]:
+        """What every task of this scan carries."""
+        return {"address": self.info.address, "collection": stripped(self.info.meta),
+                "schema_version": self.schema_version, "lo": self.lo, "hi": self.hi,
+                "filter": self.filter, "audited": self._audited}
+
+    @property
+    def _audited(self) -> bool:
+        return self.audit and self.filter is not None
+
+    def task(self, *, consolidated: bool = False) -> ReadTask:
+        """The whole read as one task, its parts in the collection's order: the raw updates
+        (a snapshot's times forwarded to its as-of time), or (``consolidated``) a snapshot's
+        contents over every key, one bucket, which :func:`read_task` can also read sorted.
+
+        Raises:
+            InvalidUsage: ``consolidated`` for a range of changes.
+        """
+        if consolidated and self.kind != "snapshot":
+            raise InvalidUsage("a range of changes is read raw, not consolidated")
+        kind: TaskKind = "consolidated" if consolidated else (
+            "changes" if self.kind == "changes" else "snapshot")
+        return ReadTask(kind=kind, parts=self.kept,
+                        audit=self.skipped_parts if self._audited else (), **self._common())
+
     def tasks(self, *, consolidated: bool = False, n: int | None = None,
-              rows_per_task: int = ROWS_PER_TASK) -> list[ReadTask]:
+              rows_per_task: int | None = None) -> list[ReadTask]:
         """The read split into tasks whose outputs are disjoint and together are the read.
 
         Args:
             consolidated: a snapshot's contents (each ``(key, value)`` once, diffs summed) in
-                ``n`` key-hash buckets (default: one per ``ROWS_PER_BUCKET`` rows, at most 8);
-                else raw updates, parts grouped up to ``rows_per_task`` rows (at least one
-                task, possibly empty).
+                ``n`` key ranges or key-hash buckets (default: one per ``ROWS_PER_RANGE``
+                rows; buckets at most 8); else raw updates, parts grouped up to
+                ``rows_per_task`` rows (default ``ROWS_PER_TASK``; at least one task,
+                possibly empty).
 
         Raises:
             InvalidUsage: ``consolidated`` for a range of changes; ``n`` below 1.
         """
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise InvalidUsage(f"tasks: n must be an int >= 1, not {n!r}")
-        meta = stripped(self.info.meta)
-        audited = self.audit and self.filter is not None
-        common: dict[str, Any] = {
-            "address": self.info.address, "collection": meta,
-            "schema_version": self.schema_version, "lo": self.lo, "hi": self.hi,
-            "filter": self.filter, "audited": audited}
+        rows = ROWS_PER_TASK if rows_per_task is None else rows_per_task
+        audited = self._audited
+        common = self._common()
         if consolidated:
             if self.kind != "snapshot":
                 raise InvalidUsage("a range of changes is read raw, not consolidated")
@@ -583,9 +668,9 @@ class Scan:
                     for b in range(k)]
         kind: TaskKind = "changes" if self.kind == "changes" else "snapshot"
         if self.filter is None:
-            shares = balanced(self.kept, rows_per_task)
+            shares = balanced(self.kept, rows)
             return [ReadTask(kind=kind, parts=g, slices=sl, **common) for g, sl in shares]
-        groups = group(self.kept, rows_per_task) or [()]
+        groups = group(self.kept, rows) or [()]
         return [ReadTask(kind=kind, parts=g,
                          audit=_share(self.skipped_parts, i, len(groups)) if audited else (),
                          **common)
@@ -596,44 +681,55 @@ class Scan:
 
 
 def read_part(reader: PartReader, h: PartHandle, *, filter: Filter | None = None,
-              audit: bool = False) -> pa.Table:
+              audit: bool = False, counts: PruneCounts | None = None) -> pa.Table:
     """The rows of part ``h`` with ``lo <= time < hi`` (original times), migrated to its
     schema version; with a ``filter``, only those matching it, decoding only the record
-    batches whose stats may match.
+    batches whose stats may match (``counts``: where to count what was read and skipped).
 
     Raises:
         PartMissing: GC removed the part.
         SchemaMismatch: the filter does not fit the types.
         Corruption: the bytes are damaged; (``audit``) pruning skipped a match.
     """
-    pr = _pruner(filter, h.collection, h.schema_version, audit=audit)
+    pr = _pruner(filter, h.collection, h.schema_version, audit=audit, counts=counts)
     view = evolve.View.of(h.collection, h.schema_version)
     t = _load(reader, view, pr, h.part, h.lo, h.hi)
     return view.schema.empty_table() if t is None else t
 
 
-def _load(reader: PartReader, view: evolve.View, pr: Pruner | None, part: PartMeta,
-          lo: int, hi: int) -> pa.Table | None:
-    """``part``'s rows with ``lo <= time < hi`` matching ``pr``'s filter (None: its stats rule
-    it out), migrated.
+def _in_range(t: pa.Table, part: PartMeta, lo: int, hi: int) -> pa.Table:
+    """The rows of ``t`` (rows of ``part``) with ``lo <= time < hi``."""
+    if not len(t) or (part.min_time >= lo and part.max_time < hi):
+        return t
+    tc = t.column("time")
+    keep = pc.less(tc, pa.scalar(hi, pa.uint64()))
+    if lo > 0:
+        keep = pc.and_(keep, pc.greater_equal(tc, pa.scalar(lo, pa.uint64())))
+    return t.filter(keep)
 
-    NB: exact before consolidating: a filter on ``(key, value)`` keeps or drops every row of a
-    ``(key, value)`` group alike.
+
+def _load(reader: PartReader, view: evolve.View, pr: Pruner | None, part: PartMeta,
+          lo: int, hi: int, *, current: bool = False) -> pa.Table | None:
+    """``part``'s rows with ``lo <= time < hi`` matching ``pr``'s filter (None: its stats rule
+    it out), migrated to the view's target version; or (``current``) migrated to the current
+    version and not yet filtered row by row (the filter is bound to the target's types).
+
+    NB: filtering rows before consolidating them is exact. Consolidation sums the diffs of
+    rows with equal ``(key, value)``, across parts; the filter is a function of ``(key, value)``
+    alone, and records persist treats as equal (null = null, NaN = NaN) get the same answer
+    from it. So every group of rows that consolidates together is kept whole or dropped whole:
+    the kept groups sum as they would unfiltered, and filtering the consolidated result would
+    drop exactly the groups dropped here.
     """
     if pr is None:
-        t = view.read(reader, part)
+        t = view.read_current(reader, part) if current else view.read(reader, part)
     else:
-        loaded = pr.load(reader, part)
+        loaded = pr.load(reader, part, current=current)
         if loaded is None:
             return None
         t = loaded
-    if len(t) and (part.min_time < lo or part.max_time >= hi):
-        tc = t.column("time")
-        keep = pc.less(tc, pa.scalar(hi, pa.uint64()))
-        if lo > 0:
-            keep = pc.and_(keep, pc.greater_equal(tc, pa.scalar(lo, pa.uint64())))
-        t = t.filter(keep)
-    if pr is not None and len(t):
+    t = _in_range(t, part, lo, hi)
+    if pr is not None and len(t) and not current:
         t = t.filter(pr.bound.mask(t))
     return t
 
@@ -655,46 +751,64 @@ def _slice(reader: PartReader, view: evolve.View, part: PartMeta, first: int, en
     sid = evolve.part_version(part)
     t = reader.read_batches(part, view.schemas.part_schema(sid), keep, s.batch_rows)
     t = evolve.migrate(t, view.schemas, sid, view.target, view.name)
-    if len(t) and (part.min_time < lo or part.max_time >= hi):
-        tc = t.column("time")
-        keep_rows = pc.less(tc, pa.scalar(hi, pa.uint64()))
-        if lo > 0:
-            keep_rows = pc.and_(keep_rows, pc.greater_equal(tc, pa.scalar(lo, pa.uint64())))
-        t = t.filter(keep_rows)
-    return t
+    return _in_range(t, part, lo, hi)
 
 
 def _audit(reader: PartReader, pr: Pruner | None, parts: Sequence[PartMeta]) -> None:
-    """Re-reads ``parts`` (which the planner's pruning skipped) through an auditing ``pr``.
-
-    NB: the engine decides again on the same stats and filter, so each part is skipped again,
-    and an auditing pruner reads what it skips (raising Corruption on a match).
-    """
+    """Re-reads ``parts`` (which the planner's pruning skipped) and checks that none holds a
+    row matching the filter (raising Corruption if one does)."""
     if pr is None:
         return
     for part in parts:
-        pr.load(reader, part)
+        pr.check_skipped_part(reader, part)
 
 
-def read_task(reader: PartReader, task: ReadTask,
-              fresh: Callable[[], State] | None = None) -> Iterator[pa.Table]:
+def read_task(reader: PartReader, task: ReadTask, fresh: Callable[[], State] | None = None,
+              *, ordered: bool = False, counts: PruneCounts | None = None
+              ) -> Iterator[pa.Table]:
     """Reads ``task``, yielding tables of ``task.schema`` (see :class:`ReadTask`).
 
     Args:
         fresh: for a consolidated task, a callable returning the location's newest
-            :class:`~persist.indexed.format.meta.State`, to re-plan on when a part was collected.
+            :class:`~persist.indexed.format.meta.State`, to re-plan on when a part was
+            collected (:func:`retrying`).
+        ordered: a consolidated task over every key (:meth:`Scan.task`) read as one table
+            sorted by ``(key, value)``; read as an older schema version, it is consolidated at
+            the current version first, so a record that cancels out never has to fit the older
+            one (DESIGN.md §14). What a client's snapshot returns.
+        counts: with a filter, where to count the parts and record batches read and skipped.
 
     Raises:
-        PartMissing: GC removed a part (a consolidated task retries on the newest state first,
-            up to 4 tries).
-        InvalidUsage: (consolidated retry) since passed the as-of time meanwhile.
+        PartMissing: GC removed a part (a consolidated task re-plans on a newer state first,
+            :data:`READ_ATTEMPTS` tries in all).
+        InvalidUsage: (consolidated retry) since passed the as-of time meanwhile; ``ordered``
+            for a task that is not one consolidated task over every key.
         SchemaMismatch: (consolidated retry) the schema evolved meanwhile.
     """
+    return _read(reader, task, fresh, ordered=ordered, counts=counts)
+
+
+def _read(reader: PartReader, task: ReadTask, fresh: Callable[[], State] | None = None,
+          *, ordered: bool = False, counts: PruneCounts | None = None,
+          bound: Bound | None = None) -> Iterator[pa.Table]:
+    """:func:`read_task`; ``bound``: the task's filter as its planner (in this process) bound
+    it, not bound again."""
+    if ordered and (task.kind != "consolidated" or task.buckets != 1
+                    or task.key_range is not None):
+        raise InvalidUsage("only a consolidated task over every key (Scan.task(consolidated="
+                           "True)) can be read ordered")
     if task.kind == "consolidated":
-        yield _consolidated(reader, task, fresh)
+        read = _contents if ordered else _bucket
+
+        def attempt(state: State | None) -> pa.Table:
+            return read(reader, task if state is None else _replanned(task, state, counts),
+                        counts, bound)
+
+        yield retrying(attempt, fresh)
         return
     view = task.view
-    pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited)
+    pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited,
+                 counts=counts, bound=bound)
     _audit(reader, pr, task.audit)
     as_of = task.as_of
     sliced = {pid: (a, b) for pid, a, b in task.slices}
@@ -710,49 +824,75 @@ def read_task(reader: PartReader, task: ReadTask,
         yield t
 
 
-def _consolidated(reader: PartReader, task: ReadTask,
-                  fresh: Callable[[], State] | None) -> pa.Table:
-    parts, audit = task.parts, task.audit
-    for attempt in range(4):
-        try:
-            return _bucket(reader, task, parts, audit)
-        except PartMissing:
-            # NB: retrying on a newer state is sound: the consolidated contents as of as_of
-            # are definite, so every state with as_of >= since yields this bucket's same rows.
-            if attempt == 3 or fresh is None:
-                raise
-            state = fresh()
-            c = collection(state.collections, task.collection.name)
-            if task.as_of < effective_since(c):
-                raise InvalidUsage(
-                    f"read of {c.name!r} as of {task.as_of}: since passed it "
-                    f"({effective_since(c)}) while the read ran; read as of a later time"
-                ) from None
-            if evolve.version(c) < task.schema_version or \
-                    evolve.View.of(c, task.schema_version).schema != task.schema:
-                raise SchemaMismatch(
-                    f"read of {c.name!r}: its schema changed while the read ran (now version "
-                    f"{evolve.version(c)}); run it again") from None
-            parts, skipped = _prune(snapshot_parts(c, task.as_of), task.filter, c,
-                                    task.schema_version)
-            if task.key_range is not None:
-                key_type = task.schema.field("key").type
-                parts = tuple(p for p in parts if split.part_in(p, task.key_range, key_type))
-            audit = _share(skipped, task.bucket, task.buckets) if task.audited else ()
-    raise AssertionError("unreachable")  # pragma: no cover
+def _replanned(task: ReadTask, state: State, counts: PruneCounts | None) -> ReadTask:
+    """``task`` planned again on ``state`` (a part it read was collected): the same as-of
+    time, filter, schema version and keys; the collection's newest parts and schema history.
+
+    NB: sound because the contents as of ``as_of`` are definite: every state with ``as_of``
+    in ``[since, upper)`` yields the same rows for the same keys.
+
+    Raises:
+        InvalidUsage: since passed the as-of time.
+        SchemaMismatch: the task's schema version is not what it was (a replaced location).
+    """
+    c = collection(state.collections, task.collection.name)
+    if task.as_of < effective_since(c):
+        raise InvalidUsage(
+            f"read of {c.name!r} as of {task.as_of}: since passed it "
+            f"({effective_since(c)}) while the read ran; read as of a later time")
+    if evolve.version(c) < task.schema_version or \
+            evolve.View.of(c, task.schema_version).schema != task.schema:
+        raise SchemaMismatch(
+            f"read of {c.name!r}: its schema changed while the read ran (now version "
+            f"{evolve.version(c)}); run it again")
+    parts, skipped = _prune(snapshot_parts(c, task.as_of), task.filter, c, task.schema_version)
+    if task.key_range is not None:
+        key_type = task.schema.field("key").type
+        parts = tuple(p for p in parts if split.part_in(p, task.key_range, key_type))
+    if counts is not None:
+        counts.parts_pruned += len(skipped)
+    # NB: the newest schema history too: a part written since may be of a newer version,
+    # which the task's old history could not migrate.
+    return msgspec.structs.replace(
+        task, collection=stripped(c), parts=parts,
+        audit=_share(skipped, task.bucket, task.buckets) if task.audited else ())
 
 
-def _bucket(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
-            audit: tuple[PartMeta, ...]) -> pa.Table:
+def _contents(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
+              bound: Bound | None) -> pa.Table:
+    """An ordered read of a consolidated task over every key (see :func:`read_task`)."""
+    view = task.view
+    pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited,
+                 counts=counts, bound=bound)
+    _audit(reader, pr, task.audit)
+    # NB: as an older version, consolidated at the current one first, then migrated back and
+    # consolidated again (dropping a field may make two records equal): consolidating first
+    # is what makes the read definite, since compaction (which migrates to the current
+    # version) cannot then change what it returns.
+    older = not view.current
+    tables = [t for p in task.parts
+              if (t := _load(reader, view, pr, p, 0, task.hi, current=older)) is not None]
+    if not tables:
+        return view.schema.empty_table()
+    out = columnar.contents_at(pa.concat_tables(tables), task.as_of)
+    if not older:
+        return out
+    out = columnar.contents_at(view.from_current(out), task.as_of)
+    return out if pr is None or not len(out) else out.filter(pr.bound.mask(out))
+
+
+def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
+            bound: Bound | None) -> pa.Table:
     view = task.view
     n, me = np.uint64(task.buckets), np.uint64(task.bucket)
-    pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited)
-    _audit(reader, pr, audit)
+    pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited,
+                 counts=counts, bound=bound)
+    _audit(reader, pr, task.audit)
     if task.key_range is not None:
-        return _ranged(reader, task, parts, view, pr)
+        return _ranged(reader, task, view, pr)
     tables: list[pa.Table] = []
     hashes: list[npt.NDArray[np.uint64]] = []
-    for part in parts:
+    for part in task.parts:
         t = _load(reader, view, pr, part, 0, task.hi)
         if t is None:
             continue
@@ -770,14 +910,14 @@ def _bucket(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
                                key_hashes=np.concatenate(hashes))
 
 
-def _ranged(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
-            view: evolve.View, pr: Pruner | None) -> pa.Table:
+def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | None
+            ) -> pa.Table:
     """A key-range task's consolidation: each part's record batches that may hold a key of the
     range (and, with a filter, may match it) are decoded, and only the range's rows kept."""
     r = task.key_range
     assert r is not None
     tables: list[pa.Table] = []
-    for part in parts:
+    for part in task.parts:
         if pr is not None:
             # NB: the filter's own batch pruning decides what is decoded; the range's rows are
             # then cut exactly (both only ever drop rows that are not wanted).
@@ -790,8 +930,7 @@ def _ranged(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
             t, _ = split.load(reader, part, stored, r)
             t = evolve.migrate(t, view.schemas, evolve.part_version(part), view.target,
                                view.name)
-            if len(t) and part.max_time > task.as_of:
-                t = t.filter(pc.less(t.column("time"), pa.scalar(task.hi, pa.uint64())))
+            t = _in_range(t, part, 0, task.hi)
         if len(t):
             tables.append(t)
     if not tables:
@@ -799,9 +938,88 @@ def _ranged(reader: PartReader, task: ReadTask, parts: tuple[PartMeta, ...],
     return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
-def load_state(blob: BlobRead) -> State:
-    """The location's current metadata, read from its log (no lock, no threads)."""
-    return Machine(blob).load()
+class SnapshotRead:
+    """A snapshot scan (:meth:`CollectionInfo.snapshot`) read in this process through one part
+    reader, whose cache its reads share: a client's snapshot, or ``persist snapshot``.
+
+    :meth:`to_arrow` reads it as one ordered consolidated task (re-planned on a newer state
+    from ``fresh`` when GC removed a part meanwhile); :meth:`batches` as one raw task.
+    """
+
+    def __init__(self, scan: Scan, reader: PartReader,
+                 fresh: Callable[[], State] | None = None) -> None:
+        """Reads nothing yet.
+
+        Raises:
+            InvalidUsage: ``scan`` is a range of changes.
+        """
+        if scan.kind != "snapshot":
+            raise InvalidUsage("a range of changes is not a snapshot")
+        self.scan = scan
+        self._reader = reader
+        self._fresh = fresh
+        self._counts = None if scan.filter is None else PruneCounts()
+
+    @property
+    def as_of(self) -> int:
+        """The time the snapshot reads as of."""
+        return self.scan.as_of
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The schema of its rows: ``key, value, time, diff``."""
+        return self.scan.schema
+
+    @property
+    def parts(self) -> tuple[PartMeta, ...]:
+        """The parts holding every update at or before the as-of time, pruned or not, as of
+        the state the snapshot was planned on."""
+        return snapshot_parts(self.scan.info.meta, self.scan.as_of)
+
+    @property
+    def pruning(self) -> PruneCounts | None:
+        """With a filter, the parts and record batches its reads fetched and those pruning
+        skipped, over every read so far (a retry's re-plan included); else None."""
+        return self._counts
+
+    def _planned_skips(self) -> None:
+        if self._counts is not None:
+            self._counts.parts_pruned += len(self.scan.skipped_parts)
+
+    def to_arrow(self) -> pa.Table:
+        """The consolidated contents: one row per ``(key, value)`` with a nonzero summed diff,
+        sorted by ``(key, value)``, time the as-of time; filtered, if the scan has a filter.
+
+        Raises:
+            PartMissing: a part was gone on every try (see :func:`retrying`).
+            InvalidUsage, SchemaMismatch: as :func:`read_task`'s retry.
+            SchemaMismatch: a live record does not fit the older version read.
+            Corruption, ExternalError: damaged bytes; storage failed.
+        """
+        self._planned_skips()
+        task = self.scan.task(consolidated=True)
+        return next(_read(self._reader, task, self._fresh, ordered=True, counts=self._counts,
+                          bound=self.scan.bound))
+
+    def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
+        """:meth:`to_arrow` as ``((key, value), time, diff)`` tuples, keys and values decoded
+        to Python objects by the version's codecs (msgpack-coded ones to their class)."""
+        t = self.to_arrow()
+        types = evolve.Types.of(self.scan.info.meta, self.scan.schema_version)
+        keys = types.key.decode_values(t.column("key"))
+        values = types.value.decode_values(t.column("value"))
+        as_of = self.as_of
+        return [((k, v), as_of, d) for k, v, d in
+                zip(keys, values, t.column("diff").to_pylist(), strict=True)]
+
+    def batches(self) -> Iterator[pa.Table]:
+        """The raw updates part by part (bounded memory), times forwarded to the as-of time,
+        filtered. Their sum per ``(key, value)`` is the definite contents; the rows are not
+        (compaction consolidates them), so this never retries: a part GC removed meanwhile
+        raises ``PartMissing``."""
+        self._planned_skips()
+        yield from _read(self._reader, self.scan.task(), counts=self._counts,
+                         bound=self.scan.bound)
 
 
 def rows_per_time(reader: PartReader, info: CollectionInfo, lo: int, hi: int) -> Counter[int]:

@@ -29,6 +29,11 @@ T = TypeVar("T")
 
 #: Attempts per read while loading the state (see ``Machine._read``).
 _LOAD_READ_ATTEMPTS = 3
+#: How long, by default, a retired data blob and the metadata a newer rollup made obsolete
+#: are kept before GC deletes them (``Options.gc_grace_seconds``): a reader of an older state
+#: has this long to finish, and a follower that synced less than half of it ago trusts a
+#: missing next log entry to mean "no newer commit".
+GC_GRACE_SECONDS = 300.0
 
 
 class CommitConflict(Determinate):
@@ -39,7 +44,7 @@ class CommitConflict(Determinate):
 class Machine:
     """Reads and writes the metadata log of one location."""
 
-    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = 300.0) -> None:
+    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = GC_GRACE_SECONDS) -> None:
         self.blob = blob
         self.gc_grace_seconds = gc_grace_seconds
         self._last_sync = float("-inf")
