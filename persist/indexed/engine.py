@@ -562,8 +562,8 @@ class Indexed:
     # -- maintenance: compaction, GC, rollups, leaked blobs -------------------------------------
 
     def maintain_round(self, state: Callable[[], State], commit: Committer, *,
-                 held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
-                 now_ms: int | None = None) -> bool:
+                       held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
+                       now_ms: int | None = None) -> bool:
         """Runs one maintenance round: compaction (unless ``compaction`` is False), GC of
         retired blobs, a rollup and the metadata trim, the leaked-blob sweep. Returns True if
         any of them did something (more may be ready: cascading merges).

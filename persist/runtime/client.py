@@ -47,7 +47,6 @@ from persist.runtime.runtime import LocalHolds, Published, Runtime
 _live: weakref.WeakSet[Client] = weakref.WeakSet()
 
 
-
 @atexit.register
 def _stop_all() -> None:  # pragma: no cover - exercised at interpreter exit
     for c in list(_live):
@@ -758,7 +757,8 @@ class ClientSnapshot:
     if GC removed a part mid-read, it plans again on a newer state and reads again.
 
     NB: retrying is sound because the answer is definite: every state with ``as_of`` in
-    ``[since, upper)`` has the same consolidated contents.
+    ``[since, upper)`` has the same consolidated contents. Parts read before stay in the
+    client's cache (they are immutable), so a retry fetches only what compaction wrote since.
     """
 
     def __init__(self, read: ReadHandle, as_of: int, *, filter: Filter | None = None) -> None:
