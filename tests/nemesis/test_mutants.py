@@ -14,7 +14,7 @@ import pytest
 
 import persist.indexed.engine as indexed
 import persist.indexed.format.columnar as columnar
-import persist.indexed.read.parts as read
+import persist.indexed.read.scan as scan
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
 from tests.nemesis.driver import Config, Nemesis
@@ -64,11 +64,11 @@ def test_reporting_determinate_after_landing_is_caught(monkeypatch: pytest.Monke
 
 def test_a_snapshot_dropping_a_row_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(0)
-    to_arrow = read.Snapshot.to_arrow
+    to_arrow = scan.SnapshotRead.to_arrow
 
-    def dropping(self: read.Snapshot) -> Any:
+    def dropping(self: scan.SnapshotRead) -> Any:
         table = to_arrow(self)
         return table.slice(1) if len(table) > 3 and rng.random() < 0.05 else table
 
-    monkeypatch.setattr(read.Snapshot, "to_arrow", dropping)
+    monkeypatch.setattr(scan.SnapshotRead, "to_arrow", dropping)
     assert any("snapshot" in p for p in _problems())
