@@ -38,7 +38,7 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.engine import Options
-from persist.indexed.format.records import arrow, decimal
+from persist.indexed.format.records import arrow, decimal, msgpack
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.filter import Column, Filter, col
 from persist.location import open
@@ -92,5 +92,6 @@ __all__ = [
     "col",
     "decimal",
     "distributed",
+    "msgpack",
     "open",
 ]

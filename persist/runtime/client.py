@@ -28,7 +28,7 @@ from persist.errors import (
     Timeout,
 )
 from persist.indexed.engine import Indexed, Options, check_types
-from persist.indexed.format import evolve
+from persist.indexed.format import columnar, evolve
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import CollectionMeta, PartMeta, State
@@ -302,9 +302,12 @@ class Client:
         parts: Mapping[str, Sequence[StagedPart | PartMeta]] | None = None,
         holds: Mapping[str, Mapping[str, int | None]] | None = None,
         versions: Mapping[str, int] | None = None,
+        codecs: Mapping[str, tuple[Codec, Codec]] | None = None,
     ) -> PersistFuture:
         """:meth:`apply`, with the writes of the collections ``versions`` names normalized to
-        those schema versions (a handle's) instead of the current ones."""
+        those schema versions (a handle's) instead of the current ones, and those ``codecs``
+        names by those key and value codecs (a handle's: the classes it was opened with,
+        which may be named otherwise than the ones registered)."""
         runtime = self._writer()
         state = self.state
         tables = []
@@ -313,7 +316,8 @@ class Client:
             sid = (versions or {}).get(name)
             if sid is None:
                 sid = evolve.version(collection(state.collections, name))
-            tables.append((name, _normalize(state, name, updates, sid)))
+            tables.append((name, _normalize(state, name, updates, sid,
+                                            (codecs or {}).get(name))))
             written.append((name, sid))
         staged = tuple((name, self._part_of(state, name, p)) for name, ps in (parts or {}).items()
                        for p in ps)
@@ -468,12 +472,14 @@ def _check_staged_part(name: str, p: PartMeta) -> None:
         raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {layout.DATA_PREFIX!r}")
 
 
-def _normalize(state: State, name: str, updates: Any, schema_id: int | None = None) -> pa.Table:
+def _normalize(state: State, name: str, updates: Any, schema_id: int | None = None,
+               codecs: tuple[Codec, Codec] | None = None) -> pa.Table:
     c = collection(state.collections, name)
     types = Types.of(c, schema_id)
     from persist.indexed.format.columnar import from_updates
 
-    return from_updates(updates, types.schema, types.key, types.value)
+    key, value = codecs if codecs is not None else (types.key, types.value)
+    return from_updates(updates, types.schema, key, value)
 
 
 class LatestValues:
@@ -602,7 +608,8 @@ class WriteHandle(_Handle):
         applied (in call order), with RuntimeShutdown after stop.
         """
         return self.client._apply(writes={self.name: updates},
-                                  versions={self.name: self._schema_id})
+                                  versions={self.name: self._schema_id},
+                                  codecs={self.name: (self.key_codec, self.value_codec)})
 
     def seal(self, upper: int) -> PersistFuture:
         """Advances ``upper`` to ``upper``: every time below it becomes final (never backwards)."""
@@ -611,7 +618,8 @@ class WriteHandle(_Handle):
     def append(self, updates: Any, upper: int) -> PersistFuture:
         """``write`` then ``seal`` as one atomic, durable step."""
         return self.client._apply(writes={self.name: updates}, seals={self.name: upper},
-                                  versions={self.name: self._schema_id})
+                                  versions={self.name: self._schema_id},
+                                  codecs={self.name: (self.key_codec, self.value_codec)})
 
     def allow_compaction(self, since: int) -> PersistFuture:
         """Advances ``since``: reads as of times below it are no longer needed (never backwards,
@@ -763,6 +771,7 @@ class ClientSnapshot:
 
     def __init__(self, read: ReadHandle, as_of: int, *, filter: Filter | None = None) -> None:
         client = read.client
+        self._handle = read
         self.as_of = as_of
         self.filter = filter
         scan = client.info(read.name).snapshot(
@@ -796,7 +805,11 @@ class ClientSnapshot:
         """The consolidated contents as ``((key, value), as_of, diff)`` tuples, sorted, with
         keys and values decoded to Python objects (msgpack-coded ones to their class)."""
         forbid_in_event_loop("snapshot reads")
-        return self._read.to_python()
+        # NB: decoded with the handle's classes, which may be named otherwise than the ones
+        # registered (a Struct is identified by its structure)
+        handle = self._handle
+        return columnar.rows(self._read.to_arrow(), handle.key_codec, handle.value_codec,
+                             self.as_of)
 
     def batches(self) -> Iterator[pa.Table]:
         """Raw updates part by part (times forwarded to as_of); bounded memory.

@@ -226,7 +226,7 @@ def test_leak_grace_must_outlast_the_commit_deadline() -> None:
 
 
 class Event(msgspec.Struct):
-    """A value type stored as msgpack."""
+    """A value type stored as msgpack (``persist.msgpack(Event)``)."""
 
     amount: int
 
@@ -248,7 +248,7 @@ def test_python_typed_values_are_checked_when_written_not_when_read(tmp_path: Pa
     """A value that does not fit its msgspec type used to be stored, and every read of the
     collection then failed with msgspec's own ValidationError."""
     with persist.open(tmp_path / "loc", reentrance_id="a") as client:
-        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=Event)
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=persist.msgpack(Event))
         for bad in (42, Event("x"), {"amount": "x"}):  # type: ignore[arg-type]
             with pytest.raises(SchemaMismatch, match="does not encode as"):
                 w.append([((1, bad), 0, 1)], upper=1).result()

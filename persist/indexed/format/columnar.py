@@ -47,8 +47,9 @@ class Codec:
     """How one column (key or value) is stored: an Arrow type, or a Python type as msgpack."""
 
     arrow_type: pa.DataType
-    #: A msgspec-encodable Python type when set: stored as msgpack in ``binary``, or, when
-    #: ``arrow_type`` is a struct, a ``msgspec.Struct`` class stored as that struct.
+    #: A msgspec-encodable Python type when set: stored as msgpack in ``binary``
+    #: (:func:`persist.msgpack`), or, when ``arrow_type`` is a struct, a ``msgspec.Struct``
+    #: class stored as that struct.
     py_type: Any = None
     name: str | None = None  # dotted name of py_type, recorded in metadata
 
@@ -58,41 +59,54 @@ class Codec:
 
         Args:
             spec: an Arrow type :func:`records.check_type` accepts (stored as is); a
-                ``msgspec.Struct`` class whose fields all map (:func:`records.struct_type_of`:
-                stored as that Arrow struct); or another Python class, stored as msgpack in
-                ``binary``. A class is named ``module:qualname`` in the metadata.
+                ``msgspec.Struct`` class whose fields all map (:func:`records.struct_type`:
+                stored as that Arrow struct); or ``persist.msgpack(T)``
+                (:func:`records.msgpack`: stored as msgpack in ``binary``, the explicit
+                opt-in). A class is named ``module:qualname`` in the metadata.
             column: ``key`` or ``value``, to name the field of an unsupported type.
 
         Raises:
-            SchemaMismatch: an unsupported Arrow type (naming the field path), or neither an
-                Arrow type nor a class.
+            SchemaMismatch: an unsupported Arrow type, a Struct field that does not map or
+                cannot be stored (naming the field path and the fix), another class (naming
+                what to use instead), or not a type at all.
         """
         if isinstance(spec, pa.DataType):
             records.check_type(spec, column)
             return cls(spec)
+        if isinstance(spec, records.MsgpackType):
+            bad = records.unencodable(spec.type, column)
+            if bad:
+                raise SchemaMismatch("; ".join(bad))
+            return cls(pa.binary(), spec.type, _type_name(spec.type))
+        if isinstance(spec, type) and issubclass(spec, msgspec.Struct):
+            return cls(records.struct_type(spec, column), spec, _type_name(spec))
         if isinstance(spec, type):
-            name = f"{spec.__module__}:{spec.__qualname__}"
-            mapped = records.struct_type_of(spec)
-            if mapped is not None:
-                return cls(mapped, spec, name)
-            return cls(pa.binary(), spec, name)
-        raise SchemaMismatch(f"key/value type must be a pyarrow DataType or a Python type, not {spec!r}")
+            raise SchemaMismatch(_not_a_record(spec, column))
+        raise SchemaMismatch(f"{column}: the type must be a pyarrow DataType, a "
+                             f"msgspec.Struct or persist.msgpack(T), not {spec!r}")
 
     @property
     def mapped(self) -> bool:
         """True for a ``msgspec.Struct`` class stored as an Arrow struct (not msgpack)."""
         return self.name is not None and not pa.types.is_binary(self.arrow_type)
 
+    @property
+    def msgpack(self) -> bool:
+        """True for a Python type stored as opaque msgpack (``persist.msgpack(T)``)."""
+        return self.name is not None and pa.types.is_binary(self.arrow_type)
+
     def accepts(self, asked: Codec) -> bool:
         """True if a collection stored with this codec may be opened asking for ``asked``.
 
-        The same type, or: a class stored as msgpack by an older persist (or because it did
-        not map then) and the same class asked for now, which maps to an Arrow struct: the
-        collection keeps its msgpack codec.
+        Identity is structural: the same Arrow type (for a struct: field names, types and
+        nullability), whatever class, if any, was named when it was registered (that name is
+        for information), so a ``msgspec.Struct`` defined in a script opens from a module, or
+        with the plain Arrow type. A msgpack column has no structure persist can see: it
+        opens only with ``persist.msgpack`` of a class of the same name.
         """
-        if (self.arrow_type, self.name) == (asked.arrow_type, asked.name):
-            return True
-        return self.name is not None and self.name == asked.name and not self.mapped
+        if self.msgpack or asked.msgpack:
+            return self.msgpack and asked.msgpack and self.name == asked.name
+        return bool(self.arrow_type == asked.arrow_type)
 
     @classmethod
     def from_meta(cls, type_bytes: bytes, codec: str | None) -> Codec:
@@ -127,12 +141,13 @@ class Codec:
             fits = _python_check(self.arrow_type)
             for v in values:
                 if v is not None and not fits(v):
-                    raise SchemaMismatch(f"value {v!r} ({type(v).__name__}) does not fit "
+                    raise SchemaMismatch(f"{column}: {v!r} ({type(v).__name__}) does not fit "
                                          f"{self.arrow_type}")
             try:
                 return pa.array(values, type=self.arrow_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-                raise SchemaMismatch(f"values do not fit {self.arrow_type}: {e}") from e
+                raise SchemaMismatch(f"{column}: values do not fit {self.arrow_type}: "
+                                     f"{e}") from e
         enc = msgspec.msgpack.Encoder()
         dec = msgspec.msgpack.Decoder(self.py_type)
         try:
@@ -141,7 +156,8 @@ class Codec:
                 if v is not None:
                     dec.decode(b)
         except (TypeError, msgspec.EncodeError, msgspec.DecodeError) as e:
-            raise SchemaMismatch(f"a value does not encode as {self.name}: {e}") from e
+            raise SchemaMismatch(f"{column}: a value does not encode as {self.name}: "
+                                 f"{e}") from e
         return pa.array(encoded, type=pa.binary())
 
     def _encode_records(self, values: list[Any], column: str) -> pa.Array:
@@ -165,11 +181,11 @@ class Codec:
         except SchemaMismatch as e:
             if self.name is None:
                 raise
-            raise SchemaMismatch(f"a value does not encode as {self.name}: {e}") from e
+            raise SchemaMismatch(f"a {column} does not encode as {self.name}: {e}") from e
         try:
             return pa.array(out, type=t)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as e:
-            raise SchemaMismatch(f"values do not fit {t}: {e}") from e
+            raise SchemaMismatch(f"{column}: values do not fit {t}: {e}") from e
 
     def decode_values(self, array: pa.Array | pa.ChunkedArray) -> list[Any]:
         """``array`` as Python values: msgpack decoded into ``py_type`` when set (nulls stay
@@ -186,6 +202,19 @@ class Codec:
             return [decode(d) for d in array.to_pylist()]
         dec = msgspec.msgpack.Decoder(self.py_type)
         return [None if b is None else dec.decode(b) for b in array.to_pylist()]
+
+
+def rows(table: pa.Table, key: Codec, value: Codec,
+         time: int | None = None) -> list[tuple[tuple[Any, Any], int, int]]:
+    """``table``'s rows as ``((key, value), time, diff)`` tuples, keys and values decoded by
+    the codecs (:meth:`Codec.decode_values`); every time ``time`` if given."""
+    keys = key.decode_values(table.column("key"))
+    values = value.decode_values(table.column("value"))
+    diffs = table.column("diff").to_pylist()
+    if time is not None:
+        return [((k, v), time, d) for k, v, d in zip(keys, values, diffs, strict=True)]
+    times = table.column("time").to_pylist()
+    return [((k, v), t, d) for k, v, t, d in zip(keys, values, times, diffs, strict=True)]
 
 
 def _kind(t: pa.DataType) -> str:
@@ -248,6 +277,31 @@ def _resolve(name: str) -> Any:
     except (ImportError, AttributeError):
         return None  # readers without the type still see the msgpack bytes
     return obj
+
+
+def _type_name(t: type) -> str:
+    return f"{t.__module__}:{t.__qualname__}"
+
+
+def _not_a_record(t: type, column: str) -> str:
+    """Why class ``t`` (not a ``msgspec.Struct``) is no key or value type, and what to use."""
+    arrow = records.simple_arrow_type(t)
+    if arrow is not None:
+        return (f"{column}: {t.__qualname__} is a Python type: use the Arrow type "
+                f"(pa.{_PA_NAMES.get(str(arrow), str(arrow))}), or persist.msgpack("
+                f"{t.__qualname__}) to store it as opaque msgpack")
+    bad = records.unencodable(t, column)
+    if bad:
+        return "; ".join(bad)
+    return (f"{column}: {t.__qualname__} is not a msgspec.Struct: use an Arrow type, a "
+            f"msgspec.Struct whose fields map, or persist.msgpack({t.__qualname__}) to store "
+            f"it as opaque msgpack (it then cannot be filtered or evolved, and Spark sees "
+            f"binary)")
+
+
+_PA_NAMES = {"int64": "int64()", "double": "float64()", "string": "string()",
+             "binary": "binary()", "bool": "bool_()", "date32[day]": "date32()",
+             "timestamp[us, tz=UTC]": 'timestamp("us", tz="UTC")'}
 
 
 def serialize_type(t: pa.DataType) -> bytes:
@@ -565,6 +619,7 @@ def consolidate(table: pa.Table) -> pa.Table:
         return table
     if _framed(table):
         return _consolidate_framed(table, time=True)
+    table = _one_nan(table)
     distinct = _sorted_if_distinct(table)
     if distinct is not None:
         return distinct.filter(pc.not_equal(distinct.column("diff"), 0))
@@ -576,6 +631,7 @@ def consolidate_grouped(table: pa.Table) -> pa.Table:
     schema = table.schema
     if _framed(table):
         return _sorted_framed(_grouped_framed(table, time=True))
+    table = _one_nan(table)
     agg = table.group_by(["key", "value", "time"], use_threads=False).aggregate([("diff", "sum")])
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
     out = pa.Table.from_arrays(
@@ -583,6 +639,23 @@ def consolidate_grouped(table: pa.Table) -> pa.Table:
         schema=schema,
     )
     return out.sort_by(_CONSOLIDATED_ORDER)
+
+
+def _one_nan(table: pa.Table) -> pa.Table:
+    """``table`` with every NaN of a float key or value made one NaN (:func:`records.one_nan`).
+
+    NB: hash-grouping compares floats by their bits, so NaNs written with other payloads
+    (``float("nan")`` and ``0.0 * inf``) would stay apart, +1 and -1, where DESIGN §4 says
+    NaN equals NaN whatever its payload (records consolidate so through their frame). The
+    result keeps the one NaN: which payload a NaN has is not part of its value.
+    """
+    for i in (0, 1):
+        col = table.column(i)
+        if pa.types.is_floating(col.type):
+            one = records.one_nan(col)
+            if one is not col:
+                table = table.set_column(i, table.schema.field(i), one)
+    return table
 
 
 def _sorted_if_distinct(table: pa.Table) -> pa.Table | None:
@@ -623,7 +696,8 @@ def contents_at(table: pa.Table, as_of: int) -> pa.Table:
     if _framed(table):
         out = _consolidate_framed(table, time=False)
         return out.set_column(2, schema.field(2), constant_times(as_of, len(out)))
-    agg = table.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
+    agg = _one_nan(table).group_by(["key", "value"], use_threads=False).aggregate(
+        [("diff", "sum")])
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
     out = pa.Table.from_arrays(
         [agg.column("key"), agg.column("value"),
@@ -638,7 +712,8 @@ def sum_by_key_value(table: pa.Table) -> pa.Table:
     """Diffs summed per (key, value), in no particular order, zero sums kept: columns ``key``,
     ``value``, ``diff_sum``. Works for every key/value type (records included)."""
     if not _framed(table):
-        return table.group_by(["key", "value"], use_threads=False).aggregate([("diff", "sum")])
+        return _one_nan(table).group_by(["key", "value"], use_threads=False).aggregate(
+            [("diff", "sum")])
     out = _grouped_framed(table, time=False, drop_zeros=False)
     return pa.table({"key": out.column("key"), "value": out.column("value"),
                      "diff_sum": out.column("diff")})

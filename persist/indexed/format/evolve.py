@@ -258,10 +258,12 @@ def check(c: CollectionMeta, op: EvolveSchema) -> None:
 
 def schema_id_for(c: CollectionMeta, key: Codec, value: Codec) -> int:
     """The newest schema version of ``c`` a handle asking for ``key``/``value`` reads and
-    writes as (see ``Codec.accepts``).
+    writes as (see ``Codec.accepts``: structural, whatever the classes are named).
 
     Raises:
-        SchemaMismatch: no version of ``c`` has these types, naming what it has.
+        SchemaMismatch: no version of ``c`` has these types: naming, against the current
+            version, each field that differs and how to go on (evolve the collection, or a
+            msgpack column's ``persist.msgpack``).
     """
     versions = history(c)
     for s in reversed(versions):
@@ -274,12 +276,37 @@ def schema_id_for(c: CollectionMeta, key: Codec, value: Codec) -> int:
         listed = ", ".join(f"{s.id}: key {_name(codecs(s)[0])}, value {_name(codecs(s)[1])}"
                            for s in versions[:-1])
         earlier = f" (schema version {len(versions) - 1}; earlier versions: {listed})"
+    why = [w for column, have, asked in (("key", k, key), ("value", v, value))
+           for w in _mismatch(c.name, column, have, asked)]
     raise SchemaMismatch(
         f"collection {c.name!r} is registered as key {_name(k)}, value {_name(v)}{earlier}; "
-        f"asked for key {_name(key)}, value {_name(value)}")
+        f"asked for key {_name(key)}, value {_name(value)}: {'; '.join(why)}")
+
+
+def _mismatch(name: str, column: str, have: Codec, asked: Codec) -> list[str]:
+    """Why a ``column`` stored as ``have`` does not open as ``asked``, and what to do."""
+    if have.accepts(asked):
+        return []
+    if have.msgpack:
+        cls = have.name.rpartition(":")[2] if have.name else "T"
+        return [f"the {column} is stored as opaque msgpack of {have.name}, which persist "
+                f"cannot see into, so it is matched by class name: open it with "
+                f"{column}_type=persist.msgpack({cls}) of a class named {have.name}"]
+    if asked.msgpack:
+        return [f"the {column} is stored as {have.arrow_type}, not as msgpack: open it with "
+                f"its Arrow type or a msgspec.Struct of that structure"]
+    diffs = records.differences(have.arrow_type, asked.arrow_type, column)
+    found = records.evolution_problems(have.arrow_type, asked.arrow_type, column)
+    how = (f"client.evolve_schema({name!r}, {column}_type=...) with the new type changes the "
+           f"collection's type (that change is allowed)" if not found else
+           f"that change is not an allowed evolution ({'; '.join(found)}): register a new "
+           f"collection for the new type")
+    return [*diffs, how]
 
 
 def _name(codec: Codec) -> str:
+    if codec.msgpack:
+        return f"{codec.name} (msgpack)"
     return codec.name or str(codec.arrow_type)
 
 

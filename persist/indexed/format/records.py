@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import msgspec
+import msgspec.inspect
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -286,67 +287,222 @@ _SIMPLE: dict[Any, pa.DataType] = {
     datetime.datetime: pa.timestamp("us", tz="UTC"),
 }
 
+def simple_arrow_type(t: Any) -> pa.DataType | None:
+    """The Arrow type a ``msgspec.Struct`` field of Python type ``t`` maps to (``int`` ->
+    int64, ``float`` -> float64, ...), or None for other types."""
+    return _SIMPLE.get(t)
+
+
+#: What a ``msgspec.Struct`` field may be, for the messages that refuse one.
+_MAPPED = ("int, float, str, bytes, bool, date, aware datetime, "
+           "Annotated[Decimal, persist.decimal(p, s)], Annotated[T, persist.arrow(t)], list[T], "
+           "T | None and nested msgspec.Structs")
+
 
 def struct_type_of(cls: type) -> pa.DataType | None:
-    """The Arrow struct a ``msgspec.Struct`` class is stored as, or None if a field does not
-    map (the class is then stored as msgpack)."""
+    """The Arrow struct a ``msgspec.Struct`` class is stored as, or None if it is not one or
+    a field does not map (:func:`struct_type` says why)."""
     if not (isinstance(cls, type) and issubclass(cls, msgspec.Struct)):
         return None
     try:
-        return _struct_of(cls, frozenset())
-    except _Unmapped:
+        return struct_type(cls, "value")
+    except SchemaMismatch:
         return None
 
 
-class _Unmapped(Exception):
-    pass
+def struct_type(cls: type[msgspec.Struct], path: str) -> pa.StructType:
+    """The Arrow struct the ``msgspec.Struct`` class ``cls`` is stored as (see the module
+    docstring), for the key or value ``path``.
+
+    Raises:
+        SchemaMismatch: naming every field that does not map and the fix, e.g.
+            ``value.amount: Decimal needs Annotated[Decimal, persist.decimal(p, s)]``; a field
+            that cannot be stored at all (``complex``, ``object``) is named as such. Where only
+            the mapping fails, the message also names the explicit opt-in to opaque storage,
+            ``persist.msgpack(cls)``.
+    """
+    problems: list[_Unmapped] = []
+    t = _struct_of(cls, frozenset(), path, problems)
+    if not problems:
+        assert isinstance(t, pa.StructType)
+        return t
+    why = "; ".join(p.why for p in problems)
+    if any(p.unmapped for p in problems):
+        why += f" (a field maps if it is {_MAPPED})"
+    hint = ""
+    if all(p.opaque_ok for p in problems):
+        hint = (f". Or store the whole {path.split('.')[0]} as opaque msgpack, "
+                f"persist.msgpack({cls.__qualname__}): it then cannot be filtered or evolved, "
+                f"and Spark sees binary")
+    raise SchemaMismatch(f"{path}: {cls.__qualname__} does not map to an Arrow struct: "
+                         f"{why}{hint}")
 
 
-def _struct_of(cls: type, seen: frozenset[type]) -> pa.DataType:
+@dataclass(frozen=True)
+class _Unmapped:
+    """Why one field does not map; ``opaque_ok``: msgpack could still store it."""
+
+    why: str
+    opaque_ok: bool = True
+    #: A type outside the mapping (the message then lists what maps).
+    unmapped: bool = False
+
+
+def _struct_of(cls: type, seen: frozenset[type], path: str,
+               problems: list[_Unmapped]) -> pa.DataType:
+    """``cls``'s struct, recording every field that does not map in ``problems`` (a
+    placeholder type stands in for each, so the walk goes on and names them all)."""
     if cls in seen:  # a recursive Struct has no finite Arrow type
-        raise _Unmapped(cls)
+        problems.append(_Unmapped(f"{path}: {cls.__qualname__} contains itself (a recursive "
+                                  f"record has no Arrow type)"))
+        return pa.null()
     try:
         hints = typing.get_type_hints(cls, include_extras=True)
-    except Exception as e:  # unresolvable annotations: leave it to msgpack
-        raise _Unmapped(cls) from e
+    except Exception as e:
+        problems.append(_Unmapped(f"{path}: the annotations of {cls.__qualname__} do not "
+                                  f"resolve ({type(e).__name__}: {e})", opaque_ok=False))
+        return pa.null()
     fields = []
     for name in cls.__struct_fields__:  # type: ignore[attr-defined]
-        t, nullable = _field_of(hints[name], seen | {cls})
+        t, nullable = _field_of(hints[name], seen | {cls}, f"{path}.{name}", problems)
         fields.append(pa.field(name, t, nullable=nullable))
     if not fields:
-        raise _Unmapped(cls)
+        problems.append(_Unmapped(f"{path}: {cls.__qualname__} has no fields (a struct needs "
+                                  f"at least one)"))
+        return pa.null()
     return pa.struct(fields)
 
 
-def _field_of(hint: Any, seen: frozenset[type]) -> tuple[pa.DataType, bool]:
-    """``(arrow type, nullable)`` of a field annotation."""
+def _field_of(hint: Any, seen: frozenset[type], path: str,
+              problems: list[_Unmapped]) -> tuple[pa.DataType, bool]:
+    """``(arrow type, nullable)`` of a field annotation (problems recorded, see
+    :func:`_struct_of`)."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) != 1 or len(typing.get_args(hint)) != 2:
-            raise _Unmapped(hint)
-        return _field_of(args[0], seen)[0], True
+        if len(args) != 1:
+            problems.append(_unmapped(hint, path, "is a union: a field has one type "
+                                                  "(T | None makes it nullable)"))
+            return pa.null(), True
+        return _field_of(args[0], seen, path, problems)[0], True
     if origin is typing.Annotated:
         base, *extras = typing.get_args(hint)
         marks = [e for e in extras if isinstance(e, ArrowAnnotation)]
         if marks:
             return marks[-1].type, _is_optional(base)
-        return _field_of(base, seen)
+        return _field_of(base, seen, path, problems)
     if origin is list:
         (item,) = typing.get_args(hint) or (Any,)
-        t, nullable = _field_of(item, seen)
+        t, nullable = _field_of(item, seen, f"{path}[]", problems)
         return pa.list_(pa.field("item", t, nullable=nullable)), False
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
-        return _struct_of(hint, seen), False
+        t = _struct_of(hint, seen, path, problems)
+        return t, pa.types.is_null(t)  # null: a placeholder (Arrow refuses it non-nullable)
     t = _SIMPLE.get(hint)
     if t is None:
-        raise _Unmapped(hint)
+        if hint is _decimal.Decimal:
+            problems.append(_Unmapped(f"{path}: Decimal needs "
+                                      f"Annotated[Decimal, persist.decimal(p, s)] (its "
+                                      f"precision and scale)"))
+        else:
+            problems.append(_unmapped(hint, path, "has no Arrow mapping"))
+        return pa.null(), True
     return t, False
+
+
+def _unmapped(hint: Any, path: str, why: str) -> _Unmapped:
+    bad = unencodable(hint, path)
+    if bad:
+        return _Unmapped("; ".join(bad), opaque_ok=False)
+    return _Unmapped(f"{path}: {_hint_name(hint)} {why}", unmapped=True)
+
+
+def _hint_name(hint: Any) -> str:
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__qualname__
+    return repr(hint).replace("typing.", "")
 
 
 def _is_optional(hint: Any) -> bool:
     return (typing.get_origin(hint) in (typing.Union, types.UnionType)
             and type(None) in typing.get_args(hint))
+
+
+# -- opaque msgpack --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MsgpackType:
+    """Stores a key or value as opaque msgpack of ``type`` (made by :func:`msgpack`)."""
+
+    type: type
+
+
+def msgpack(t: type) -> MsgpackType:
+    """The explicit opt-in to storing a key or value as opaque msgpack of class ``t``:
+    ``create_or_load(name, key_type=pa.string(), value_type=persist.msgpack(Event))``.
+
+    Any class msgspec encodes will do (a ``msgspec.Struct`` with a dict field, a dataclass, a
+    dict, ...); values are checked against ``t`` on write and decoded into ``t`` on read. The
+    column is Arrow ``binary``: persist cannot see into it, so it cannot be filtered or evolved,
+    Spark sees the bytes, and a collection so stored is matched by ``t``'s name
+    (``module:qualname``), not by its fields. Prefer a ``msgspec.Struct`` whose fields map to
+    Arrow (stored as a struct); this is for what cannot.
+
+    Raises:
+        SchemaMismatch: ``t`` is not a class, or neither it nor some field of it can be
+            encoded at all (``complex``, ``object``), naming the field.
+    """
+    if not isinstance(t, type):
+        raise SchemaMismatch(f"persist.msgpack takes a class (a msgspec.Struct, a dataclass, "
+                             f"dict, ...), not {t!r}")
+    bad = unencodable(t, t.__qualname__)
+    if bad:
+        raise SchemaMismatch(f"persist.msgpack({t.__qualname__}): {'; '.join(bad)}")
+    return MsgpackType(t)
+
+
+def unencodable(t: Any, path: str) -> list[str]:
+    """Why values of type ``t`` cannot be encoded at all, not even as msgpack (``[]``: they
+    can): each a field path and its type, e.g. ``value.x: complex cannot be stored``."""
+    try:
+        info = msgspec.inspect.type_info(t)
+    except Exception as e:  # unresolvable annotations, a type msgspec refuses outright
+        return [f"{path}: {_hint_name(t)} cannot be stored ({type(e).__name__}: {e})"]
+    out: list[str] = []
+    _custom(info, path, out, set())
+    return out
+
+
+def _custom(info: Any, path: str, out: list[str], seen: set[int]) -> None:
+    """Records in ``out`` the paths below ``info`` (a ``msgspec.inspect`` type) whose type
+    msgspec cannot encode without a hook of its own (``CustomType``)."""
+    mi = msgspec.inspect
+    if id(info) in seen:  # a recursive type
+        return
+    seen.add(id(info))
+    if isinstance(info, mi.CustomType):
+        name = info.cls.__qualname__
+        why = "has no type to check values against" if info.cls is object else \
+            "msgspec cannot encode it"
+        out.append(f"{path}: {name} cannot be stored ({why})")
+    elif isinstance(info, (mi.StructType, mi.DataclassType, mi.TypedDictType,
+                           mi.NamedTupleType)):
+        for f in info.fields:
+            _custom(f.type, f"{path}.{f.name}", out, seen)
+    elif isinstance(info, (mi.ListType, mi.SetType, mi.FrozenSetType, mi.VarTupleType)):
+        _custom(info.item_type, f"{path}[]", out, seen)
+    elif isinstance(info, mi.TupleType):
+        for i, x in enumerate(info.item_types):
+            _custom(x, f"{path}[{i}]", out, seen)
+    elif isinstance(info, mi.DictType):
+        _custom(info.key_type, f"{path}{{key}}", out, seen)
+        _custom(info.value_type, f"{path}{{}}", out, seen)
+    elif isinstance(info, mi.UnionType):
+        for x in info.types:
+            _custom(x, path, out, seen)
+    elif isinstance(info, mi.Metadata):
+        _custom(info.type, path, out, seen)
 
 
 @functools.lru_cache(maxsize=256)
@@ -416,9 +572,17 @@ def frame(col: Col) -> list[Col]:
         if isinstance(col, pa.ChunkedArray):
             return [pa.chunked_array([list_bytes(c) for c in col.chunks], pa.large_binary())]
         return [list_bytes(col)]
+    return [one_nan(col)]
+
+
+def one_nan(col: Col) -> Col:
+    """``col`` with every NaN made one NaN (the same bits), if it is a float column; else
+    ``col`` itself. Hash-grouping and byte comparisons then see NaN equal to NaN, whatever
+    payload each was written with."""
+    t = col.type
     if pa.types.is_floating(t) and pc.any(pc.is_nan(col)).as_py():
-        return [pc.if_else(pc.is_nan(col), _nan(t), col)]
-    return [col]
+        return pc.if_else(pc.is_nan(col), _nan(t), col)
+    return col
 
 
 def weak_equal(a: Col, b: Col) -> pa.Array | pa.ChunkedArray:
@@ -655,6 +819,46 @@ def _evolution(old: pa.DataType, new: pa.DataType, path: str, out: list[str]) ->
     if pa.types.is_struct(new) != pa.types.is_struct(old) or _is_list(new) != _is_list(old):
         kind = " (a record's shape cannot change between primitive, struct and list)"
     out.append(f"{path}: {old} cannot change to {new}{kind}; allowed: {_ALLOWED}")
+
+
+def differences(have: pa.DataType, asked: pa.DataType, path: str = "value") -> list[str]:
+    """Where type ``asked`` differs from the stored ``have``, field by field (``[]``: the
+    same): fields only one has, fields in another order, another nullability, another type.
+    Pure; for messages (which changes are allowed is :func:`evolution_problems`)."""
+    out: list[str] = []
+    _differences(have, asked, path, out)
+    return out
+
+
+def _differences(have: pa.DataType, asked: pa.DataType, path: str, out: list[str]) -> None:
+    if have == asked:
+        return
+    if pa.types.is_struct(have) and pa.types.is_struct(asked):
+        hn, an = [f.name for f in have], [f.name for f in asked]
+        out.extend(f"{path}.{n}: stored, not in the type asked for" for n in hn if n not in an)
+        out.extend(f"{path}.{n}: asked for, not stored" for n in an if n not in hn)
+        common = [n for n in hn if n in an]
+        if common != [n for n in an if n in hn]:
+            out.append(f"{path}: fields in another order (stored: {', '.join(hn)})")
+        for n in common:
+            h, a = have.field(n), asked.field(n)
+            if h.nullable != a.nullable:
+                out.append(f"{path}.{n}: stored {_nullable(h.nullable)}, asked for "
+                           f"{_nullable(a.nullable)}")
+            _differences(h.type, a.type, f"{path}.{n}", out)
+        return
+    if _is_list(have) and _is_list(asked) and type(have) is type(asked):
+        h, a = have.value_field, asked.value_field
+        if h.nullable != a.nullable:
+            out.append(f"{path}[]: items stored {_nullable(h.nullable)}, asked for "
+                       f"{_nullable(a.nullable)}")
+        _differences(h.type, a.type, f"{path}[]", out)
+        return
+    out.append(f"{path}: stored as {have}, asked for as {asked}")
+
+
+def _nullable(yes: bool) -> str:
+    return "nullable" if yes else "non-nullable"
 
 
 def _struct_evolution(old: pa.StructType, new: pa.StructType, path: str,

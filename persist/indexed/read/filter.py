@@ -493,7 +493,8 @@ def _pred(op: _Leaf, segments: tuple[str, ...],
             if x != x:
                 nan = True
                 continue
-            s = pa.scalar(x, pa.float64())
+            # NB: -0.0 == 0.0 for every test; one zero lets isin's hash lookup agree.
+            s = pa.scalar(0.0 if x == 0 else x, pa.float64())
         else:
             try:
                 s = pa.scalar(v, type=t)
@@ -569,6 +570,9 @@ def _float_test(p: _Pred, c: pa.ChunkedArray) -> pa.ChunkedArray | pa.Array:
     valid = pc.is_valid(c)
     isnan = pc.fill_null(pc.is_nan(c), False)
     if op in ("in", "notin"):
+        # NB: is_in looks values up by hash, that is by their bits, where -0.0 is not 0.0:
+        # both sides get one zero (the literals did in _pred), so isin agrees with ==.
+        c = pc.if_else(pc.equal(c, 0.0), 0.0, c)
         hit = _isin(c, p) if p.scalars else pc.fill_null(pc.is_in(c, value_set=pa.array(
             [], pa.float64())), False)
         if p.nan:
