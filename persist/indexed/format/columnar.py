@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, SchemaMismatch
-from persist.indexed.format import records
+from persist.indexed.format import objects, records
 
 #: The newest part format this persist reads (and writes for collections with records).
 PART_FORMAT_VERSION = 2
@@ -139,7 +139,11 @@ class Codec:
             return self._encode_records(values, column)
         if self.py_type is None:
             fits = _python_check(self.arrow_type)
-            for v in values:
+            # NB: values all exactly of a type the kind takes need no closer look
+            kinds = set(map(type, values))
+            kinds.discard(type(None))
+            exact = _EXACT_KINDS.get(_kind(self.arrow_type), frozenset())
+            for v in values if not kinds <= exact else ():
                 if v is not None and not fits(v):
                     raise SchemaMismatch(f"{column}: {v!r} ({type(v).__name__}) does not fit "
                                          f"{self.arrow_type}")
@@ -161,11 +165,28 @@ class Codec:
         return pa.array(encoded, type=pa.binary())
 
     def _encode_records(self, values: list[Any], column: str) -> pa.Array:
-        """``encode_values`` for version-2 types: each value checked against the type,
-        recursively (the path of a misfit is named), then converted by pyarrow."""
+        """``encode_values`` for version-2 types: a mapped ``msgspec.Struct``'s instances
+        column by column (:func:`objects.encode`), else, or where that gives up,
+        :meth:`encode_checked`."""
+        if self.mapped and self.py_type is not None:
+            p = objects.plan(self.py_type, self.arrow_type)
+            if p is not None:
+                with objects.gc_paused():
+                    fast = objects.encode(p, values)
+                if fast is not None:
+                    return fast
+        return self.encode_checked(values, column)
+
+    def encode_checked(self, values: list[Any], column: str) -> pa.Array:
+        """``encode_values`` for version-2 types, value by value: each value checked against
+        the type, recursively (the path of a misfit is named), then converted by pyarrow.
+
+        Raises:
+            SchemaMismatch: a value does not fit, naming the field and the value.
+        """
         t = self.arrow_type
-        check = records.checker(t)
         cls = self.py_type if self.mapped else None
+        check = records.checker(t)
         out = values
         try:
             if cls is not None or records.is_nested(t):
@@ -196,8 +217,15 @@ class Codec:
         propagate untranslated.
         """
         if self.py_type is None:
-            return list(array.to_pylist())
+            if records.is_nested(self.arrow_type):
+                return list(array.to_pylist())
+            chunks = array.chunks if isinstance(array, pa.ChunkedArray) else [array]
+            return [v for c in chunks for v in objects.leaf_values(c)]
         if self.mapped:
+            p = objects.plan(self.py_type, self.arrow_type)
+            if p is not None:
+                with objects.gc_paused():
+                    return objects.decode(p, array)
             decode = records.struct_decoder(self.py_type)
             return [decode(d) for d in array.to_pylist()]
         dec = msgspec.msgpack.Decoder(self.py_type)
@@ -208,13 +236,14 @@ def rows(table: pa.Table, key: Codec, value: Codec,
          time: int | None = None) -> list[tuple[tuple[Any, Any], int, int]]:
     """``table``'s rows as ``((key, value), time, diff)`` tuples, keys and values decoded by
     the codecs (:meth:`Codec.decode_values`); every time ``time`` if given."""
-    keys = key.decode_values(table.column("key"))
-    values = value.decode_values(table.column("value"))
-    diffs = table.column("diff").to_pylist()
-    if time is not None:
-        return [((k, v), time, d) for k, v, d in zip(keys, values, diffs, strict=True)]
-    times = table.column("time").to_pylist()
-    return [((k, v), t, d) for k, v, t, d in zip(keys, values, times, diffs, strict=True)]
+    with objects.gc_paused():
+        keys = key.decode_values(table.column("key"))
+        values = value.decode_values(table.column("value"))
+        diffs = table.column("diff").to_pylist()
+        kv = zip(keys, values, strict=True)
+        if time is not None:
+            return [(x, time, d) for x, d in zip(kv, diffs, strict=True)]
+        return list(zip(kv, table.column("time").to_pylist(), diffs, strict=True))
 
 
 def _kind(t: pa.DataType) -> str:
@@ -227,6 +256,13 @@ def _kind(t: pa.DataType) -> str:
     if pa.types.is_binary(t) or pa.types.is_large_binary(t):
         return "binary"
     return str(t)
+
+
+#: The exact Python types a value of each kind may have without a closer check (see
+#: ``_python_check``, which decides for every other type).
+_EXACT_KINDS = {"integer": frozenset({int}), "float": frozenset({float, int}),
+                "string": frozenset({str}), "binary": frozenset({bytes}),
+                "bool": frozenset({bool})}
 
 
 def _castable_kind(have: pa.DataType, want: pa.DataType) -> bool:
@@ -380,20 +416,29 @@ def from_updates(updates: Any, schema: pa.Schema, key: Codec, value: Codec) -> p
             diffs.append(d)
     except (TypeError, ValueError) as e:
         raise SchemaMismatch(f"each update must be ((key, value), time, diff): {e}") from e
-    for t in times:
-        if not _is_integer(t) or not 0 <= t <= MAX_TIME:
-            raise InvalidUsage(f"time {t!r} is not an integer in [0, 2**64)")
+    # NB: when every one is exactly an int (as usual), min and max decide in C
+    if not _ints_within(times, 0, MAX_TIME):
+        for t in times:
+            if not _is_integer(t) or not 0 <= t <= MAX_TIME:
+                raise InvalidUsage(f"time {t!r} is not an integer in [0, 2**64)")
     # NB: checked here, not left to pyarrow: pa.array([1.5], type=pa.int64()) truncates to 1
     # without a word, and a diff of True would count as 1.
-    for d in diffs:
-        if not _is_integer(d) or not MIN_DIFF <= d <= MAX_DIFF:
-            raise SchemaMismatch(f"diff {d!r} is not an int64 (a whole number of copies)")
+    if not _ints_within(diffs, MIN_DIFF, MAX_DIFF):
+        for d in diffs:
+            if not _is_integer(d) or not MIN_DIFF <= d <= MAX_DIFF:
+                raise SchemaMismatch(f"diff {d!r} is not an int64 (a whole number of copies)")
     diff_arr = pa.array(diffs, type=pa.int64())
     return pa.Table.from_arrays(
         [key.encode_values(keys, "key"), value.encode_values(values, "value"),
          pa.array(times, type=pa.uint64()), diff_arr],
         schema=schema,
     )
+
+
+def _ints_within(xs: list[Any], lo: int, hi: int) -> bool:
+    """True if every one of ``xs`` is exactly an ``int`` in ``[lo, hi]`` (False: look
+    closer)."""
+    return not xs or (set(map(type, xs)) == {int} and lo <= min(xs) and max(xs) <= hi)
 
 
 def _is_integer(x: Any) -> bool:
