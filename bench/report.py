@@ -203,6 +203,10 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
         add("W10.consolidate-retractions",
             "W10 consolidate record / int64 value (with retractions)", "<=", 2.0,
             w10("consolidate with retractions, record / int64"))
+        add("W10.python-append", "W10 append of msgspec Structs / the same rows as Arrow", "<=",
+            4.0, w10("Python objects: append Structs / Arrow table"))
+        add("W10.python-read", "W10 to_python() / to_arrow() of the same snapshot", "<=", 4.0,
+            w10("Python objects: to_python() / to_arrow()"))
     return out
 
 

@@ -46,7 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "w9_rows": 5_000_000, "w9_part_rows": 1_000_000, "w9_repeats": 3, "w9_seals": 20,
     "w9_gap": 1.0,
     "w10_rows": 5_000_000, "w10_chunk_rows": 1_000_000, "w10_lookups": 5,
-    "w10_consolidate_rows": 1_000_000,
+    "w10_consolidate_rows": 1_000_000, "w10_python_rows": 1_000_000,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -60,7 +60,7 @@ QUICK: dict[str, Any] = {
     "w8_appends": 10, "w8_rows": 100, "w8_bulk": 2, "w8_bulk_rows": 20_000, "w8_repeats": 1,
     "w9_rows": 20_000, "w9_part_rows": 10_000, "w9_repeats": 1, "w9_seals": 3, "w9_gap": 0.5,
     "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
-    "w10_consolidate_rows": 20_000,
+    "w10_consolidate_rows": 20_000, "w10_python_rows": 20_000,
 }
 
 
@@ -128,6 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w10-chunk-rows", int, "W10 updates per append")
     opt("--w10-lookups", int, "W10 point lookups per round (distinct keys; median)")
     opt("--w10-consolidate-rows", int, "W10 rows of the consolidated part")
+    opt("--w10-python-rows", int, "W10 records appended and read as msgspec Structs")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():

@@ -26,7 +26,13 @@ collection with ``key_type=pa.int64()`` and ``value_type=VALUE_TYPE``.
    record value against the same keys, times and diffs with one int64 value (keys repeat:
    draws from 70% as many keys), on distinct rows and with retractions (the grouping path).
    ``bench/records_consolidate.py`` runs this step alone.
-4. **Spark** (needs pyspark >= 4.0 and Java, else skipped with the reason): the same lookup,
+4. **Python objects**: ``--w10-python-rows`` of the same records as instances of
+   :class:`Record` (the ``msgspec.Struct`` persist maps to :data:`VALUE_TYPE`), appended to
+   one collection as ``((key, Record), time, diff)`` tuples and, as an Arrow table, to
+   another; then a snapshot of the Structs' collection read with ``to_python()`` and with
+   ``to_arrow()``, each round on a fresh snapshot. Reported per round as ratios (the targets:
+   at most 4x each).
+5. **Spark** (needs pyspark >= 4.0 and Java, else skipped with the reason): the same lookup,
    range filter and full scan through ``spark.read.format("persist")`` (``mode=raw``) and
    through ``spark.read.parquet`` of the key-sorted file, in one ``local[2]`` session with
    ``spark.sql.python.filterPushdown.enabled=true``, each materialized by the ``noop`` sink.
@@ -38,6 +44,7 @@ delta-rs).
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import statistics
 from collections.abc import Callable
@@ -45,8 +52,9 @@ from dataclasses import replace
 from decimal import Decimal
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, cast
+from typing import Annotated, Any, ClassVar, cast
 
+import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -118,6 +126,41 @@ LOOKUP = "point lookup (ms)"
 SCAN = "full scan (ms)"
 SPEEDUP = "point lookup speed-up over a full scan"
 CONS, CONS_R = "consolidate record / int64", "consolidate with retractions, record / int64"
+PY_APPEND = "Python objects: append Structs / Arrow table"
+PY_READ = "Python objects: to_python() / to_arrow()"
+
+
+class Inner(msgspec.Struct, frozen=True):
+    """``VALUE_TYPE``'s nested struct as a Struct."""
+
+    count: int | None
+    flag: bool | None
+
+
+class Record(msgspec.Struct, frozen=True):
+    """W10's record as a ``msgspec.Struct``: persist stores it as :data:`VALUE_TYPE`."""
+
+    name: str | None
+    amount: Annotated[Decimal | None, persist.decimal(18, 2)]
+    at: datetime.datetime | None
+    day: datetime.date | None
+    score: float | None
+    rank: Annotated[int | None, persist.arrow(pa.int32())]
+    active: bool | None
+    tags: list[int | None] | None
+    inner: Inner | None
+
+
+def as_structs(table: pa.Table) -> list[tuple[tuple[int, Record | None], int, int]]:
+    """``table``'s rows (:data:`RECORD_SCHEMA`) as ``((key, Record), time, diff)`` tuples."""
+    def record(d: dict[str, Any] | None) -> Record | None:
+        if d is None:
+            return None
+        inner = d["inner"]
+        return Record(**{**d, "inner": None if inner is None else Inner(**inner)})
+
+    return [((k, record(v)), t, d) for k, v, t, d in zip(
+        *(table.column(c).to_pylist() for c in ("key", "value", "time", "diff")), strict=True)]
 
 Bools = npt.NDArray[np.bool_]
 
@@ -345,6 +388,7 @@ def run(ctx: Context) -> list[WorkloadResult]:
             sorted_pq = _queries(ctx, res, kept, chunks, rows)
             del chunks
             _consolidate(ctx, res)
+            _python_objects(ctx, res)
             _spark(ctx, res, cast(PersistSystem, kept["persist"]), sorted_pq, rows)
         else:
             why = "persist not selected (--systems): no queries, no consolidation"
@@ -553,6 +597,62 @@ def _consolidate(ctx: Context, res: WorkloadResult) -> None:
                      f"drawn from {int(n * 0.7):,}, times 0-3; 'with retractions' adds a "
                      f"retraction of a quarter of the rows (the grouping path); the ratios are "
                      f"per round")
+
+
+def _python_objects(ctx: Context, res: WorkloadResult) -> None:
+    """Appends of Structs against the same rows as an Arrow table, and ``to_python()`` against
+    ``to_arrow()`` (see the module docstring, step 4)."""
+    n = ctx.args.w10_python_rows
+    ctx.log(f"W10: {n:,} records as msgspec Structs (generating them, not timed)")
+    table = make_records(20_010, n, time_lo=0, time_hi=1)
+    rows = as_structs(table)
+    root = fresh_dir(ctx.work, "w10-python")
+    seconds: dict[str, list[float]] = {k: [] for k in ("arrow", "structs", "to_arrow",
+                                                       "to_python")}
+    try:
+        with persist.open(str(root / "location")) as client:
+            # NB: the first append and read of each kind (lazy imports, plans) not timed
+            for label, kind, data in (("warm-a", VALUE_TYPE, table.slice(0, 1000)),
+                                      ("warm-s", Record, rows[:1000])):
+                w, r = client.create_or_load(label, key_type=pa.int64(), value_type=kind)
+                w.append(data, upper=1).result()
+                r.snapshot(0).to_python()
+            for i in range(ctx.repeats):
+                for label in rotate(["arrow", "structs"], i):
+                    kind = VALUE_TYPE if label == "arrow" else Record
+                    w, _ = client.create_or_load(f"{label}-{i}", key_type=pa.int64(),
+                                                 value_type=kind)
+                    data: Any = table if label == "arrow" else rows
+                    settle()
+                    with timed() as t:
+                        w.append(data, upper=1).result()
+                    seconds[label].append(t.seconds)
+                _, read = client.create_or_load(f"structs-{i}", key_type=pa.int64(),
+                                                value_type=Record)
+                for label in rotate(["to_arrow", "to_python"], i):
+                    snap = read.snapshot(0)
+                    settle()
+                    with timed() as t:
+                        got = snap.to_arrow() if label == "to_arrow" else snap.to_python()
+                    seconds[label].append(t.seconds)
+                    if len(got) != n:
+                        raise AssertionError(f"W10: {label} gave {len(got)} rows, not {n}")
+    finally:
+        remove(root)
+    for label, metric in (("arrow", "append an Arrow table (s)"),
+                          ("structs", "append msgspec Structs (s)"),
+                          ("to_arrow", "to_arrow() (s)"), ("to_python", "to_python() (s)")):
+        for x in seconds[label]:
+            res.add(f"Python objects, {n:,} records: {metric}", "s", "lower", "persist", x)
+    for i in range(ctx.repeats):
+        res.add(PY_APPEND, "x", "lower", "persist", seconds["structs"][i] / seconds["arrow"][i])
+        res.add(PY_READ, "x", "lower", "persist",
+                seconds["to_python"][i] / seconds["to_arrow"][i])
+    res.notes.append(f"Python objects: {n:,} records as W10.Record (msgspec.Struct), appended "
+                     f"as ((key, Record), time, diff) tuples against the same rows as an Arrow "
+                     f"table (each into a fresh collection, durable and sealed); then "
+                     f"to_python() against to_arrow() of fresh snapshots of the Structs' "
+                     f"collection; ratios per round")
 
 
 def _spark(ctx: Context, res: WorkloadResult, ps: PersistSystem, sorted_pq: Path,

@@ -68,11 +68,24 @@ def read_part(handle: PartHandle, *, filter: Filter | None = None,
 
     Raises:
         PartMissing: GC removed the part (the scan outlived the GC grace period: plan again).
-        InvalidUsage: an unknown column.
+        InvalidUsage: ``handle`` is not a ``PartHandle`` (a ``ReadTask`` is read with
+            :func:`read_task`), ``filter`` not a filter, ``columns`` not a list of column
+            names or an unknown one.
         SchemaMismatch: the filter does not fit the collection's types.
         Corruption, ExternalError: the bytes are damaged; storage failed.
     """
-    table = _read_part(_reader(handle.address), handle, filter=filter, audit=audit)
+    if not isinstance(handle, PartHandle):
+        hint = " (read a ReadTask with read_task)" if isinstance(handle, ReadTask) else ""
+        raise InvalidUsage(f"read_part takes a persist.distributed.PartHandle (Scan.parts, "
+                           f"PartHandle.from_bytes), not {type(handle).__name__}{hint}")
+    if filter is not None and not isinstance(filter, Filter):
+        raise InvalidUsage(f"read_part: filter must be a persist filter (persist.col(...)) or "
+                           f"None, not {type(filter).__name__}")
+    if columns is not None and (isinstance(columns, (str, bytes)) or not all(
+            isinstance(c, str) for c in columns)):
+        raise InvalidUsage(f"read_part: columns must be a list of column names, not "
+                           f"{columns!r}")
+    table = _read_part(_reader(handle.address), handle, filter=filter, audit=bool(audit))
     if columns is None:
         return table
     unknown = [c for c in columns if c not in table.column_names]
@@ -90,10 +103,19 @@ def read_task(task: ReadTask) -> Iterator[pa.Table]:
 
     Raises:
         PartMissing: GC removed a part (plan the read again).
-        InvalidUsage: since passed the as-of time while the read ran.
+        InvalidUsage: ``task`` is not a ``ReadTask`` (a ``PartHandle`` is read with
+            :func:`read_part`; bytes are decoded with ``ReadTask.from_bytes`` first); since
+            passed the as-of time while the read ran.
         SchemaMismatch: the schema changed under a consolidated task's retry.
         Corruption, ExternalError: the bytes are damaged; storage failed.
     """
+    if not isinstance(task, ReadTask):
+        hint = (" (read a PartHandle with read_part)" if isinstance(task, PartHandle) else
+                " (decode it with ReadTask.from_bytes first)"
+                if isinstance(task, (bytes, bytearray, memoryview)) else "")
+        raise InvalidUsage(f"read_task takes a persist.distributed.ReadTask (Scan.tasks, "
+                           f"ReadTask.from_bytes), not {type(task).__name__}{hint}")
+
     def fresh() -> State:
         return Machine(read_half(task.address)).load()
 

@@ -124,15 +124,20 @@ class Client:
     ) -> tuple[WriteHandle, ReadHandle]:
         """Registers collection ``name`` with its types (or loads it, checking them).
 
-        ``key_type``/``value_type`` are pyarrow types (string, binary, int64, float64, ...) or
-        a msgspec-encodable Python type such as a ``msgspec.Struct`` subclass (stored as msgpack).
+        ``key_type``/``value_type`` are pyarrow types (string, binary, int64, float64, a
+        struct, ...), a ``msgspec.Struct`` subclass whose fields map to Arrow (stored as that
+        struct, read back as instances), or ``persist.msgpack(T)`` (opaque msgpack of class
+        ``T``, by choice). A Struct opens a collection of the same structure whatever its
+        class is named; the handles write and decode with the class given here.
 
         An evolved collection (:meth:`evolve_schema`) opens with the types of any of its schema
         versions: the handles then read and write as that version (``schema_version``), every
         part migrated to it (see :mod:`persist.indexed.format.evolve`).
 
         Raises:
-            SchemaMismatch: it exists with other types (none of its schema versions').
+            SchemaMismatch: a type persist cannot store (naming the field and the fix), or it
+                exists with other types (none of its schema versions': naming the fields that
+                differ).
             UnknownCollection: on a replica, when the writer has not created it.
         """
         if not isinstance(name, str) or not name:

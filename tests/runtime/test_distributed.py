@@ -129,7 +129,7 @@ def test_parts_are_handles_read_anywhere_with_filters_and_columns(tmp_path: Path
     assert t.column_names == ["key", "diff"]
     with pytest.raises(InvalidUsage, match="unknown columns"):
         distributed.read_part(handles[0], columns=["nope"])
-    with pytest.raises(InvalidUsage, match="not an encoded persist part handle"):
+    with pytest.raises(persist.Corruption, match="truncated"):
         distributed.PartHandle.from_bytes(b"\x01junk")
 
 

@@ -105,7 +105,7 @@ class Point(msgspec.Struct, frozen=True):
 
 
 class Tagged(msgspec.Struct, frozen=True):
-    tags: dict[str, int]  # a dict field does not map to Arrow: stored as msgpack
+    tags: dict[str, int]  # a dict field does not map to Arrow: stored as msgpack, by choice
 
 
 def test_types_and_exact_arrow_schema(spark: Any, tmp_path: Path) -> None:
@@ -113,7 +113,7 @@ def test_types_and_exact_arrow_schema(spark: Any, tmp_path: Path) -> None:
     with persist.open(url) as client:
         w, _ = client.create_or_load("u", key_type=pa.uint64(), value_type=pa.large_string())
         w.append([((2**63 - 1, "a"), 0, 1), ((7, None), 0, 2)], upper=1).result()
-        w2, _ = client.create_or_load("p", key_type=Tagged, value_type=pa.binary())
+        w2, _ = client.create_or_load("p", key_type=persist.msgpack(Tagged), value_type=pa.binary())
         w2.append([((Tagged({"a": 1}), b"\x00\xff"), 0, 1)], upper=1).result()
         w4, _ = client.create_or_load("s", key_type=Point, value_type=pa.binary())
         w4.append([((Point(1, 2), b"\x00"), 0, 1)], upper=1).result()

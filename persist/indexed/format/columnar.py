@@ -17,6 +17,7 @@ import numbers
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import msgspec
@@ -242,7 +243,7 @@ def rows(table: pa.Table, key: Codec, value: Codec,
         diffs = table.column("diff").to_pylist()
         kv = zip(keys, values, strict=True)
         if time is not None:
-            return [(x, time, d) for x, d in zip(kv, diffs, strict=True)]
+            return list(zip(kv, repeat(time), diffs, strict=False))  # repeat is endless
         return list(zip(kv, table.column("time").to_pylist(), diffs, strict=True))
 
 

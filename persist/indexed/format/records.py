@@ -8,7 +8,7 @@ unit, with or without a zone); list/large_list and struct of these, nested to an
 nullable or non-nullable fields. ``null`` stays a top-level type only. A collection using any
 type outside :data:`V1_TYPES` is format version 2 (see ``meta.required_version``).
 
-**The msgspec mapping** (:func:`struct_type_of`). A ``msgspec.Struct`` class whose fields all map
+**The msgspec mapping** (:func:`struct_type`). A ``msgspec.Struct`` class whose fields all map
 is stored as the matching Arrow struct: ``int`` -> int64, ``float`` -> float64, ``str`` ->
 string, ``bytes`` -> binary, ``bool`` -> bool, ``datetime.date`` -> date32,
 ``datetime.datetime`` -> timestamp[us, UTC] (aware values only: a naive datetime is refused on
@@ -16,8 +16,10 @@ write), ``Annotated[Decimal, persist.decimal(p, s)]`` -> decimal128(p, s),
 ``Annotated[T, persist.arrow(t)]`` -> ``t`` (any allowed Arrow type, e.g. int32 or a naive
 timestamp), ``list[T]`` -> list<T>, ``T | None`` -> a nullable field (every other field is
 non-nullable), a nested Struct -> struct. Field names are the attribute names. Any other field
-type (a dict, a tuple, a bare ``Decimal``, ...) makes the class unmappable: it is stored as
-msgpack, as before.
+type (a dict, a tuple, a bare ``Decimal``, ...) is refused, naming the field and the fix; opaque
+msgpack storage is the explicit opt-in :func:`msgpack` (it was once the silent fallback).
+Types no encoding can store (``complex``, ``object``: :func:`unencodable`) are refused either way.
+Which fields differ between two types, for messages: :func:`differences`.
 
 **Equality** (:func:`frame`): two records are equal iff every field is: null equals null (and
 differs from every value, a null record differs from a record of nulls, a null list from an
