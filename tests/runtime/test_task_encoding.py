@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from persist import Corruption, IncompatibleFormat, InvalidUsage, distributed
+from persist import ChecksumMismatch, Corruption, IncompatibleFormat, InvalidUsage, distributed
+from persist.blob.envelope import MAGIC
 from persist.indexed.format import columnar
 from persist.indexed.read import filter as filters
 from persist.indexed.read.split import KeyRange
@@ -114,6 +115,19 @@ def test_arguments_of_the_wrong_type_are_invalid_usage(url: str) -> None:
     # a task's bytes are not a handle's
     with pytest.raises(Corruption):
         distributed.PartHandle.from_bytes(task.to_bytes())
+
+
+def test_pickle_carries_the_checked_bytes(url: str) -> None:
+    """Spark ships tasks by pickle: damage on the way is caught as it is in to_bytes."""
+    scan = distributed.describe(url, "c").snapshot()
+    for rec in (scan.tasks()[0], scan.parts[0]):
+        pickled = pickle.dumps(rec)
+        assert pickle.loads(pickled) == rec
+        at = pickled.index(MAGIC) + 40
+        damaged = bytearray(pickled)
+        damaged[at] ^= 0x10
+        with pytest.raises(ChecksumMismatch):
+            pickle.loads(bytes(damaged))
 
 
 def test_a_newer_task_is_refused(url: str) -> None:

@@ -15,7 +15,8 @@ metadata, where every later read would fail on it.
 Its bytes (:meth:`StagedPart.to_bytes`, and pickle, which goes through them) sit in the stored
 value's envelope (:func:`persist.blob.envelope.pack`), verified before anything in them is
 decoded: a damaged staged part is a :class:`~persist.errors.Corruption`, never a crash or other
-rows. An inline part's Arrow payload is also validated against the types it is bound to, and
+rows. Every record that travels between processes (a staged part, a read task, a part handle)
+shares that encoding through :class:`Travelling`. An inline part's Arrow payload is also validated against the types it is bound to, and
 against what its metadata says of it, before a commit takes it (:func:`check_inline`).
 """
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlparse
 
 import msgspec
@@ -49,13 +50,68 @@ from persist.indexed.format.write import diff_sums
 
 #: The newest staged-part record this persist decodes (and the one it encodes).
 STAGED_PART_VERSION = 1
-#: What a staged part's envelope is checked as (in place of a storage key).
-_STAGED_KIND = "persist.StagedPart"
 
 _ENC = msgspec.msgpack.Encoder()
+_T = TypeVar("_T", bound="Travelling")
 
 
-class StagedPart(msgspec.Struct, OfPart, frozen=True, kw_only=True):
+class Travelling:
+    """A frozen ``msgspec.Struct`` with a ``version`` that travels between processes as checked
+    bytes: :meth:`to_bytes` is the msgpack record in the envelope of stored values, with
+    :attr:`KIND` in place of the key (so bytes of one kind never verify as another), and
+    :meth:`from_bytes` verifies it before anything in it is decoded. Pickle goes through the same
+    bytes.
+    """
+
+    __slots__ = ()
+    #: What the record's envelope is checked as, e.g. ``persist.StagedPart``.
+    KIND: ClassVar[str]
+    #: The newest version of the record this persist decodes (and the one it encodes).
+    NEWEST: ClassVar[int]
+    #: What to do about a record of a newer version (the end of the message).
+    NEWER: ClassVar[str]
+
+    def to_bytes(self) -> bytes:
+        """The record encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives it
+        back anywhere."""
+        return envelope.pack(self.KIND, _ENC.encode(self))
+
+    @classmethod
+    def from_bytes(cls: type[_T], data: bytes | bytearray | memoryview) -> _T:
+        """The record :meth:`to_bytes` made, its checksum verified before anything in it is
+        decoded.
+
+        Raises:
+            InvalidUsage: ``data`` is not bytes.
+            Corruption: damaged or truncated bytes, bytes of another kind of record, or a
+                record that does not decode.
+            IncompatibleFormat: encoded by a newer persist.
+        """
+        payload = envelope.unpack(cls.KIND, data)
+        version = version_of(cls.KIND, payload)
+        if version > cls.NEWEST:
+            raise IncompatibleFormat(f"a {cls.KIND} of format {version}; this persist reads up "
+                                     f"to {cls.NEWEST}: {cls.NEWER}")
+        try:
+            record: _T = msgspec.msgpack.decode(payload, type=cls)
+        except msgspec.DecodeError as e:
+            raise Corruption(cls.KIND, f"undecodable record: {e}") from None
+        return record
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # NB: pickle (Spark's commit messages and tasks, multiprocessing) carries the
+        # checksummed bytes, so damage on the way is caught as it is for to_bytes. The
+        # reconstructor is a module function: cloudpickle (Spark) pickles a classmethod by
+        # value, with its module's globals, which it cannot.
+        return (_from_bytes, (type(self), self.to_bytes()))
+
+
+def _from_bytes(cls: type[_T], data: bytes) -> _T:
+    """Unpickles a travelling record (see ``Travelling.__reduce__``)."""
+    return cls.from_bytes(data)
+
+
+class StagedPart(Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
     """A part another process encoded and stored for ``collection``, not yet committed: what
     ``persist.distributed.Stager.stage`` returns and ``Client.apply(parts=...)`` (or a
     ``Committer``) commits.
@@ -76,39 +132,9 @@ class StagedPart(msgspec.Struct, OfPart, frozen=True, kw_only=True):
     #: The part itself (stored under ``data/``, or inline), tagged with ``schema.id``.
     part: PartMeta
 
-    def to_bytes(self) -> bytes:
-        """The record encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives it
-        back anywhere."""
-        return envelope.pack(_STAGED_KIND, _ENC.encode(self))
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview) -> StagedPart:
-        """A staged part from :meth:`to_bytes`, its checksum verified before anything in it is
-        decoded.
-
-        Raises:
-            InvalidUsage: ``data`` is not bytes.
-            Corruption: damaged or truncated bytes, or bytes of another kind of record.
-            IncompatibleFormat: encoded by a newer persist.
-        """
-        payload = envelope.unpack(_STAGED_KIND, data)
-        version = version_of(_STAGED_KIND, payload)
-        if version > STAGED_PART_VERSION:
-            raise IncompatibleFormat(
-                f"a staged part of format {version}; this persist reads up to "
-                f"{STAGED_PART_VERSION}: stage and commit with the same persist version")
-        try:
-            staged: StagedPart = msgspec.msgpack.decode(payload, type=cls)
-        except msgspec.DecodeError as e:
-            raise Corruption(_STAGED_KIND, f"undecodable staged part: {e}") from None
-        return staged
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NB: pickle (Spark's commit messages, multiprocessing) carries the checksummed bytes,
-        # so damage on the way is caught as it is for to_bytes. The reconstructor is a module
-        # function: cloudpickle (Spark) pickles a classmethod by value, with its module's
-        # globals, which it cannot.
-        return (_staged_part, (self.to_bytes(),))
+    KIND: ClassVar[str] = "persist.StagedPart"
+    NEWEST: ClassVar[int] = STAGED_PART_VERSION
+    NEWER: ClassVar[str] = "stage and commit with the same persist version"
 
     def check(self, name: str, location: str,
               collections: Mapping[str, CollectionMeta]) -> PartMeta:
@@ -151,16 +177,11 @@ class StagedPart(msgspec.Struct, OfPart, frozen=True, kw_only=True):
                 f" and value {_type_name(self.schema.value_type)} (schema version {sid}), but "
                 f"{have}; nothing was committed")
         if evolve.part_version(p) != sid:
-            raise Corruption(_STAGED_KIND, f"part {p.id} is tagged with schema version "
+            raise Corruption(self.KIND, f"part {p.id} is tagged with schema version "
                                            f"{evolve.part_version(p)}, its record says {sid}")
         if p.inline is not None:
             check_inline(p, evolve.Schemas.of(c).part_schema(sid))
         return p
-
-
-def _staged_part(data: bytes) -> StagedPart:
-    """Unpickles a staged part (see ``StagedPart.__reduce__``)."""
-    return StagedPart.from_bytes(data)
 
 
 def check_inline(p: PartMeta, schema: pa.Schema) -> None:
@@ -239,4 +260,5 @@ class Token(msgspec.Struct, frozen=True):
             raise InvalidUsage(f"a token seq must be an int in [0, 2**63), not {self.seq!r}")
 
 
-__all__ = ["STAGED_PART_VERSION", "StagedPart", "Token", "canonical_location", "check_inline"]
+__all__ = ["STAGED_PART_VERSION", "StagedPart", "Token", "Travelling", "canonical_location",
+           "check_inline"]

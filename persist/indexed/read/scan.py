@@ -47,7 +47,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import msgspec
 import numpy as np
@@ -55,17 +55,9 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.blob import envelope
-from persist.errors import (
-    Corruption,
-    IncompatibleFormat,
-    InvalidUsage,
-    PartMissing,
-    PersistError,
-    SchemaMismatch,
-)
+from persist.errors import Corruption, InvalidUsage, PartMissing, PersistError, SchemaMismatch
 from persist.indexed.format import columnar, evolve, stats, transfer
-from persist.indexed.format.meta import CollectionMeta, OfPart, PartMeta, State, version_of
+from persist.indexed.format.meta import CollectionMeta, OfPart, PartMeta, State
 from persist.indexed.read import buckets, split
 from persist.indexed.read.filter import AnyFilter, Bound, Filter, bind
 from persist.indexed.read.parts import PartReader
@@ -136,39 +128,6 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
 #: The newest encoding of a read task and a part handle this persist decodes (and the one it
 #: encodes, :meth:`ReadTask.to_bytes`).
 READ_RECORD_VERSION = 1
-_ENC = msgspec.msgpack.Encoder()
-_R = TypeVar("_R", bound=msgspec.Struct)
-
-
-def _pack(kind: str, record: msgspec.Struct) -> bytes:
-    """``record`` encoded (msgpack) in the checksummed envelope of travelling records
-    (:func:`persist.blob.envelope.pack`), as ``kind``."""
-    return envelope.pack(kind, _ENC.encode(record))
-
-
-def _unpack(kind: str, data: object, cls: type[_R]) -> _R:
-    """The record :func:`_pack` made, its checksum verified before anything in it is decoded.
-
-    Raises:
-        InvalidUsage: ``data`` is not bytes.
-        Corruption: damaged or truncated bytes, bytes of another kind of record, or a record
-            that does not decode.
-        IncompatibleFormat: encoded by a newer persist.
-    """
-    payload = envelope.unpack(kind, data)
-    version = version_of(kind, payload)
-    if version > READ_RECORD_VERSION:
-        raise IncompatibleFormat(
-            f"a {kind} of format {version}; this persist reads up to {READ_RECORD_VERSION}: "
-            f"plan and read with the same persist version")
-    try:
-        return msgspec.msgpack.decode(payload, type=cls)
-    except msgspec.DecodeError as e:
-        raise Corruption(kind, f"undecodable record: {e}") from None
-
-
-_HANDLE = "persist.PartHandle"
-_TASK = "persist.ReadTask"
 
 
 class Address(msgspec.Struct, frozen=True):
@@ -196,12 +155,12 @@ def stripped(c: CollectionMeta) -> CollectionMeta:
                                    unsealed=msgspec.UNSET)
 
 
-class PartHandle(msgspec.Struct, OfPart, frozen=True, kw_only=True):
+class PartHandle(transfer.Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
     """One storage part of a scan, and which of its rows the scan covers (``lo <= time < hi``),
     readable on any machine with :func:`persist.distributed.read_part`.
 
     Serializable: :meth:`to_bytes` / :meth:`from_bytes`, and pickle (which uses them), both
-    checksummed.
+    checksummed (:class:`persist.indexed.format.transfer.Travelling`).
     """
 
     #: The format of this record (refused by a persist that predates it).
@@ -220,37 +179,15 @@ class PartHandle(msgspec.Struct, OfPart, frozen=True, kw_only=True):
         s = self.part.stats
         return None if s is msgspec.UNSET else s
 
-    def to_bytes(self) -> bytes:
-        """The handle encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives
-        it back anywhere."""
-        return _pack(_HANDLE, self)
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview) -> PartHandle:
-        """A handle from :meth:`to_bytes`, its checksum verified before anything in it is
-        decoded.
-
-        Raises:
-            InvalidUsage: ``data`` is not bytes.
-            Corruption: damaged or truncated bytes, or bytes of another kind of record.
-            IncompatibleFormat: encoded by a newer persist.
-        """
-        return _unpack(_HANDLE, data, cls)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NB: pickle carries the checksummed bytes (see StagedPart.__reduce__)
-        return (_handle_from_bytes, (self.to_bytes(),))
-
-
-def _handle_from_bytes(data: bytes) -> PartHandle:
-    """Unpickles a part handle (see ``PartHandle.__reduce__``)."""
-    return PartHandle.from_bytes(data)
+    KIND: ClassVar[str] = "persist.PartHandle"
+    NEWEST: ClassVar[int] = READ_RECORD_VERSION
+    NEWER: ClassVar[str] = "plan and read with the same persist version"
 
 
 TaskKind = Literal["snapshot", "consolidated", "changes"]
 
 
-class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
+class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     """One task of a scan (:meth:`Scan.tasks`), read on any machine with
     :func:`persist.distributed.read_task`.
 
@@ -265,7 +202,7 @@ class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
     parts the planner's pruning skipped, each re-read and checked (``audited``).
 
     Serializable: :meth:`to_bytes` / :meth:`from_bytes`, and pickle (which uses them), both
-    checksummed.
+    checksummed (:class:`persist.indexed.format.transfer.Travelling`).
     """
 
     #: The format of this record (refused by a persist that predates it).
@@ -312,31 +249,9 @@ class ReadTask(msgspec.Struct, frozen=True, kw_only=True):
         """The schema of every table the task yields (``key, value, time, diff``)."""
         return self.view.schema
 
-    def to_bytes(self) -> bytes:
-        """The task encoded (msgpack) in a checksummed envelope: :meth:`from_bytes` gives it
-        back anywhere."""
-        return _pack(_TASK, self)
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview) -> ReadTask:
-        """A task from :meth:`to_bytes`, its checksum verified before anything in it is
-        decoded.
-
-        Raises:
-            InvalidUsage: ``data`` is not bytes.
-            Corruption: damaged or truncated bytes, or bytes of another kind of record.
-            IncompatibleFormat: encoded by a newer persist.
-        """
-        return _unpack(_TASK, data, cls)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # NB: pickle carries the checksummed bytes (see StagedPart.__reduce__)
-        return (_task_from_bytes, (self.to_bytes(),))
-
-
-def _task_from_bytes(data: bytes) -> ReadTask:
-    """Unpickles a read task (see ``ReadTask.__reduce__``)."""
-    return ReadTask.from_bytes(data)
+    KIND: ClassVar[str] = "persist.ReadTask"
+    NEWEST: ClassVar[int] = READ_RECORD_VERSION
+    NEWER: ClassVar[str] = "plan and read with the same persist version"
 
 
 @dataclass(frozen=True)
