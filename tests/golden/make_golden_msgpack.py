@@ -19,10 +19,11 @@ from unittest import mock
 import pyarrow as pa
 
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import records
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_msgpack import NAN_A, NAN_B, Event, Point
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -32,7 +33,7 @@ def main() -> None:
     shutil.rmtree(loc, ignore_errors=True)
     opts = Options(inline_threshold=200, rollup_every=4,
                    compaction=CompactionPolicy(inline_flush_bytes=400))
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("events", pa.string(), Event)
     with mock.patch.object(records, "struct_type_of", return_value=None):  # as persist 0.1

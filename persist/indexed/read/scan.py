@@ -1033,13 +1033,8 @@ class SnapshotRead:
     def to_python(self) -> list[tuple[tuple[Any, Any], int, int]]:
         """:meth:`to_arrow` as ``((key, value), time, diff)`` tuples, keys and values decoded
         to Python objects by the version's codecs (msgpack-coded ones to their class)."""
-        t = self.to_arrow()
         types = evolve.Types.of(self.scan.info.meta, self.scan.schema_version)
-        keys = types.key.decode_values(t.column("key"))
-        values = types.value.decode_values(t.column("value"))
-        as_of = self.as_of
-        return [((k, v), as_of, d) for k, v, d in
-                zip(keys, values, t.column("diff").to_pylist(), strict=True)]
+        return columnar.rows(self.to_arrow(), types.key, types.value, self.as_of)
 
     def batches(self) -> Iterator[pa.Table]:
         """The raw updates part by part (bounded memory), times forwarded to the as-of time,
