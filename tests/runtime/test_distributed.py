@@ -16,6 +16,7 @@ import pytest
 
 import persist
 from persist import InvalidUsage, MissingResource, SchemaMismatch, UnknownCollection, distributed
+from persist.indexed.format.stats import STATS_BYTES
 
 
 def _sums(tables: list[pa.Table]) -> Counter[tuple[Any, Any]]:
@@ -285,7 +286,13 @@ def test_read_holds_and_watch(tmp_path: Path) -> None:
 def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
         tmp_path: Path) -> None:
     url = f"file://{tmp_path}/loc"
-    with persist.open(url, options=persist.Options(batch_rows=1000)) as client:
+    # NB: pins what the test is about, whatever the knob set: three blob parts (a 10,000-row
+    # part is about 29 KB, under the default 64 KiB inline threshold, and an inline part is
+    # never cut) of ten 1,000-row record batches each, whose per-batch row counts the stats
+    # keep (the cut points), left unmerged by compaction.
+    options = persist.Options(batch_rows=1000, inline_threshold=0, background_compaction=False,
+                              stats_bytes=STATS_BYTES)
+    with persist.open(url, options=options) as client:
         w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         for t in range(3):
             keys = list(range(t * 10_000, t * 10_000 + 10_000))
@@ -293,6 +300,7 @@ def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(
                                "diff": [1] * 10_000}), upper=t + 1).result()
         want = _sums([r.snapshot(2).to_arrow()])
     scan = distributed.describe(url, "c").snapshot(2)
+    assert [p.blob_key is not None for p in scan.kept] == [True] * 3  # blobs, not inline
     tasks = scan.tasks(rows_per_task=15_000)
     assert len(tasks) == 2
     assert any(t.slices for t in tasks)  # the middle part is cut between its batches
