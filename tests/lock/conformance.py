@@ -14,6 +14,7 @@ import pytest
 
 from persist.errors import Fenced, LockHeld
 from persist.lock.base import WriterLock, this_process
+from tests.support.patience import PATIENCE
 
 MakeLock = Callable[..., WriterLock]
 
@@ -62,13 +63,15 @@ class LockConformance:
     def test_lapsed_lease_is_taken_over(self, make_lock: MakeLock) -> None:
         lease = make_lock(lease_seconds=0.2).acquire("a")
         taker = make_lock(lease_seconds=0.2)
-        got = taker.acquire("b", timeout=5)
+        got = taker.acquire("b", timeout=PATIENCE)
         assert got.generation == lease.generation + 1
         with pytest.raises(Fenced):
             make_lock(lease_seconds=0.2).heartbeat(lease)
 
     def test_heartbeat_keeps_the_lease(self, make_lock: MakeLock) -> None:
-        holder = make_lock(lease_seconds=0.3)
+        # NB: heartbeats every 0.05 s keep a 1 s lease: a thread starved for 20 beats on a
+        # loaded machine would let it lapse (it did with a 0.3 s lease), so the margin is wide
+        holder = make_lock(lease_seconds=1.0)
         lease = holder.acquire("a")
         stop = threading.Event()
 
@@ -81,7 +84,7 @@ class LockConformance:
         t.start()
         try:
             with pytest.raises(LockHeld):
-                make_lock(lease_seconds=0.3).acquire("b", timeout=1.0)
+                make_lock(lease_seconds=1.0).acquire("b", timeout=2.5)
         finally:
             stop.set()
             t.join()

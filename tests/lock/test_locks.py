@@ -20,6 +20,7 @@ from persist.lock.memory import MemoryLock
 from persist.lock.unreliable import UnreliableLock
 from tests.lock.conformance import LockConformance, MakeLock
 from tests.support.bounded import within
+from tests.support.patience import PATIENCE
 
 
 class TestMemoryLock(LockConformance):
@@ -55,7 +56,7 @@ def _lost_writes() -> UnreliableLock:
 def test_acquire_against_a_failing_store_ends_in_indeterminate_by_its_deadline() -> None:
     lock = _lost_writes()
     start = time.monotonic()
-    err = _within(10, lambda: lock.acquire("a", timeout=0.5))
+    err = _within(PATIENCE, lambda: lock.acquire("a", timeout=0.5))
     assert isinstance(err, Indeterminate), err
     assert "kept failing" in str(err)
     assert time.monotonic() - start < 3
@@ -65,7 +66,7 @@ def test_force_release_against_a_failing_store_ends_by_its_deadline() -> None:
     lock = _lost_writes()
     inner = lock.inner
     inner.acquire("a")
-    err = _within(10, lock.force_release)
+    err = _within(PATIENCE, lock.force_release)
     assert isinstance(err, Indeterminate), err
     rec = inner.current()
     assert rec is not None
@@ -76,7 +77,7 @@ def test_heartbeat_against_a_failing_store_ends_within_a_third_of_the_lease() ->
     lock = _lost_writes()
     lease = lock.inner.acquire("a")
     start = time.monotonic()
-    err = _within(20, lambda: lock.heartbeat(lease))
+    err = _within(PATIENCE, lambda: lock.heartbeat(lease))
     assert isinstance(err, ExternalError), err
     assert time.monotonic() - start < lock.lease_seconds / 3 + 2
 
@@ -133,7 +134,7 @@ def test_a_stuck_legacy_mutex_ends_in_timeout_not_a_hang(tmp_path: Path) -> None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # an older persist stopped inside its critical section
         lock = FileLock(tmp_path, store_timeout=0.5)
-        err = _within(10, lambda: lock.acquire("a"))
+        err = _within(PATIENCE, lambda: lock.acquire("a"))
         assert isinstance(err, Timeout), err
     finally:
         os.close(fd)

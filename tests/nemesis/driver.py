@@ -75,6 +75,7 @@ from tests.nemesis.history import (
     contents_hash,
 )
 from tests.nemesis.validate import FinalCollection, validate
+from tests.support.patience import PATIENCE
 
 log = logging.getLogger("persist.nemesis")
 
@@ -907,7 +908,7 @@ class Nemesis:
                                         table.column("value").to_pylist(), strict=True),
                                     table.column("diff").to_pylist(), strict=True))
                 _, rr = replica.create_or_load(name, key_type=KEY_TYPE, value_type=VALUE_TYPE)
-                again = rr.snapshot(end - 1, timeout=10).to_arrow()
+                again = rr.snapshot(end - 1, timeout=PATIENCE).to_arrow()
                 if not again.equals(table):
                     self.h.note(f"PROBLEM: a fresh replica's final snapshot of {name} differs")
                 final[name] = FinalCollection(since, upper, end - 1, contents)

@@ -20,6 +20,7 @@ from persist.blob.unreliable import Faults, UnreliableBlob
 from persist.errors import Determinate, Fenced, RuntimeShutdown
 from persist.lock.memory import MemoryLock
 from tests.nemesis.driver import open_writer_with
+from tests.support.patience import PATIENCE
 
 prometheus_client = pytest.importorskip("prometheus_client")
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,7 +49,7 @@ def test_runtime_metrics() -> None:
         assert sample("persist_upper", {"writer": rid, "collection": "c"}) == 5
         assert sample("persist_since", {"writer": rid, "collection": "c"}) == 0
         assert sample("persist_parts", {"writer": rid, "collection": "c"}) >= 1
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + PATIENCE
         while sample("persist_lock_heartbeats_total", {"result": "ok"}) <= beats:
             assert time.monotonic() < deadline, "no heartbeat was counted"
             time.sleep(0.05)

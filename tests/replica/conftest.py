@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.patience import PATIENCE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,7 +53,7 @@ class Proc:
         assert self.popen.stderr is not None
         self.stderr = self.popen.stderr.read()
 
-    def wait_for(self, ev: str, timeout: float = 30.0,
+    def wait_for(self, ev: str, timeout: float = PATIENCE,
                  pred: Callable[[dict[str, Any]], bool] = lambda e: True) -> dict[str, Any]:
         """Returns the first event ``ev`` (matching ``pred``), keeping every event in ``seen``."""
         for e in self.seen:
@@ -87,7 +89,7 @@ class Proc:
         self.popen.stdin.write(line + "\n")
         self.popen.stdin.flush()
 
-    def finish(self, timeout: float = 30.0) -> int:
+    def finish(self, timeout: float = PATIENCE) -> int:
         rc = self.popen.wait(timeout)
         time.sleep(0.05)
         self.drain()

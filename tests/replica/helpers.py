@@ -13,9 +13,11 @@ import pyarrow as pa
 import persist
 from tests.replica.conftest import Proc
 from tests.replica.workers import NAME, key, updates_at
+from tests.support.patience import PATIENCE
 
 
-def eventually(pred: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+def eventually(pred: Callable[[], bool], timeout: float = PATIENCE,
+               what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         if time.monotonic() > deadline:
@@ -34,7 +36,8 @@ def append_times(w: Any, lo: int, hi: int, churn: int = 0) -> None:
         w.append(updates_at(t, churn), upper=t + 1).result()
 
 
-def listened_rows(listener: persist.Listener, until: int, timeout: float = 10.0) -> list[Any]:
+def listened_rows(listener: persist.Listener, until: int, timeout: float = PATIENCE
+                  ) -> list[Any]:
     """Collects (key, time, diff) from ``listener`` until its frontier reaches ``until``.
 
     Checks the listen contract on the way: progress only advances, and every batch lies in

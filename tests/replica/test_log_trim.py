@@ -115,7 +115,7 @@ def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
     follower = Follower(replica, min_poll=0.01, max_poll=0.05, verify_interval=(0.2, 0.5, 0.5))
     try:
         _commit_and_trim(ix, 10)
-        eventually(lambda: follower.published.state == ix.state, timeout=5,
+        eventually(lambda: follower.published.state == ix.state,
                    what="the follower reloading past the trimmed log")
         assert follower.verifies >= 1
     finally:

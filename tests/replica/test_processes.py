@@ -18,6 +18,7 @@ from tests.replica.helpers import acks as _acks
 from tests.replica.helpers import check_listened as _check_listened
 from tests.replica.helpers import check_snapshots as _check_snapshots
 from tests.replica.helpers import file_tree
+from tests.support.patience import PATIENCE
 
 Spawn = Callable[..., Proc]
 
@@ -29,7 +30,7 @@ def test_writer_and_two_replicas_listen_to_every_update_once(loc: str, spawn: Sp
     writer.wait_for("ack", pred=lambda e: e["t"] >= 5)
     pushed = spawn("listener", "--url", loc, "--until", str(until), "--notify")
     polling = spawn("listener", "--url", loc, "--until", str(until))
-    results = [p.wait_for("done", timeout=60) for p in (pushed, polling)]
+    results = [p.wait_for("done") for p in (pushed, polling)]
     writer.wait_for("stopped")
     acked = _acks(writer)
     assert acked == set(range(until))
@@ -50,21 +51,21 @@ def test_blue_green_handover_under_continuous_reads_and_writes(
                 for extra in (["--notify"], [])]
     for p in replicas:
         p.wait_for("ready")
-    blue.wait_for("ack", timeout=60, pred=lambda e: e["t"] >= 100)
+    blue.wait_for("ack", pred=lambda e: e["t"] >= 100)
     if handover == "kill-restart":
         blue.kill()  # a crash: whatever blue acknowledged must survive
     green = spawn("writer", "--url", loc, "--rid", green_rid, "--count", "150",
-                  "--interval", "0.002", "--notify", "--lock-timeout", "30")
+                  "--interval", "0.002", "--notify", "--lock-timeout", str(PATIENCE))
     if handover == "other-id":
         green.wait_for("opening")
         blue.send("stop")  # the procedure: green waits for the lock, blue stops and releases it
-    opened = green.wait_for("open", timeout=60)
+    opened = green.wait_for("open")
     if handover == "same-id":
-        fenced = blue.wait_for("fenced", timeout=30)  # blue's next commit lost to green's fence
+        fenced = blue.wait_for("fenced")  # blue's next commit lost to green's fence
         assert fenced["error"] in ("Fenced", "RuntimeShutdown")
     elif handover == "other-id":
-        blue.wait_for("stopped", timeout=30)
-    until = green.wait_for("done", timeout=60)["upper"]
+        blue.wait_for("stopped")
+    until = green.wait_for("done")["upper"]
     acked_blue, acked_green = _acks(blue), _acks(green)
     assert acked_green == set(range(opened["upper"], until))
     assert max(acked_blue) < opened["upper"], "green started below what blue acknowledged"
@@ -72,7 +73,7 @@ def test_blue_green_handover_under_continuous_reads_and_writes(
     for p in replicas:
         p.send(f"until {until}")
     for p in replicas:
-        done = p.wait_for("done", timeout=60)
+        done = p.wait_for("done")
         _check_listened(done, until, acked)
         _check_snapshots(done["snapshots"])
 
@@ -83,20 +84,24 @@ def test_replica_reads_while_the_writer_compacts_and_gcs_aggressively(
     until, churn = 400, 10
     # a polling replica (default options: it assumes 300 s of grace where the writer gives 0)
     # lags the writer and keeps reading parts GC just deleted; a pushed one listens.
-    # NB: both start first and wait for the collection: they read as of 0, which the writer
-    # compacts away from t = 250 on, and a replica started after the writer lost that race
-    # under load (a loaded CI run: the listener's first snapshot came at t = 264).
+    # NB: both read as of 0 first, which the writer compacts away from t = 258 on. Started
+    # beside the writer, a replica lost that race under load (the listener's first snapshot
+    # came at t = 264; on a machine at load 4-13 a reader read as of 0 after since passed
+    # 150): so the writer seals time 0 and waits, and goes on only once both have read it.
+    writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until), "--aggressive",
+                   "--churn", str(churn), "--since-lag", "250", "--interval", "0.003",
+                   "--notify", "--pause-at", "1")
+    writer.wait_for("paused")
     polling = spawn("reader", "--url", loc, "--until", str(until), "--churn", str(churn))
     pushed = spawn("listener", "--url", loc, "--until", str(until), "--churn", str(churn),
                    "--snapshots", "--notify")
-    writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until), "--aggressive",
-                   "--churn", str(churn), "--since-lag", "250", "--interval", "0.003",
-                   "--notify")
-    pushed.wait_for("ready", timeout=60)
-    writer.wait_for("stopped", timeout=60)
+    polling.wait_for("ready")
+    pushed.wait_for("ready")
+    writer.send("go")
+    writer.wait_for("stopped")
     # consolidated reads never fail because GC removed a blob, and never return wrong data
-    _check_snapshots(polling.wait_for("done", timeout=60)["snapshots"])
-    done = pushed.wait_for("done", timeout=60)
+    _check_snapshots(polling.wait_for("done")["snapshots"])
+    done = pushed.wait_for("done")
     _check_snapshots(done["snapshots"])
     _check_listened(done, until, _acks(writer), churn=churn)
     # GC did run: the data blobs now on disk are far fewer than the parts ever written

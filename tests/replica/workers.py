@@ -25,6 +25,7 @@ import pyarrow as pa
 import persist
 from persist.indexed.engine import Options
 from tests import knobs
+from tests.support.patience import PATIENCE
 
 NAME = "events"
 
@@ -66,7 +67,7 @@ def open_events(url: str, **kw: Any) -> tuple[persist.Client, Any, Any]:
     client = persist.open(url, storage_options=STORAGE_OPTIONS, **kw)
     try:
         if client.read_only:
-            deadline = time.monotonic() + 20
+            deadline = time.monotonic() + PATIENCE
             while NAME not in client.collections:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the writer never created the collection")
@@ -80,13 +81,16 @@ def open_events(url: str, **kw: Any) -> tuple[persist.Client, Any, Any]:
 
 
 def writer(a: argparse.Namespace) -> None:
-    stop = threading.Event()
+    stop, go = threading.Event(), threading.Event()
 
     def watch_stdin() -> None:
         for line in sys.stdin:
-            if line.strip() == "stop":
+            if line.strip() == "go":
+                go.set()
+            elif line.strip() == "stop":
                 break
         stop.set()
+        go.set()
 
     threading.Thread(target=watch_stdin, daemon=True).start()
     options = aggressive_options() if a.aggressive else None
@@ -98,6 +102,13 @@ def writer(a: argparse.Namespace) -> None:
     try:
         stop_at = a.until if a.count is None else t + a.count
         while not stop.is_set() and (stop_at is None or t < stop_at):
+            if t == a.pause_at:
+                # NB: an event, not a sleep: the test starts its readers, waits until they
+                # have read what they need, then says go (or stop)
+                emit(ev="paused", t=t)
+                go.wait()
+                if stop.is_set():
+                    break
             try:
                 w.append(updates_at(t, a.churn), upper=t + 1).result()
             except (persist.Fenced, persist.RuntimeShutdown) as e:
@@ -175,7 +186,7 @@ def listener(a: argparse.Namespace) -> None:
     reads = threading.Thread(
         target=lambda: checked.update(check_snapshots(r, until, a.churn, deadline)))
     try:
-        snap = r.snapshot(0, timeout=30)
+        snap = r.snapshot(0, timeout=PATIENCE)
         # NB: a snapshot at 0 holds time 0 exactly; listen(0) then has every later time.
         rows = [[k, t, d] for (k, _v), t, d in snap.to_python()]
         listen = r.listen(0, poll=0.5)
@@ -207,7 +218,8 @@ def reader(a: argparse.Namespace) -> None:
     """Only the snapshot checks, until ``--until``."""
     client, _, r = open_events(a.url, read_only=True, missing_ok=True, notify=a.notify)
     try:
-        r.snapshot(0, timeout=30)
+        r.snapshot(0, timeout=PATIENCE)
+        emit(ev="ready")
         checked = check_snapshots(r, Until(a.until), a.churn, time.monotonic() + a.timeout)
         emit(ev="done", snapshots=checked, stats=client.stats)
     finally:
@@ -254,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rid")
     p.add_argument("--until", type=int)
     p.add_argument("--count", type=int)
+    p.add_argument("--pause-at", type=int,
+                   help="before appending this time, report 'paused' and wait for 'go' on stdin")
     p.add_argument("--interval", type=float, default=0.0)
     p.add_argument("--lock-timeout", type=float, default=0.0)
     p.add_argument("--notify", action="store_true")
@@ -262,7 +276,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--since-lag", type=int, default=0)
     p.add_argument("--snapshots", action="store_true")
     p.add_argument("--storage-options", type=json.loads)
-    p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--timeout", type=float, default=PATIENCE)
     a = p.parse_args(argv)
     global STORAGE_OPTIONS
     STORAGE_OPTIONS = a.storage_options

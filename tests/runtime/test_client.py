@@ -23,6 +23,7 @@ from persist.errors import (
     UnknownCollection,
 )
 from persist.indexed.maintenance.compact import CompactionPolicy
+from tests.support.patience import PATIENCE
 
 
 def url() -> str:
@@ -155,7 +156,7 @@ def test_snapshot_waits_for_the_seal() -> None:
         w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         w.write([((1, 1), 4, 1)])
         threading.Timer(0.05, lambda: w.seal(5)).start()
-        assert r.snapshot(4, timeout=5).to_python() == [((1, 1), 4, 1)]
+        assert r.snapshot(4, timeout=PATIENCE).to_python() == [((1, 1), 4, 1)]
 
 
 def test_listen_delivers_every_update_once_in_seal_order() -> None:
@@ -274,7 +275,7 @@ def test_second_writer_is_refused_and_same_id_takes_over(tmp_path: Path) -> None
     blue2 = persist.open(tmp_path, reentrance_id="blue")
     w2, r2 = blue2.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
     with pytest.raises((Fenced, RuntimeShutdown)):
-        wb.append([((2, 2), 1, 1)], 2).result(timeout=5)
+        wb.append([((2, 2), 1, 1)], 2).result(timeout=PATIENCE)
     w2.append([((3, 3), 1, 1)], 2).result()
     assert r2.snapshot(1).to_python() == [((1, 1), 1, 1), ((3, 3), 1, 1)]
     blue.stop()

@@ -24,29 +24,30 @@ from persist.location import resolve
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
 from tests.support.engine import Engine
+from tests.support.patience import PATIENCE
 
 
 class StallingBlob(FileBlob):
-    """Stalls after storing a data blob while ``armed``: a writer paused between writing a
-    part and committing it (GC pause, swapped out, a slow disk)."""
+    """Stalls after storing a data blob while ``armed``, until ``resume`` is set: a writer
+    paused between writing a part and committing it (GC pause, swapped out, a slow disk)."""
 
-    def __init__(self, root: Path, stall: float) -> None:
+    def __init__(self, root: Path) -> None:
         super().__init__(root)
-        self.stall = stall
         self.armed = threading.Event()
         self.stored = threading.Event()
+        self.resume = threading.Event()
 
     def _set(self, key: str, data: bytes | Framed) -> None:
         super()._set(key, data)
         if key.startswith(layout.DATA_PREFIX) and self.armed.is_set():
             self.stored.set()
-            time.sleep(self.stall)
+            self.resume.wait(PATIENCE)
 
 
 class SlowCommitBlob(FileBlob):
     """Commits (log entries) take ``stall`` seconds to land."""
 
-    def __init__(self, root: Path, stall: float) -> None:
+    def __init__(self, root: Path, stall: float = 0.0) -> None:
         super().__init__(root)
         self.stall = stall
 
@@ -104,9 +105,11 @@ def test_a_live_leaked_blob_sweep_cannot_delete_what_a_writer_commits(tmp_path: 
     """The writer stalls after storing a part for longer than the sweep's grace; the sweep
     deletes the part; the writer must not then commit a reference to it."""
     loc = tmp_path / "loc"
-    blob = StallingBlob(loc, stall=1.5)
+    blob = StallingBlob(loc)
+    # NB: a deadline the unstalled appends meet on a loaded machine
+    deadline = 2.0
     ix = Engine.open(blob, epoch=1, writer="w",
-                 options=Options(inline_threshold=0, commit_deadline_seconds=0.3))
+                 options=Options(inline_threshold=0, commit_deadline_seconds=deadline))
     ix.fence()
     client = Client(str(loc), ix, runtime=Runtime(ix, lock=None, lease=None, maintenance=False))
     try:
@@ -114,14 +117,16 @@ def test_a_live_leaked_blob_sweep_cannot_delete_what_a_writer_commits(tmp_path: 
         w.append(rows(10, 0), 1).result()
         blob.armed.set()
         stalled = w.append(rows(10, 1), 2)
-        assert blob.stored.wait(10)
+        assert blob.stored.wait(PATIENCE)
+        time.sleep(deadline)  # the stalled commit's deadline passes (time passing is the point)
         sweep = resolve(str(loc))
         report = verify(sweep.read_half(), url=sweep.url)
         assert len(report.leaked) == 1  # the stalled writer's part, not yet committed
         assert delete_leaked(sweep.blob, report.leaked, 0.6, lambda _: None) == report.leaked
-        with pytest.raises(CommitDeadline, match="commit deadline"):
-            stalled.result(10)
         blob.armed.clear()
+        blob.resume.set()
+        with pytest.raises(CommitDeadline, match="commit deadline"):
+            stalled.result(PATIENCE)
         w.append(rows(10, 2), 3).result()
         assert verify(sweep.read_half(), url=sweep.url).problems == []
         assert len(r.snapshot(2).to_python()) == 10  # the first and third appends
@@ -133,11 +138,14 @@ def test_a_commit_landing_past_the_deadline_is_logged(tmp_path: Path,
                                                        caplog: pytest.LogCaptureFixture) -> None:
     """The deadline is checked before sending; a commit slower than the sweep's margin (grace
     minus deadline) is the one case it cannot prevent, so it is at least reported."""
-    blob = SlowCommitBlob(tmp_path / "loc", stall=0.3)
+    # NB: the write's data blob must be ready within the deadline (checked before sending),
+    # which a loaded machine does in far less than 1 s; only its commit is slowed past it.
+    blob = SlowCommitBlob(tmp_path / "loc")
     ix = Engine.open(blob, epoch=1, writer="w",
-                 options=Options(inline_threshold=0, commit_deadline_seconds=0.1))
+                 options=Options(inline_threshold=0, commit_deadline_seconds=1.0))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
+    blob.stall = 1.2
     with caplog.at_level("WARNING", logger="persist.indexed"):
         ix.write({"c": rows(10, 0)})
     assert "past the commit deadline" in caplog.text
@@ -152,17 +160,19 @@ def test_a_merge_is_admitted_to_a_group_only_with_half_its_deadline_left() -> No
     from persist.runtime import commands as cmd
 
     blob = MemoryBlob(uuid.uuid4().hex)
-    ix = Engine.open(blob, epoch=1, writer="w", options=Options(commit_deadline_seconds=1.0))
+    # NB: a long deadline, so that "half of it left" does not depend on how fast the runtime
+    # takes the commands on a loaded machine (the fresh merge has 4.9 s to be staged)
+    ix = Engine.open(blob, epoch=1, writer="w", options=Options(commit_deadline_seconds=10.0))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     runtime = Runtime(ix, lock=None, lease=None, maintenance=False)
     try:
-        late = runtime.submit(cmd.Maintenance((), written_at=time.monotonic() - 0.6))
+        late = runtime.submit(cmd.Maintenance((), written_at=time.monotonic() - 6.0))
         write = runtime.submit(cmd.Apply(writes=(("c", rows(3, 0)),)))
         with pytest.raises(CommitDeadline):
-            late.result(10)
-        write.result(10)
+            late.result(PATIENCE)
+        write.result(PATIENCE)
         fresh = runtime.submit(cmd.Maintenance((), written_at=time.monotonic() - 0.1))
-        fresh.result(10)
+        fresh.result(PATIENCE)
     finally:
         runtime.stop()

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pytest
 
 import persist
+from tests.support.patience import PATIENCE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +61,7 @@ def _run_round(
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     if from_ready:
-        ready.wait(timeout=60)
+        ready.wait(timeout=PATIENCE)
     time.sleep(delay)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)

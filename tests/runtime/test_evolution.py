@@ -15,6 +15,7 @@ import pytest
 
 import persist
 from persist.errors import InvalidUsage, ReadOnly, SchemaMismatch, UnknownCollection
+from tests.support.patience import PATIENCE
 
 
 def url() -> str:
@@ -142,7 +143,7 @@ def test_replicas_follow_evolutions(tmp_path: Path) -> None:
             client.evolve_schema("c", value_type=V1).result()
             w1, _ = client.create_or_load("c", key_type=pa.int64(), value_type=V1)
             w1.append([((2, {"id": 2, "tag": "t", "name": None}), 1, 1)], upper=2).result()
-            blue.wait_for_upper(1, timeout=10)
+            blue.wait_for_upper(1, timeout=PATIENCE)
             # a handle opened before keeps reading as its version
             assert rows(blue, 1) == [(1, {"id": 1, "name": "x"}, 1),
                                      (2, {"id": 2, "name": None}, 1)]

@@ -31,6 +31,7 @@ from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state.machine import Machine
 from persist.location import resolve
+from tests.support.patience import PATIENCE
 
 KV = {"key_type": pa.int64(), "value_type": pa.int64()}
 
@@ -191,7 +192,9 @@ def test_maintenance_reclaims_leaked_blobs_after_their_grace(tmp_path: Path) -> 
     maintenance once it stayed unreferenced for the grace, never before; referenced parts and
     parts staged for a later apply are never touched."""
     loc = tmp_path / "loc"
-    opts = Options(inline_threshold=0, commit_deadline_seconds=0.2, leak_grace_seconds=0.6)
+    # NB: a deadline a loaded machine's append meets (it took 0.2 s before, and an append
+    # can take longer than that at load 13); the grace is the least it allows, twice that
+    opts = Options(inline_threshold=0, commit_deadline_seconds=1.0, leak_grace_seconds=2.0)
     blob = FileBlob(loc)
     with persist.open(loc, reentrance_id="a", options=opts) as client:
         w, r = client.create_or_load("c", **KV)
@@ -204,13 +207,16 @@ def test_maintenance_reclaims_leaked_blobs_after_their_grace(tmp_path: Path) -> 
         blob.set(leaked, b"an abandoned part")
         blob.set(staged, b"a part a Spark task staged")
         # NB: sweeps run at most twice per grace, from the background thread or an explicit
-        # maintain(); the blob must go between one and two graces after it appeared.
-        while blob.get(leaked) is not None and time.monotonic() - planted < 10:
+        # maintain(); the blob must not go before a grace passed since it appeared. (That it
+        # goes within about two graces is a matter of speed, which a loaded machine does not
+        # give; the sweeper's own tests check it with their clock, tests/runtime/
+        # test_staging_lease.py.)
+        while blob.get(leaked) is not None and time.monotonic() - planted < PATIENCE:
             client.maintain()
             time.sleep(0.02)
         gone = time.monotonic() - planted
         assert blob.get(leaked) is None
-        assert 0.6 <= gone < 3.0
+        assert gone >= 2.0
         assert blob.get(staged) is not None
         assert r.snapshot(0).to_python() == [((1, 1), 0, 1)]  # referenced parts untouched
         assert _sample("persist_leaked_blobs_reclaimed_total") == before + 1

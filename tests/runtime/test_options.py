@@ -4,7 +4,6 @@ commits one command at a time, background compaction off really leaves parts alo
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +17,7 @@ from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import MAX_INLINE_THRESHOLD
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.knobs import KNOB_SETS
+from tests.support.patience import eventually
 
 
 @pytest.fixture
@@ -107,23 +107,36 @@ def test_set_options_refusals(url: str) -> None:
             replica.set_options(Options())
 
 
-def test_background_compaction_off_leaves_parts_until_maintain(url: str) -> None:
+def test_background_compaction_off_leaves_parts_until_maintain(
+        url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = CompactionPolicy(fanin=2, inline_flush_bytes=1 << 30)
     client, w, r = _open(url, background_compaction=False, compaction=policy)
     with client:
+        # NB: counts the background thread's rounds, so the test waits for rounds that ran
+        # (an event), not for a time in which some rounds may run on an idle machine
+        runtime = client._runtime
+        assert runtime is not None
+        rounds: list[bool] = []
+        original = runtime.maintain_once
+
+        def counted(*, background: bool = False) -> bool:
+            did = original(background=background)
+            if background:
+                rounds.append(did)
+            return did
+
+        monkeypatch.setattr(runtime, "maintain_once", counted)
         for t in range(8):
             w.append([((f"k{t}", t), t, 1)], upper=t + 1).result()
-        time.sleep(0.3)  # several maintenance rounds
+        after = len(rounds)
+        eventually(lambda: len(rounds) >= after + 2, "two background rounds after the appends")
         assert len(r._meta().parts) == 8
         assert client.maintain()  # an explicit round compacts
         assert len(r._meta().parts) < 8
         for t in range(8, 16):
             w.append([((f"k{t}", t), t, 1)], upper=t + 1).result()
         client.set_options(Options(background_compaction=True, compaction=policy)).result()
-        deadline = time.monotonic() + 10
-        while len(r._meta().parts) > 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert len(r._meta().parts) <= 2
+        eventually(lambda: len(r._meta().parts) <= 2, "background compaction")
         assert len(r.snapshot(15).to_python()) == 16
 
 

@@ -12,6 +12,7 @@ from persist.blob.s3 import S3Blob
 from persist.errors import Fenced
 from persist.location import resolve
 from tests.support.engine import Engine
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.s3
 
@@ -57,7 +58,7 @@ def test_paused_writer_is_fenced_by_the_commit_cas(aws_options: dict[str, Any], 
 
     # "old" pauses past its lease; "new" takes the lock and fences the log.
     new_loc = resolve(f"s3://{bucket}/f", storage_options=options, lease_seconds=0.1)
-    new_lease = new_loc.lock().acquire("new", timeout=5)
+    new_lease = new_loc.lock().acquire("new", timeout=PATIENCE)
     assert new_lease.generation == old_lease.generation + 1
     new = Engine.open(new_loc.blob, epoch=new_lease.generation, writer="new")
     new.fence()

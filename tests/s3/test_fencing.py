@@ -53,6 +53,7 @@ from persist.blob.s3 import S3Blob
 from persist.indexed.format import meta
 from persist.indexed.format.meta import Commit
 from tests.s3.test_runtime_s3 import CONFIGS, storage_options
+from tests.support.patience import PATIENCE
 
 pytestmark = [pytest.mark.s3, pytest.mark.crash]
 
@@ -222,9 +223,9 @@ def _trial(k: int, child: Child, late: bool, aws_options: dict[str, Any], bucket
                               "tag": f"a{k}", "pipeline": rng.choice((1, 2, 4)),
                               "late_heartbeat": late}))
     events: list[Event] = []
-    opened = child.until(lambda ev: ev["ev"] == "opened", 60, events)
+    opened = child.until(lambda ev: ev["ev"] == "opened", PATIENCE, events)
     acks = rng.randint(1, 6)
-    child.until(lambda ev: ev["ev"] == "ack" and ev["i"] >= acks - 1, 60, events)
+    child.until(lambda ev: ev["ev"] == "ack" and ev["i"] >= acks - 1, PATIENCE, events)
     time.sleep(rng.uniform(0, 0.05))  # pause at a random point of the commit cycle
     child.signal(signal.SIGSTOP)
     b = Outcome()
@@ -247,7 +248,7 @@ def _trial(k: int, child: Child, late: bool, aws_options: dict[str, Any], bucket
             append(j)
         child.signal(signal.SIGCONT)
         append(3)  # racing the resumed writer, undisturbed by it
-        child.until(lambda ev: ev["ev"] == "closed", 60, events)
+        child.until(lambda ev: ev["ev"] == "closed", PATIENCE, events)
         append(4)
     finally:
         if child.stopped:
@@ -444,14 +445,14 @@ def test_contending_writers_never_overlap(aws_options: dict[str, Any], bucket: s
     race = Contenders(children)
     try:
         for child in children:
-            assert child.next(timeout=60)["ev"] == "ready"
+            assert child.next(timeout=PATIENCE)["ev"] == "ready"
         for child in children:
             child.command("go")
         pauses = _nemesis(race, time.monotonic() + RACE_SECONDS, rng)
         for child in children:
             child.command("stop")
         for child in children:
-            assert child.proc.wait(timeout=60) == 0, child.tail()
+            assert child.proc.wait(timeout=PATIENCE) == 0, child.tail()
             child._reader.join(10)
         race.pump()
     finally:

@@ -17,6 +17,7 @@ from persist.blob.dynamo_commit import DECISION_ETAG
 from persist.blob.s3 import S3Blob
 from persist.layout import PENDING_PREFIX
 from tests.s3 import workers
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.s3
 
@@ -36,11 +37,11 @@ def _run(target: Any, args: tuple[Any, ...], rounds: int) -> dict[int, list[tupl
     by_round: dict[int, list[tuple[int, Any]]] = collections.defaultdict(list)
     try:
         for _ in range(PROCS * rounds):
-            r, me, outcome = results.get(timeout=60)
+            r, me, outcome = results.get(timeout=PATIENCE)
             by_round[r].append((me, outcome))
     finally:
         for p in procs:
-            p.join(timeout=30)
+            p.join(timeout=PATIENCE)
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs)

@@ -27,6 +27,7 @@ from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.location import resolve
 from persist.lock.dynamodb import DynamoLock
 from persist.lock.s3 import S3Lock
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.s3
 
@@ -81,7 +82,7 @@ def expected(written: Iterable[Row], as_of: int) -> list[Row]:
     return sorted((kv, as_of, d) for kv, d in acc.items() if d != 0)
 
 
-def drain(listener: persist.Listener, upper: int, timeout: float = 20.0) -> list[Row]:
+def drain(listener: persist.Listener, upper: int, timeout: float = PATIENCE) -> list[Row]:
     """Reads ``listener`` until its progress reaches ``upper``; returns the updates delivered."""
     got: list[Row] = []
     deadline = time.monotonic() + timeout
@@ -129,7 +130,7 @@ def maintain_until_idle(client: persist.Client, rounds: int = 50) -> None:
     pytest.fail("maintenance never ran out of work")
 
 
-def wait_until(pred: Any, timeout: float = 20.0, what: str = "condition") -> None:
+def wait_until(pred: Any, timeout: float = PATIENCE, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -184,7 +185,7 @@ def test_open_s3_end_to_end(aws_options: dict[str, Any], bucket: str, dynamodb_t
             assert r.snapshot(as_of).to_python() == expected(written, as_of)
 
         # The replica follows: its upper advanced, and it reads exactly what the writer reads.
-        assert rr.snapshot(T - 1, timeout=20).to_python() == expected(written, T - 1)
+        assert rr.snapshot(T - 1, timeout=PATIENCE).to_python() == expected(written, T - 1)
         uppers_seen.append(rr.upper)
         assert uppers_seen == sorted(uppers_seen)
         assert uppers_seen[-1] == T
@@ -230,7 +231,7 @@ def test_open_s3_end_to_end(aws_options: dict[str, Any], bucket: str, dynamodb_t
         wlisten.close()
 
         # the replica follows across compaction, GC and the trimmed log
-        assert rr.snapshot(T + 3, timeout=20).to_python() == expected(written, T + 3)
+        assert rr.snapshot(T + 3, timeout=PATIENCE).to_python() == expected(written, T + 3)
         wait_until(lambda: replica.state.seq == writer.state.seq, what="replica to catch up")
         assert rr.since == r.since
         for as_of in range(r.since, r.upper):
@@ -270,21 +271,21 @@ def test_second_writer_refused_same_id_takes_over(
             persist.open(url, reentrance_id="green", storage_options=opts)
         with pytest.raises(LockHeld, match="blue"):
             persist.open(url, reentrance_id="green", storage_options=opts, lock_timeout=0.5)
-        assert time.monotonic() - start < 10
+        assert time.monotonic() - start < 25  # never the holder's 30 s lease
         assert blue.lock_lost is None
 
         # the same reentrance id takes over at once; the old holder is fenced
         blue2 = persist.open(url, reentrance_id="blue", storage_options=opts)
         w2, r2 = blue2.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
         with pytest.raises((Fenced, RuntimeShutdown)) as info:
-            wb.append([(("b", 2), 1, 1)], 2).result(timeout=30)
+            wb.append([(("b", 2), 1, 1)], 2).result(timeout=PATIENCE)
         err = info.value
         assert isinstance(err, Fenced) or isinstance(err.__cause__, Fenced)
         assert isinstance(blue.lock_lost, Fenced)
         assert lost
         assert isinstance(lost[0], Fenced)
         with pytest.raises(RuntimeShutdown):
-            wb.append([(("c", 3), 1, 1)], 2).result(timeout=30)
+            wb.append([(("c", 3), 1, 1)], 2).result(timeout=PATIENCE)
         w2.append([(("d", 4), 1, 1)], 2).result()
         assert r2.snapshot(1).to_python() == [(("a", 1), 1, 1), (("d", 4), 1, 1)]
     finally:

@@ -26,6 +26,7 @@ from operators.options import WriteOptions
 from operators.schema import CollectionTypes, merged_types
 from persist.indexed.format import evolve
 from tests.spark.support import Collected, location
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +65,7 @@ def test_the_source_reads_the_current_schema(spark: Any, tmp_path: Path) -> None
          .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ck"))
          .trigger(processingTime="100 milliseconds").start())
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + PATIENCE
         while sum(t.num_rows for t in sink.tables) < 7 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert sum(t.num_rows for t in sink.tables) == 7
@@ -77,7 +78,7 @@ def test_the_source_reads_the_current_schema(spark: Any, tmp_path: Path) -> None
                      upper=3).result()
         with pytest.raises(Exception, match="evolved to version 2 since this stream started "
                                             "with version 1"):
-            q.awaitTermination(120)
+            q.awaitTermination(PATIENCE)
     finally:
         q.stop()
     # a DataFrame made before an evolution is refused, saying why

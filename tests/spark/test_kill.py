@@ -17,6 +17,7 @@ import pytest
 import persist
 from persist.distributed import TOKENS
 from tests.spark.support import canon, expected_updates, fill, location
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -54,10 +55,10 @@ def test_a_killed_driver_restarts_without_duplicates_or_gaps(spark: Any, tmp_pat
     fill(src, "events", range(30), rows=40)  # 30 sealed times, one 40-row micro-batch each
     first = _driver(src, dst, ckpt)
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + PATIENCE
         while _batches_committed(dst) < 3:
             assert first.poll() is None, f"the driver ended early: {first.communicate()[1][-3000:]}"
-            assert time.monotonic() < deadline, "no micro-batch committed within 180 s"
+            assert time.monotonic() < deadline, f"no micro-batch committed within {PATIENCE} s"
             time.sleep(0.2)
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver, its JVM and its Python workers

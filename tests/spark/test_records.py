@@ -43,6 +43,7 @@ from persist.errors import SchemaMismatch
 from persist.indexed.format.columnar import contents_at, part_schema
 from persist.indexed.read import buckets
 from tests.spark.support import Collected, expected_updates, location
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -253,7 +254,7 @@ def test_record_reads_raw_consolidated_streaming_and_by_field(spark: Any, tmp_pa
     q = (spark.readStream.format("persist").option("collection", "rec").load(url)
          .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
          .trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    q.awaitTermination(PATIENCE)
     assert q.exception() is None
     assert rows_of(pa.concat_tables(sink.tables)) == rows_of(expected_updates(url, "rec", 0, 4))
 

@@ -12,6 +12,7 @@ import pytest
 import persist
 from tests.spark.support import Collected, canon, sums, updates_at
 from tests.support.engine import updates_between
+from tests.support.patience import PATIENCE
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
@@ -42,7 +43,7 @@ def test_batch_stream_and_sink_on_s3(spark: Any, tmp_path: Path, bucket: str,
     q = (opts(spark.readStream.format("persist").option("collection", "events")).load(url)
          .writeStream.foreachBatch(sink).option("checkpointLocation", str(tmp_path / "ckpt"))
          .trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    q.awaitTermination(PATIENCE)
     assert q.exception() is None
     assert canon(sink.all()) == canon(history)
     raw = opts(spark.read.format("persist").option("collection", "events")

@@ -15,6 +15,7 @@ from persist import layout
 from persist.blob.file import FileBlob
 from persist.distributed import TOKENS
 from tests.spark.support import canon, expected_updates, fill, location, updates_at
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -94,7 +95,7 @@ def test_stream_sink_replayed_batch_lands_once(spark: Any, tmp_path: Path) -> No
              .option("maxRowsPerTrigger", 80).load(src)
              .writeStream.format("persist").option("collection", "copy")
              .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start(dst))
-        q.awaitTermination(120)
+        q.awaitTermination(PATIENCE)
         assert q.exception() is None
         return str(q.id)
 

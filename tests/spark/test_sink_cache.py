@@ -17,6 +17,7 @@ from operators.options import WriteOptions
 from operators.sink import PersistStreamWriter, progress, stage
 from persist.distributed import TOKENS, WRITERS
 from tests.spark.support import canon, expected_updates, fill, location, updates_at
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -34,7 +35,7 @@ def run_copy(spark: Any, src: str, dst: str, ckpt: Path, **options: Any) -> str:
     for k, v in options.items():
         w = w.option(k, v)
     q = w.trigger(availableNow=True).start(dst)
-    q.awaitTermination(180)
+    q.awaitTermination(PATIENCE)
     assert q.exception() is None
     return str(q.id)
 

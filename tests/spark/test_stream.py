@@ -20,6 +20,7 @@ from tests.spark.support import (
     location,
     updates_at,
 )
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -35,7 +36,7 @@ def run_available_now(spark: Any, url: str, name: str, ckpt: Path, sink: Collect
                       **options: Any) -> None:
     q = (stream(spark, url, name, **options).writeStream.foreachBatch(sink)
          .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
-    q.awaitTermination(120)
+    q.awaitTermination(PATIENCE)
     if q.exception() is not None:
         raise q.exception()
 
@@ -72,7 +73,7 @@ def test_processing_time_trigger_picks_up_new_seals(spark: Any, tmp_path: Path) 
          .option("checkpointLocation", str(ckpt)).trigger(processingTime="200 milliseconds")
          .start())
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + PATIENCE
         # NB: the query starts asynchronously; "latest" is fixed when its first trigger runs
         while q.lastProgress is None and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -17,6 +17,7 @@ import persist
 from operators import sink as sink_mod
 from operators.sink import PersistBatchWriter, progress, sink_query, stage
 from tests.spark.support import canon, expected_updates, fill, location, sums
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +65,7 @@ def test_options_are_validated_and_missing_locations_named(spark: Any, tmp_path:
 
     def run() -> None:
         query = q.start()
-        query.awaitTermination(60)
+        query.awaitTermination(PATIENCE)
         if query.exception() is not None:
             raise RuntimeError(str(query.exception()))
 
@@ -104,7 +105,7 @@ def test_stream_sink_identity_follows_the_checkpoint(spark: Any, tmp_path: Path)
             w = w.option(k, v)
         q = w.trigger(availableNow=True).start(dst)
         with contextlib.suppress(Exception):
-            q.awaitTermination(120)
+            q.awaitTermination(PATIENCE)
         return q
 
     # the default sink id: a fresh checkpoint is a new sink, its batchIds from 0 land

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.support.patience import PATIENCE
+
 SUPPORT = Path(__file__).resolve().parent
 SPAWNED = ("moto", "ministack", "seaweedfs")
 DEFAULT = ("moto", "ministack")
@@ -141,7 +143,7 @@ def _spawn_printing_port(name: str, script: Path, workdir: Path) -> Iterator[str
         if not line.isdigit():
             raise RuntimeError(f"{name} server did not start: {line!r}\n{log.read_text()}")
         url = f"http://127.0.0.1:{line}"
-        _wait_answers(name, url, proc, log, timeout=30)
+        _wait_answers(name, url, proc, log, timeout=PATIENCE)
         yield url
     finally:
         _stop(proc)
@@ -172,7 +174,7 @@ def _seaweedfs(workdir: Path) -> Iterator[str]:
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port['s3']}"
-        _wait_answers("seaweedfs", url, proc, log, timeout=90)
+        _wait_answers("seaweedfs", url, proc, log, timeout=PATIENCE)
         yield url
     finally:
         _stop(proc, grace=20)
