@@ -23,14 +23,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from operators.datasource import PersistDataSource
+from operators.datasource import PersistDataSource, check_workers
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"
 
 
-def register(spark: Any) -> None:
-    """Registers the ``persist`` format with a SparkSession (once per session)."""
+def register(spark: Any, *, check: bool = True) -> None:
+    """Registers the ``persist`` format with a SparkSession (once per session).
+
+    Spark runs the source and the sink in Python workers it starts itself, with the Python that
+    ``PYSPARK_PYTHON`` names (``python3`` from PATH when unset), not necessarily the one
+    persist is installed in. So ``register`` first checks, with one tiny Spark read (a second
+    or two), that those workers can import persist and its operators: otherwise the first real
+    read fails much later, deep inside a Spark error.
+
+    Args:
+        check: run that check (False skips it, e.g. where every worker is known to be set up).
+
+    Raises:
+        InvalidUsage: Spark's Python workers cannot import persist; the message names
+            ``PYSPARK_PYTHON`` and the worker's own error.
+    """
+    if check:
+        check_workers(spark)
     spark.dataSource.register(PersistDataSource)
 
 

@@ -7,7 +7,13 @@ other.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, cast
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -15,6 +21,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
+    InputPartition,
 )
 from pyspark.sql.types import StructType
 
@@ -23,7 +30,97 @@ from operators.partitions import describe
 from operators.schema import CollectionTypes
 from operators.sink import PersistBatchWriter, PersistStreamWriter
 from operators.source import PersistBatchReader, PersistStreamReader, change_feed_schema
-from persist import InvalidUsage
+from persist import InvalidUsage, PersistError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# -- errors as Spark shows them ---------------------------------------------------------------
+
+#: Read by pyspark's worker when it reports an exception to the JVM: set, it sends the
+#: exception's own line (``persist.errors.InvalidUsage: read of ...``) instead of its traceback
+#: (what ``spark.sql.execution.pyspark.udf.hideTraceback.enabled`` sets for a whole session).
+HIDE_TRACEBACK = "SPARK_HIDE_TRACEBACK"
+#: Set in every Python worker process Spark starts (the secret it connects back with): this
+#: code runs in one, not in a user's own process (a test calling the source directly).
+IN_WORKER = "PYTHON_WORKER_FACTORY_SECRET"
+
+
+def _report_headline() -> None:
+    """Makes the Spark worker running this code report the persist error being raised as its
+    one line, with its type, instead of a traceback of 900-1,500 characters that ends with it.
+
+    NB: only for persist's own errors, whose messages say what was wrong and what to do (a bug
+    keeps its traceback), and only inside a Spark worker: every pyspark worker (planning,
+    tasks, stream offsets, commits) exits once it has reported an exception, so the setting
+    never outlives the error it is for. ``setdefault``: a session's own choice stands.
+    """
+    if IN_WORKER in os.environ:
+        os.environ.setdefault(HIDE_TRACEBACK, "1")
+
+
+def headlined(fn: F) -> F:
+    """``fn``, whose :class:`~persist.errors.PersistError` reaches Spark as its own line
+    (:func:`_report_headline`). Its signature is kept (pyspark inspects ``latestOffset``'s)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except PersistError:
+            _report_headline()
+            raise
+
+    return cast(F, wrapper)
+
+
+def headlined_rows(fn: F) -> F:
+    """:func:`headlined` for a task's ``read``: its errors surface while Spark iterates."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        try:
+            yield from fn(*args, **kwargs)
+        except PersistError:
+            _report_headline()
+            raise
+
+    return cast(F, wrapper)
+
+
+class _BatchReader(PersistBatchReader):
+    """:class:`~operators.source.PersistBatchReader` as handed to Spark (errors headlined)."""
+
+    push_filters = headlined(PersistBatchReader.push_filters)
+    partitions = headlined(PersistBatchReader.partitions)
+    read = headlined_rows(PersistBatchReader.read)
+
+
+class _StreamReader(PersistStreamReader):
+    """:class:`~operators.source.PersistStreamReader` as handed to Spark (errors headlined)."""
+
+    initialOffset = headlined(PersistStreamReader.initialOffset)
+    latestOffset = headlined(PersistStreamReader.latestOffset)
+    prepareForTriggerAvailableNow = headlined(
+        PersistStreamReader.prepareForTriggerAvailableNow)
+    partitions = headlined(PersistStreamReader.partitions)
+    read = headlined_rows(PersistStreamReader.read)
+    commit = headlined(PersistStreamReader.commit)
+
+
+class _BatchWriter(PersistBatchWriter):
+    """:class:`~operators.sink.PersistBatchWriter` as handed to Spark (errors headlined)."""
+
+    write = headlined(PersistBatchWriter.write)
+    commit = headlined(PersistBatchWriter.commit)
+    abort = headlined(PersistBatchWriter.abort)
+
+
+class _StreamWriter(PersistStreamWriter):
+    """:class:`~operators.sink.PersistStreamWriter` as handed to Spark (errors headlined)."""
+
+    write = headlined(PersistStreamWriter.write)
+    commit = headlined(PersistStreamWriter.commit)
+    abort = headlined(PersistStreamWriter.abort)
 
 
 def refuse_catalog_table(options: Any) -> None:
@@ -64,6 +161,7 @@ class PersistDataSource(DataSource):
         """The format name: ``spark.read.format("persist")``."""
         return "persist"
 
+    @headlined
     def schema(self) -> StructType:
         """``key, value, time, diff`` in the collection's types (read from its metadata), and
         ``_change_type`` for a change feed (``readChangeFeed``).
@@ -81,6 +179,7 @@ class PersistDataSource(DataSource):
         schema = CollectionTypes.of(c).spark_schema
         return change_feed_schema(schema) if opts.change_feed else schema
 
+    @headlined
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader as of the ``as_of`` option, else the time :meth:`schema` pinned.
 
@@ -90,9 +189,9 @@ class PersistDataSource(DataSource):
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
-        return PersistBatchReader(ReadOptions.parse(self.options, "read"), schema,
-                                  self.pinned_as_of)
+        return _BatchReader(ReadOptions.parse(self.options, "read"), schema, self.pinned_as_of)
 
+    @headlined
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A micro-batch reader of the collection's updates as its upper advances.
 
@@ -102,8 +201,9 @@ class PersistDataSource(DataSource):
             SchemaMismatch: ``schema`` is not the collection's.
             UnknownCollection: no such collection.
         """
-        return PersistStreamReader(ReadOptions.parse(self.options, "stream"), schema)
+        return _StreamReader(ReadOptions.parse(self.options, "stream"), schema)
 
+    @headlined
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer; creates the collection if it does not exist (taking the lock).
         ``overwrite`` replaces the contents as a diff at one new time (see
@@ -114,13 +214,95 @@ class PersistDataSource(DataSource):
             SchemaMismatch: the DataFrame does not fit the collection.
             LockHeld: creating the collection, the writer lock stayed busy.
         """
-        return PersistBatchWriter(self.options, schema, overwrite)
+        return _BatchWriter(self.options, schema, overwrite)
 
+    @headlined
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """A streaming writer that lands each micro-batch once; creates the collection if it
         does not exist. Raises as :meth:`writer` does, and InvalidUsage for ``overwrite``
         (a stream only appends)."""
-        return PersistStreamWriter(self.options, schema, overwrite)
+        return _StreamWriter(self.options, schema, overwrite)
 
 
-__all__ = ["PersistDataSource"]
+
+# -- can Spark's Python workers run persist? ------------------------------------------------
+
+#: The name the worker check registers its probe source under.
+CHECK_FORMAT = "persist_worker_check"
+
+
+class _WorkerCheckReader(DataSourceReader):
+    def read(self, partition: InputPartition) -> Iterator[tuple[str, str]]:
+        """One row from the executor's Python: its executable and where persist came from."""
+        import persist
+
+        yield sys.executable, str(persist.__file__)
+
+
+class WorkerCheck(DataSource):
+    """A one-row source that only Python workers able to import :mod:`operators` (and so
+    persist) can plan and read: Spark pickles it by reference, so a worker without the package
+    fails to unpickle it, on the driver's planning worker and on an executor alike."""
+
+    @classmethod
+    def name(cls) -> str:
+        return CHECK_FORMAT
+
+    def schema(self) -> str:
+        return "python string, persist string"
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _WorkerCheckReader()
+
+
+def _worker_python(spark: Any) -> str:
+    """How this session chose its workers' Python, for the error message."""
+    conf = None
+    try:
+        conf = spark.conf.get("spark.pyspark.python", None)
+    except Exception:  # NB: a session without that conf may answer in any way
+        conf = None
+    if conf:
+        return f"spark.pyspark.python={conf}"
+    env = os.environ.get("PYSPARK_PYTHON")
+    if env:
+        return f"PYSPARK_PYTHON={env}"
+    found = shutil.which("python3")
+    return f"PYSPARK_PYTHON is not set, so Spark runs `python3` from PATH ({found or 'none found'})"
+
+
+def _worker_error(e: BaseException) -> str:
+    """The worker's own error, from the wrapping Spark exception (its last "X: message" line)."""
+    text = str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[\w.]*(Error|Exception)\b.*:", line) and "SQLSTATE" not in line:
+            return line
+    return lines[0] if lines else type(e).__name__
+
+
+def check_workers(spark: Any) -> None:
+    """Checks that the Python workers Spark starts can import persist and its operators: one
+    tiny read through a probe source, planned by a driver-side worker and read by an executor.
+
+    Raises:
+        InvalidUsage: they cannot (the message names ``PYSPARK_PYTHON``, how this session set
+            it, and the worker's own error), within the seconds a Spark job takes to start.
+    """
+    spark.dataSource.register(WorkerCheck)
+    try:
+        rows = spark.read.format(CHECK_FORMAT).load().collect()
+    except Exception as e:  # NB: whatever Spark wraps the worker's failure in
+        raise InvalidUsage(
+            f"Spark's Python workers cannot run persist: {_worker_error(e)}. Spark starts its "
+            f"workers with PYSPARK_PYTHON, not with this program's Python ({sys.executable}); "
+            f"here {_worker_python(spark)}. Set PYSPARK_PYTHON to a Python where persist is "
+            f"installed before the SparkSession starts (e.g. `export PYSPARK_PYTHON="
+            f"{sys.executable}`; on a cluster, the executors' Python), or install persist "
+            f"there (pip install 'persist[spark]'). See docs/spark.md, 'Python workers'"
+        ) from e
+    if len(rows) != 1:
+        raise InvalidUsage(f"persist's worker check read {len(rows)} rows, not 1: {rows!r}")
+
+
+__all__ = ["CHECK_FORMAT", "PersistDataSource", "WorkerCheck", "check_workers"]

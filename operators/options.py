@@ -171,6 +171,36 @@ def _pushdown(options: Mapping[str, str]) -> Pushdown:
     raise InvalidUsage(f"option filterPushdown={raw!r}: use auto, true or false")
 
 
+#: Seconds since the epoch of 10000-01-01: a larger ``timestampAsOf`` is not seconds (it is
+#: most likely milliseconds), and read as seconds it would silently mean "the newest seal".
+_MAX_EPOCH_SECONDS = 253_402_300_800
+
+
+def _timestamp(options: Mapping[str, str]) -> str | float | None:
+    """``timestampAsOf``: seconds since the epoch when it is a number (``1795693485``,
+    ``1795693485.25``; Spark hands every option over as a string), else the ISO-8601 string
+    as given (checked, with its zone, where it is looked up).
+
+    Raises:
+        InvalidUsage: a number that is not finite or not seconds (beyond the year 9999).
+    """
+    raw = (_get(options, "timestampAsOf") or "").strip()
+    if not raw:
+        return None
+    try:
+        seconds = float(raw)
+    except ValueError:
+        return raw  # not a number: an ISO-8601 timestamp (or an error that says it is not one)
+    if not math.isfinite(seconds):
+        raise InvalidUsage(f"option timestampAsOf={raw!r} is not a time: give ISO-8601 with a "
+                           f"zone or seconds since the epoch")
+    if abs(seconds) >= _MAX_EPOCH_SECONDS:
+        raise InvalidUsage(
+            f"option timestampAsOf={raw!r} is not seconds since the epoch (it would be after "
+            f"the year 9999): milliseconds? Divide by 1000")
+    return seconds
+
+
 def _storage_value(raw: str) -> Any:
     low = raw.strip().lower()
     if low in ("true", "false"):
@@ -240,6 +270,13 @@ class Target:
         return cls(url, storage, name)
 
 
+#: Default ``readHoldLockTimeout``: seconds a stream waits for the writer lock to move its
+#: read hold.
+READ_HOLD_LOCK_TIMEOUT = 10.0
+#: Default ``lockTimeout``: seconds a write waits for the writer lock.
+LOCK_TIMEOUT = 60.0
+
+
 @dataclass(frozen=True)
 class ReadOptions:
     """Options of ``spark.read`` / ``spark.readStream``."""
@@ -266,9 +303,10 @@ class ReadOptions:
     filter_pushdown: Pushdown = "auto"
     #: Batch: re-read the parts that pushed filters pruned, and fail if one holds a match.
     audit_pruning: bool = False
-    #: Batch: read as of the last time sealed at or before this wall-clock time (ISO-8601
-    #: with a zone, or epoch seconds; the collection's history, ``ReadHandle.history``).
-    timestamp_as_of: str | None = None
+    #: Batch: read as of the last time sealed at or before this wall-clock time: ISO-8601
+    #: with a zone (a string) or seconds since the epoch (a number); looked up in the
+    #: collection's history (``ReadHandle.history``).
+    timestamp_as_of: str | float | None = None
     #: Batch: the change feed (``readChangeFeed``): the raw updates with times in
     #: ``[starting_version, ending_version]`` and a ``_change_type`` column.
     change_feed: bool = False
@@ -306,7 +344,7 @@ class ReadOptions:
                 raise InvalidUsage("option startingUpper is empty")
             starting = parsed
         hold = _get(options, "readHold")
-        ts = (_get(options, "timestampAsOf") or "").strip() or None
+        ts = _timestamp(options)
         if ts is not None and (as_of is not None or version is not None):
             raise InvalidUsage("options timestampAsOf and as_of/versionAsOf both say what to "
                                "read as of: give one")
@@ -334,7 +372,8 @@ class ReadOptions:
             max_rows_per_trigger=_int(options, "maxRowsPerTrigger", minimum=1),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             read_hold=hold.strip() if hold and hold.strip() else None,
-            read_hold_lock_timeout=_float(options, "readHoldLockTimeout") or 10.0,
+            read_hold_lock_timeout=(_float(options, "readHoldLockTimeout")
+                                    or READ_HOLD_LOCK_TIMEOUT),
             refresh_interval=_float(options, "refreshInterval"),
             filter_pushdown=_pushdown(options),
             audit_pruning=_bool(options, "auditPruning", audit_default()),
@@ -405,7 +444,7 @@ class WriteOptions:
             upper=_int(options, "upper"),
             sink_id=sink_id.strip() if sink_id and sink_id.strip() else None,
             reentrance_id=rid.strip() if rid and rid.strip() else None,
-            lock_timeout=_float(options, "lockTimeout") or 60.0,
+            lock_timeout=_float(options, "lockTimeout") or LOCK_TIMEOUT,
             merge_schema=_bool(options, "mergeSchema", False),
             # NB: unlike lockTimeout, 0 is meaningful here (no writer kept between commits)
             writer_idle_timeout=WRITER_IDLE_TIMEOUT if idle is None else idle,

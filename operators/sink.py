@@ -177,9 +177,16 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     value lacks struct fields the DataFrame has is evolved first (``Client.evolve_schema``,
     compare-and-set on the version read here): those fields are added, nullable.
 
+    Everything that can be refused from the options and the DataFrame's schema alone is
+    refused here, on the driver, before Spark runs a single task: a DataFrame whose columns do
+    not fit the collection's types, and an ``upper`` option below the collection's upper (the
+    commit would seal backwards). Rows at times below the upper can only be seen by the tasks
+    that read them.
+
     Raises:
         SchemaMismatch: the DataFrame does not fit the collection (or, with mergeSchema, the
             evolution it needs is not allowed, or another evolution came first).
+        InvalidUsage: the ``upper`` option is below the collection's upper.
     """
     target = opts.target
     check_sink_schema(schema, None)
@@ -188,6 +195,11 @@ def prepare(opts: WriteOptions, schema: StructType, rid: str) -> CollectionTypes
     found = find(target)
     if found is not None:
         c = found
+        if opts.upper is not None and opts.upper < c.upper:
+            raise InvalidUsage(
+                f"option upper={opts.upper} is below collection {c.name!r}'s upper {c.upper}: "
+                f"a write seals at or beyond the upper (its rows go at times >= "
+                f"{c.upper}); nothing was written")
     else:
         fields = {f.name: f.dataType for f in schema.fields}
         key = opts.key_type or arrow_type_for(fields["key"], column="key")
