@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: The JAR sets the shared session was started with: None, or why a set is missing.
+SESSION_JARS: dict[str, str | None] = {}
 
 
 @pytest.fixture(scope="session")
@@ -30,9 +32,19 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         mp.setenv("PERSIST_AUDIT_PRUNING", "1")
         import operators
         from tests.spark.support import session_builder
+        from tests.support.jars import JarsUnavailable
 
+        # NB: with the S3A connector (tests/support/jars.py), for the tests of Spark's own
+        # readers on s3a://; without it (no Maven, no network) the other tests still run, and
+        # those fail with the reason (the s3a fixture).
+        try:
+            builder = session_builder("persist-tests", jars=("s3a",))
+            SESSION_JARS["s3a"] = None
+        except JarsUnavailable as e:
+            builder = session_builder("persist-tests")
+            SESSION_JARS["s3a"] = str(e)
         session = (
-            session_builder("persist-tests")
+            builder
             .config("spark.sql.python.filterPushdown.enabled", "true")
             # NB: catalog tests register tables; keep the warehouse out of the checkout
             .config("spark.sql.warehouse.dir", str(tmp_path_factory.mktemp("warehouse")))
@@ -44,3 +56,11 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             yield session
         finally:
             session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3a(spark: Any) -> None:
+    """The shared session reaches ``s3a://`` (else the test fails, saying why not)."""
+    why = SESSION_JARS.get("s3a", "the session was started without the s3a JARs")
+    if why is not None:
+        pytest.fail(f"Spark's S3A connector is not available: {why}")

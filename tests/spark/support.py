@@ -16,14 +16,26 @@ from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.support.engine import updates_between
 
 
-def session_builder(app: str) -> Any:
+def session_builder(app: str, *, jars: tuple[str, ...] = ()) -> Any:
     """A ``SparkSession.Builder`` with the test sessions' settings (../shared/NOTES.md): local[2],
     C1 JIT and serial GC (the JVM starts about twice as fast), no UI, two shuffle partitions,
-    loopback only. Shared by the test session and the driver processes the kill test starts."""
+    loopback only. Shared by the test session and the driver processes the kill test starts.
+
+    ``jars``: sets of :mod:`tests.support.jars` to put on the classpath (``"s3a"``: Spark's own
+    readers reach ``s3a://``), fetched with Maven first if this machine has not yet.
+
+    Raises:
+        tests.support.jars.JarsUnavailable: a set of ``jars`` cannot be fetched here.
+    """
     from pyspark.sql import SparkSession
 
+    from tests.support import jars as jar_sets
+
+    builder = SparkSession.builder
+    if jars:
+        builder = jar_sets.with_jars(builder, *jars)
     return (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName(app)
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
         .config("spark.ui.enabled", "false")
@@ -32,6 +44,25 @@ def session_builder(app: str) -> Any:
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.driver.bindAddress", "127.0.0.1")
     )
+
+
+def s3a_options(connection: dict[str, str]) -> dict[str, str]:
+    """Hadoop S3A settings that reach the S3 server of ``connection`` (a test server's
+    ``storage_options``), as options of one read (``spark.read.options(**...)``; Spark passes a
+    file source's options into the Hadoop configuration of that read) or, prefixed with
+    ``spark.hadoop.``, of a whole session. Path-style access: the test servers serve buckets by
+    path, not by host name."""
+    endpoint = connection["endpoint_url"]
+    return {
+        "fs.s3a.endpoint": endpoint,
+        "fs.s3a.endpoint.region": connection["region_name"],
+        "fs.s3a.path.style.access": "true",
+        "fs.s3a.connection.ssl.enabled": str(endpoint.startswith("https:")).lower(),
+        "fs.s3a.access.key": connection["aws_access_key_id"],
+        "fs.s3a.secret.key": connection["aws_secret_access_key"],
+        "fs.s3a.aws.credentials.provider":
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider",
+    }
 
 
 def location(tmp_path: Path, name: str = "loc") -> str:
