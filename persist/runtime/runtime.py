@@ -442,7 +442,19 @@ class Runtime:
                 self._poisoned = why
         if not first:
             return
-        log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
+        if isinstance(why, Fenced):
+            # NB: a documented, normal flow (README, "Blue/green deployments"): another
+            # process opened the location as this writer, or took the lock after this one's
+            # lease lapsed. Nothing was lost: commits this runtime acknowledged stand, and
+            # later ones raise Fenced. A WARNING, not an ERROR, so a planned switch does not
+            # page anyone.
+            log.warning("persist writer %r stops: another writer took over the location "
+                        "(expected during a blue/green switch, when the new deployment opens "
+                        "it with the same reentrance_id; otherwise a second writer of this "
+                        "location exists). Acknowledged writes stand; writes through this "
+                        "client now raise Fenced. %s", self.ix.writer, why)
+        else:
+            log.error("persist runtime is going fail-stop: %s: %s", type(why).__name__, why)
         metrics.fail_stop(why)
         self.published.close(self._shutdown_error())
         if isinstance(why, Fenced):
