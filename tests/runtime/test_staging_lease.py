@@ -42,8 +42,14 @@ def test_a_lease_lives_until_it_lapses_and_revocation_is_final(tmp_path: Path) -
     assert rec is not None
     assert rec.job == "nightly load"
     assert rec.id == lid
-    assert lease.state(blob, lid, skew_seconds=0.05) is lease.LeaseState.LIVE
-    time.sleep(0.35)
+    # NB: judged at chosen instants of the clock, not after sleeps: a loaded machine took
+    # longer than the 0.2 s lease between taking it and the first check
+    skew_ms = 50
+    for now, want in ((rec.expires_wall_ms - 150, lease.LeaseState.LIVE),
+                      (rec.expires_wall_ms + skew_ms, lease.LeaseState.LIVE),
+                      (rec.expires_wall_ms + skew_ms + 1, lease.LeaseState.LAPSED)):
+        assert lease.state(blob, lid, now_ms=now, skew_seconds=skew_ms / 1000) is want
+    time.sleep(0.35)  # and by the real clock, once its time has passed
     assert lease.state(blob, lid, skew_seconds=0.05) is lease.LeaseState.LAPSED
     lease.renew(blob, lid, ttl_seconds=10)  # a lapsed lease not yet revoked may be renewed
     assert lease.state(blob, lid, skew_seconds=0.05) is lease.LeaseState.LIVE
