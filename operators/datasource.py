@@ -8,6 +8,7 @@ other.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shutil
@@ -33,6 +34,7 @@ from operators.source import PersistBatchReader, PersistStreamReader, change_fee
 from persist import InvalidUsage, PersistError
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # -- errors as Spark shows them ---------------------------------------------------------------
 
@@ -87,40 +89,30 @@ def headlined_rows(fn: F) -> F:
     return cast(F, wrapper)
 
 
-class _BatchReader(PersistBatchReader):
-    """:class:`~operators.source.PersistBatchReader` as handed to Spark (errors headlined)."""
-
-    push_filters = headlined(PersistBatchReader.push_filters)
-    partitions = headlined(PersistBatchReader.partitions)
-    read = headlined_rows(PersistBatchReader.read)
-
-
-class _StreamReader(PersistStreamReader):
-    """:class:`~operators.source.PersistStreamReader` as handed to Spark (errors headlined)."""
-
-    initialOffset = headlined(PersistStreamReader.initialOffset)
-    latestOffset = headlined(PersistStreamReader.latestOffset)
-    prepareForTriggerAvailableNow = headlined(
-        PersistStreamReader.prepareForTriggerAvailableNow)
-    partitions = headlined(PersistStreamReader.partitions)
-    read = headlined_rows(PersistStreamReader.read)
-    commit = headlined(PersistStreamReader.commit)
+def _headlined_class(base: type[T], name: str, methods: tuple[str, ...],
+                     rows: tuple[str, ...] = ()) -> type[T]:
+    """A subclass of ``base`` named ``name`` (a global of this module, so Spark pickles its
+    instances by reference) whose ``methods`` are :func:`headlined` and ``rows`` (a task's
+    ``read``) :func:`headlined_rows`: what the data source hands to Spark."""
+    namespace: dict[str, Any] = {
+        "__module__": __name__, "__qualname__": name,
+        "__doc__": f"{base.__name__} as handed to Spark: its persist errors reach Spark as "
+                   f"their own line.",
+    }
+    namespace.update({m: headlined(getattr(base, m)) for m in methods})
+    namespace.update({m: headlined_rows(getattr(base, m)) for m in rows})
+    return cast("type[T]", type(name, (base,), namespace))
 
 
-class _BatchWriter(PersistBatchWriter):
-    """:class:`~operators.sink.PersistBatchWriter` as handed to Spark (errors headlined)."""
-
-    write = headlined(PersistBatchWriter.write)
-    commit = headlined(PersistBatchWriter.commit)
-    abort = headlined(PersistBatchWriter.abort)
-
-
-class _StreamWriter(PersistStreamWriter):
-    """:class:`~operators.sink.PersistStreamWriter` as handed to Spark (errors headlined)."""
-
-    write = headlined(PersistStreamWriter.write)
-    commit = headlined(PersistStreamWriter.commit)
-    abort = headlined(PersistStreamWriter.abort)
+_BatchReader = _headlined_class(PersistBatchReader, "_BatchReader",
+                                ("push_filters", "partitions"), rows=("read",))
+_StreamReader = _headlined_class(
+    PersistStreamReader, "_StreamReader",
+    ("initialOffset", "latestOffset", "prepareForTriggerAvailableNow", "partitions", "commit"),
+    rows=("read",))
+_BatchWriter = _headlined_class(PersistBatchWriter, "_BatchWriter", ("write", "commit", "abort"))
+_StreamWriter = _headlined_class(PersistStreamWriter, "_StreamWriter",
+                                 ("write", "commit", "abort"))
 
 
 def refuse_catalog_table(options: Any) -> None:
@@ -234,9 +226,8 @@ CHECK_FORMAT = "persist_worker_check"
 class _WorkerCheckReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[tuple[str, str]]:
         """One row from the executor's Python: its executable and where persist came from."""
-        import persist
-
-        yield sys.executable, str(persist.__file__)
+        spec = importlib.util.find_spec("persist")
+        yield sys.executable, str(spec.origin if spec is not None else None)
 
 
 class WorkerCheck(DataSource):
@@ -246,12 +237,15 @@ class WorkerCheck(DataSource):
 
     @classmethod
     def name(cls) -> str:
+        """The probe's format name."""
         return CHECK_FORMAT
 
     def schema(self) -> str:
+        """The executor's Python and where it found persist."""
         return "python string, persist string"
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        """A reader of the one row."""
         return _WorkerCheckReader()
 
 
