@@ -153,7 +153,10 @@ def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> It
             raise RuntimeError(f"Spark did not start: {type(e).__name__}: {first}") from e
         try:
             spark.sparkContext.setLogLevel("ERROR")
-            operators.register(spark)
+            # NB: without register's worker check: its probe job would warm the Python
+            # workers that the first-micro-batch measurement counts cold (as for the sources
+            # it is compared with)
+            operators.register(spark, check=False)
             yield spark
         finally:
             spark.stop()
