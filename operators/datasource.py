@@ -183,7 +183,10 @@ class PersistDataSource(DataSource):
         """
         return _BatchReader(ReadOptions.parse(self.options, "read"), schema, self.pinned_as_of)
 
-    @headlined
+    # NB: not @headlined. When this raises, pyspark 4.3's streaming runner then fails in its own
+    # ``finally: reader.stop()`` (UnboundLocalError: 'reader'), and a worker reporting only
+    # its last exception's line would show that instead of persist's error; with the
+    # traceback, persist's error stays in the report (the chain's first exception).
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         """A micro-batch reader of the collection's updates as its upper advances.
 
