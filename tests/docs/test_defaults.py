@@ -22,7 +22,7 @@ import pytest
 from operators import options as spark_options
 from operators.options import ReadOptions, WriteOptions
 from operators.sink import STAGED_PART_BYTES
-from persist.distributed import STAGE_INLINE_BYTES
+from persist.distributed.stage import STAGE_INLINE_BYTES
 from persist.indexed.engine import Options
 from persist.indexed.format.stats import STATS_BYTES
 from persist.indexed.maintenance.compact import CompactionPolicy
@@ -188,9 +188,10 @@ def test_the_refresh_interval_default_is_the_watchs(tmp_path: Path) -> None:
     import pyarrow as pa
 
     import persist
+    from persist import distributed
 
     url = f"file://{tmp_path}/loc"
     with persist.open(url) as client:
         client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-    local = persist.Watch(url, "c").interval
+    local = distributed.Watch(url, "c").interval
     assert table()["`refreshInterval`"] == f"{local:g} (local) / 1 (S3)"
