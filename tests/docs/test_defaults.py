@@ -26,7 +26,12 @@ from persist.distributed.stage import STAGE_INLINE_BYTES
 from persist.indexed.engine import Options
 from persist.indexed.format.stats import STATS_BYTES
 from persist.indexed.maintenance.compact import CompactionPolicy
-from persist.indexed.read.scan import ROWS_PER_BUCKET, ROWS_PER_RANGE, default_buckets
+from persist.indexed.read.scan import (
+    ROWS_PER_BUCKET,
+    ROWS_PER_RANGE,
+    ROWS_PER_TASK,
+    default_buckets,
+)
 from persist.indexed.state.transitions import HISTORY_ENTRIES
 from persist.lock.base import WriterLock
 from persist.runtime.replica import Follower
@@ -94,8 +99,7 @@ CLAIMS: list[tuple[str, str, str]] = [
      f"{MAX_POLL:g} s)"),
     ("docs/replicas.md", "gc grace", f"`gc_grace_seconds` after its retirement ({GC_GRACE:g} s by "
      f"default)"),
-    ("docs/spark.md", "raw task rows", f"`partitionRows` (default "
-     f"{spark_options.PARTITION_ROWS:,}"),
+    ("docs/spark.md", "raw task rows", f"`partitionRows` (default {ROWS_PER_TASK:,}"),
     ("docs/spark.md", "buckets", f"The default is one range or bucket per "
      f"{millions(ROWS_PER_BUCKET)} rows (at most {default_buckets(1 << 62)} buckets)"),
     ("docs/spark.md", "gc grace", f"grace, {minutes(GC_GRACE)} by default"),
@@ -156,7 +160,8 @@ def expected_defaults(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return {
         "`mode`": f"`{read.mode}`",
         "`numPartitions`": f"1 per {millions(ROWS_PER_BUCKET)} rows, ≤ {default_buckets(1 << 62)}",
-        "`partitionRows`": f"{read.partition_rows:,}",
+        # None: the engine's (Scan.tasks) rows per task
+        "`partitionRows`": f"{ROWS_PER_TASK if read.partition_rows is None else 0:,}",
         "`filterPushdown`": f"`{read.filter_pushdown}`",
         "`auditPruning`": f"{_bool(read.audit_pruning)} (`{spark_options.AUDIT_ENV}`)",
         "`startingUpper`": f"`{stream.starting_upper}`",
