@@ -125,7 +125,8 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
             at: every row's time is set to it.
 
         Raises:
-            SchemaMismatch, InvalidUsage: rows that do not fit the collection.
+            SchemaMismatch, InvalidUsage: rows that do not fit the collection, or a time below
+                the collection's upper when the stager started (it can never commit).
             ExternalError: storing the part failed.
         """
         schema = self.schema
@@ -143,6 +144,13 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
                 updates = [((k, v), at, d) for (k, v), _, d in updates]
         table = columnar.from_updates(updates, schema, columnar.Codec(schema.field("key").type),
                                       columnar.Codec(schema.field("value").type))
+        if len(table) and (lo := columnar.min_time(table.column("time"))) < self.collection.upper:
+            # NB: upper never moves back, so rows below the upper this stager was started at
+            # can never commit: refuse them in the task that stages them, not at the commit
+            # after the whole job ran (issue 21 #11).
+            raise InvalidUsage(
+                f"stage: a row of {self.collection.name!r} at time {lo} is below its upper "
+                f"{self.collection.upper}: times below upper are sealed")
         blob = self._blob()
         part = write.new_part(blob, self.collection, table, inline_threshold=self.inline_bytes,
                               consolidated=False, lease_id=self._lease(blob))

@@ -345,3 +345,21 @@ def test_a_revoked_staging_lease_is_replaced_or_refused_never_committed(
         assert client.apply(parts={"c": [late]}, seals={"c": 1}).result() is not None
     stager.release([late])
     assert lease.read(blob, own) is None
+
+
+def test_a_stager_refuses_rows_below_the_upper_it_started_at(tmp_path: Path) -> None:
+    # issue 21 #11: such rows can never commit (upper never moves back), so the task that
+    # stages them fails at once, storing nothing, instead of the commit after the whole job
+    url = f"file://{tmp_path}/loc"
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        w.seal(5).result()
+    stager = distributed.Stager.start(url, "c", job="test", inline_bytes=0)
+    blob = persist.location.resolve(url).blob
+    before = blob.list_keys("data/")
+    with pytest.raises(persist.InvalidUsage, match="time 4 is below its upper 5"):
+        stager.stage([(("a", 1), 5, 1), (("b", 1), 4, 1)])
+    with pytest.raises(persist.InvalidUsage, match="below its upper 5"):
+        stager.stage(pa.table({"key": ["a"], "value": [1], "time": [0], "diff": [1]}))
+    assert blob.list_keys("data/") == before
+    assert stager.stage([(("a", 1), 5, 1)], at=7).max_time == 7
