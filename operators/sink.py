@@ -114,7 +114,8 @@ def _task_query_id() -> str | None:
 
 
 def stage(stager: Stager, types: CollectionTypes, batches: Iterator[Any], *,
-          at: int | None = None, part_bytes: int = STAGED_PART_BYTES) -> Staged:
+          at: int | None = None, replay: bool = False,
+          part_bytes: int = STAGED_PART_BYTES) -> Staged:
     """Stages a task's rows as parts (a Spark task's whole job) with the job's ``stager``,
     under its staging lease (renewed before each part), which keeps the leaked-blob sweeps
     away from them until the driver commits, however long that takes.
@@ -124,6 +125,8 @@ def stage(stager: Stager, types: CollectionTypes, batches: Iterator[Any], *,
     partition.
 
     ``at``: every row's time is set to it (an overwrite lands at one time).
+    ``replay``: a stream's micro-batch, which may be one that already landed, run again
+    (:meth:`Stager.stage`: its commit settles rows below the upper by its token).
     """
     qid = _task_query_id()
     parts: list[StagedPart] = []
@@ -136,22 +139,22 @@ def stage(stager: Stager, types: CollectionTypes, batches: Iterator[Any], *,
                 tables.append(pa.Table.from_batches([b]))
                 buffered += b.nbytes
                 if buffered >= part_bytes:
-                    parts.append(_stage_part(stager, types, tables, at))
+                    parts.append(_stage_part(stager, types, tables, at, replay))
                     tables, buffered = [], 0
         else:  # pragma: no cover - pyspark 4.0 streaming writers get Rows
             rows.append(b.asDict())
     if rows:  # pragma: no cover
         tables.append(pa.Table.from_pylist(rows))
     if tables:
-        parts.append(_stage_part(stager, types, tables, at))
+        parts.append(_stage_part(stager, types, tables, at, replay))
     return Staged(tuple(parts), stager, qid)
 
 
 def _stage_part(stager: Stager, types: CollectionTypes, tables: list[pa.Table],
-                at: int | None) -> StagedPart:
+                at: int | None, replay: bool) -> StagedPart:
     """Stages ``tables`` (Spark's rows) as one part."""
     table = pa.concat_tables(tables, promote_options="permissive")
-    return stager.stage(from_spark(table, types), at=at)
+    return stager.stage(from_spark(table, types), at=at, replay=replay)
 
 
 def _stager(target: Target, types: CollectionTypes, job: str) -> Stager:
@@ -394,8 +397,9 @@ class PersistStreamWriter(_StreamWriterBase):
 
     def write(self, iterator: Iterator[Any]) -> Staged:
         """A task: stages its share of the micro-batch as one part, as the batch writer does,
-        with the query's id."""
-        return stage(self.stager, self.types, iterator)
+        with the query's id. A replayed batch that already landed has rows below the upper:
+        they are staged, and its commit drops them by the batch's token."""
+        return stage(self.stager, self.types, iterator, replay=True)
 
     def sink_for(self, query_id: str | None) -> str:
         """The sink id: the ``sinkId`` option, else ``<collection>@<query id>``.

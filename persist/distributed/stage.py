@@ -115,7 +115,7 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
         lease.renew(blob, self.lease_id)
         _renewed[self.lease_id] = now
 
-    def stage(self, updates: Any, *, at: int | None = None) -> StagedPart:
+    def stage(self, updates: Any, *, at: int | None = None, replay: bool = False) -> StagedPart:
         """Encodes ``updates`` as one part and stores it: invisible until a commit references
         it, and kept from the leaked-blob sweeps while its lease lives.
 
@@ -123,10 +123,15 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
             updates: a pyarrow Table/RecordBatch with ``key, value, time, diff`` (cast to the
                 collection's types) or an iterable of ``((key, value), time, diff)``.
             at: every row's time is set to it.
+            replay: the rows may be a replay of a batch that already landed (a stream's
+                micro-batch run again after a restart), so rows below the upper are staged
+                and left to the commit, whose token drops a batch that landed and refuses one
+                that did not.
 
         Raises:
-            SchemaMismatch, InvalidUsage: rows that do not fit the collection, or a time below
-                the collection's upper when the stager started (it can never commit).
+            SchemaMismatch, InvalidUsage: rows that do not fit the collection, or (unless
+                ``replay``) a time below the collection's upper when the stager started (it
+                can never commit).
             ExternalError: storing the part failed.
         """
         schema = self.schema
@@ -144,7 +149,7 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
                 updates = [((k, v), at, d) for (k, v), _, d in updates]
         table = columnar.from_updates(updates, schema, columnar.Codec(schema.field("key").type),
                                       columnar.Codec(schema.field("value").type))
-        if len(table) and (lo := columnar.min_time(table.column("time"))) < self.collection.upper:
+        if not replay and len(table) and (lo := columnar.min_time(table.column("time"))) < self.collection.upper:
             # NB: upper never moves back, so rows below the upper this stager was started at
             # can never commit: refuse them in the task that stages them, not at the commit
             # after the whole job ran (issue 21 #11).
