@@ -99,8 +99,9 @@ KNOB_SETS: dict[str, KnobSet] = {k.name: k for k in (
             options={"inline_threshold": 64, "stats_bytes": 200, "batch_rows": 4},
             compaction={"final_rows": 16, "inline_flush_bytes": 256,
                         "part_target_bytes": 512}),
-    KnobSet("compact-aggressive", "merge at fanin 2 and flush inline parts as soon as there "
-            "are two", compaction={"fanin": 2, "inline_flush_bytes": 1}),
+    KnobSet("compact-aggressive", "merge at fanin 2, flush inline parts as soon as there "
+            "are two, rewrite old parts with no pause",
+            compaction={"fanin": 2, "inline_flush_bytes": 1, "rewrite_share": 1.0}),
     KnobSet("compact-none", "no background compaction: parts pile up until maintain()",
             options={"background_compaction": False}),
     KnobSet("rollup-1", "a rollup after every commit", options={"rollup_every": 1}),

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 import persist
+import persist.distributed
 from bench.common import SCHEMA
 from bench.systems.base import System
 
@@ -91,6 +92,27 @@ class PersistSystem(System):
             return read.snapshot(as_of).to_arrow()
         finally:
             client.stop()
+
+    def decode_amplification(self, n: int) -> tuple[float, int]:
+        """A consolidated read of the latest version planned for ``n`` tasks
+        (``persist.distributed.describe(...).snapshot().tasks(consolidated=True, n=n)``) and
+        read task by task as workers would (``persist.distributed.read_task``, no part cache):
+        the stored bytes all
+        tasks decoded over the bytes stored, and how many tasks the plan has.
+
+        NB: the count is the part reader's (``persist.indexed.read.parts.DECODED``: a Parquet
+        part's compressed column chunks of the row groups decoded), the one figure outside the
+        public API here."""
+        from persist.indexed.read.parts import DECODED
+
+        scan = persist.distributed.describe(self.url, NAME).snapshot()
+        stored = sum(h.nbytes for h in scan.parts)
+        tasks = scan.tasks(consolidated=True, n=n)
+        before = DECODED.bytes
+        for task in tasks:
+            for table in persist.distributed.read_task(task):
+                del table
+        return (DECODED.bytes - before) / max(stored, 1), len(tasks)
 
     def compact(self) -> str:
         return "none (background compaction in the runtime's maintenance thread)"

@@ -8,6 +8,14 @@ Every value is framed in the envelope of :mod:`persist.blob.envelope` by these b
 no implementation can forget to checksum. Implementations provide only the raw ``_`` methods;
 they translate their own errors (OSError, botocore) into :mod:`persist.errors` at this edge.
 
+*Plain values* (``set_plain`` / ``get_plain``) are the one exception to the envelope: stored
+byte for byte, so that another program can open them where they lie (a data part is a Parquet
+file Spark reads), their checksum is returned by ``set_plain`` for the caller to keep with its
+reference (``PartMeta.checksum``) and is checked by ``get_plain`` before a byte is returned. The
+check lives here too, so no implementation can skip it. ``external_url`` tells such a program
+where a key lives (a ``file://`` URL, ``s3://bucket/prefix/key``), or None for a store no other
+process can reach (memory).
+
 Invariant: a key once created by ``set_if_absent`` is never overwritten by a later
 ``set_if_absent``; exactly one of any number of racing creators of a key wins.
 Invariant: ``set`` and ``set_if_absent`` are atomic: a reader sees the old value (or nothing)
@@ -53,6 +61,37 @@ class BlobRead(ABC):
             return None
         return envelope.unframe(key, raw)
 
+    def get_plain(self, key: str, checksum: int, *, size: int | None = None
+                  ) -> memoryview | None:
+        """Returns the plain value stored under ``key`` by :meth:`Blob.set_plain`, verified
+        against ``checksum`` (what ``set_plain`` returned, kept with the reference to the
+        value), as a view into the bytes read; None if there is none.
+
+        Args:
+            size: the value's length, when the reference keeps it (a wrong length is reported
+                as such).
+
+        Raises:
+            ChecksumMismatch: the stored bytes are not the value checksummed (another length,
+                flipped bits, truncation, another key's value).
+            ExternalError: the store failed.
+        """
+        raw = self._get(key)
+        if raw is None:
+            return None
+        return envelope.verify_plain(key, raw, checksum, size)
+
+    def external_url(self, key: str) -> str | None:
+        """Where another program (Spark's own Parquet reader, ...) finds the value of ``key``:
+        an absolute ``file://`` URL, ``s3://bucket/prefix/key``, or None if no other process
+        can reach this store (memory). Only a plain value (:meth:`Blob.set_plain`) is readable
+        there as it was given; any other is in its envelope.
+
+        Raises:
+            InvalidUsage: ``key`` is not a valid key.
+        """
+        return self._external_url(key)
+
     def list_keys(self, prefix: str) -> list[str]:
         """Returns every key starting with ``prefix``, sorted.
 
@@ -71,6 +110,11 @@ class BlobRead(ABC):
     @abstractmethod
     def _list(self, prefix: str) -> list[str]:
         """Returns the keys under ``prefix`` in any order."""
+
+    def _external_url(self, key: str) -> str | None:
+        """The URL of ``key`` for other programs (see :meth:`external_url`); None: none.
+        Wrappers forward it to the store they wrap."""
+        return None
 
 
 class Blob(BlobRead):
@@ -99,6 +143,24 @@ class Blob(BlobRead):
         """
         return self._set_if_absent(key, envelope.frame(key, value))
 
+    def set_plain(self, key: str, value: bytes | bytearray | memoryview) -> int:
+        """Atomically and durably stores ``value`` under ``key`` as it is, with no envelope,
+        replacing any old value (as :meth:`set`), and returns its checksum.
+
+        The caller must keep the checksum with its reference to the value and read it back
+        with :meth:`get_plain`, which verifies it: the stored bytes carry none.
+
+        Returns:
+            ``crc32c(value)``.
+
+        Raises:
+            Determinate: definitely not stored.
+            Indeterminate: may or may not be stored.
+        """
+        crc = envelope.checksum(value)
+        self._set(key, envelope.plain(value))
+        return crc
+
     def delete(self, key: str) -> None:
         """Deletes ``key``. Deleting an absent key is not an error (idempotent).
 
@@ -111,8 +173,8 @@ class Blob(BlobRead):
         """Returns a view of this store with only the read half."""
         return ReadOnlyView(self)
 
-    # NB: the raw writes store ``data`` as it is: a value framed by ``set``, or (tests that
-    # corrupt storage on purpose) any bytes.
+    # NB: the raw writes store ``data`` as it is: a value framed by ``set``, a plain value
+    # (an empty header), or (tests that corrupt storage on purpose) any bytes.
     @abstractmethod
     def _set(self, key: str, data: bytes | Framed) -> None: ...
 
@@ -136,6 +198,9 @@ class ReadOnlyView(BlobRead):
 
     def _list(self, prefix: str) -> list[str]:
         return self._inner._list(prefix)
+
+    def _external_url(self, key: str) -> str | None:
+        return self._inner._external_url(key)
 
     def close(self) -> None:
         """Closes the store this views: the view shares, and so releases, its resources."""

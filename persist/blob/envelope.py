@@ -18,6 +18,13 @@ Records that travel between processes rather than to storage (a staged part from
 its committer, a read task from a planner to a worker) use the same envelope through
 :func:`pack` and :func:`unpack`, with their *kind* in place of the key: their bytes are checked
 before anything in them is decoded, and bytes of one kind never verify as another.
+
+**Plain values** (:meth:`persist.blob.base.Blob.set_plain`) are stored as they are, with no
+envelope, so that other programs can open them (a data part is a Parquet file that Spark reads
+from its URL). Their checksum, ``crc32c(value)``, lives with the reference to the value instead
+(a part's ``PartMeta.checksum``), and :func:`verify_plain` checks a value read against it. A
+value of another key fails that check too (its checksum is another), unless the two are equal
+byte for byte.
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ HEADER_LEN = _HEADER.size  # 24
 @dataclass(frozen=True, slots=True)
 class Framed:
     """A value in its envelope, as the two buffers stored one after the other.
+
+    A plain value (:meth:`persist.blob.base.Blob.set_plain`) reaches the raw writes as one of
+    these with an empty header: the payload is stored as it is.
 
     NB: not joined into one ``bytes``: a store that writes buffers in turn (a file) then never
     copies the payload, which for a data part is ~10 MB per million rows into fresh pages, as
@@ -124,3 +134,38 @@ def unpack(kind: str, data: object) -> memoryview:
     if isinstance(data, memoryview) and (data.format != "B" or not data.c_contiguous):
         data = data.tobytes()  # NB: unframe counts elements; a view of other items miscounts
     return unframe(kind, data)
+
+
+def checksum(value: bytes | bytearray | memoryview) -> int:
+    """The checksum of a plain value: ``crc32c(value)``."""
+    return int(crc32c.crc32c(value))
+
+
+def plain(value: bytes | bytearray | memoryview) -> Framed:
+    """A plain value as the raw writes take it: no envelope (an empty header)."""
+    return Framed(b"", value)
+
+
+def verify_plain(key: str, data: bytes | bytearray | memoryview, expected: int,
+                 size: int | None = None) -> memoryview:
+    """Checks a plain value read from ``key`` against the checksum its reference keeps.
+
+    Args:
+        expected: ``checksum(value)`` as it was when stored.
+        size: the value's length when known (then checked first, and named in the error).
+
+    Raises:
+        ChecksumMismatch: the bytes are not the value checksummed: another length, flipped
+            bits, a truncated value or another key's (a plain value cannot tell these apart).
+    """
+    view = memoryview(data)
+    if view.format != "B":
+        view = view.cast("B")  # an Arrow buffer's view is of signed chars
+    if size is not None and len(view) != size:
+        raise ChecksumMismatch(key, f"length mismatch: its reference says {size} bytes, found "
+                                    f"{len(view)} (truncated, or another value)")
+    got = checksum(view)
+    if got != expected:
+        raise ChecksumMismatch(key, f"checksum mismatch: crc32c {got:#010x}, its reference "
+                                    f"says {expected:#010x}")
+    return view

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pathlib
 import uuid
 
 import pyarrow as pa
@@ -95,6 +96,10 @@ class FileBlob(Blob):
             return None
         except OSError as e:
             raise Determinate(f"reading {key!r}: {e}") from e
+
+    @override
+    def _external_url(self, key: str) -> str:
+        return pathlib.Path(self._path(key)).as_uri()
 
     @override
     def _list(self, prefix: str) -> list[str]:

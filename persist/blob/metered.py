@@ -38,6 +38,10 @@ class MeteredBlob(Blob):
         return data
 
     @override
+    def _external_url(self, key: str) -> str | None:
+        return self.inner._external_url(key)
+
+    @override
     def _list(self, prefix: str) -> list[str]:
         try:
             return self.inner._list(prefix)

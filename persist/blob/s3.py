@@ -338,6 +338,10 @@ class S3Blob(Blob):
                         idempotent=True, retry=self.retry)
 
     @override
+    def _external_url(self, key: str) -> str:
+        return self.url(key)
+
+    @override
     def _list(self, prefix: str) -> list[str]:
         root = f"{self.prefix}/" if self.prefix else ""
 

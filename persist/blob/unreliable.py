@@ -251,6 +251,11 @@ class UnreliableBlob(FaultInjecting, Blob):
         return self.plan.run("list", lambda: self.inner._list(prefix), mutates=False)
 
     @override
+    def _external_url(self, key: str) -> str | None:
+        # NB: no dice: naming a key's URL asks the store nothing (no request to fail).
+        return self.inner._external_url(key)
+
+    @override
     def _set(self, key: str, data: bytes | Framed) -> None:
         self.plan.run("set", lambda: self.inner._set(key, data), mutates=True)
 

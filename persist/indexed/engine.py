@@ -45,6 +45,7 @@ from persist.indexed.format.meta import (
     CollectionMeta,
     EvolveSchema,
     Op,
+    PartMeta,
     Register,
     ReplaceParts,
     Seal,
@@ -52,7 +53,7 @@ from persist.indexed.format.meta import (
     check_op,
     decode_commit,
 )
-from persist.indexed.format.write import new_part
+from persist.indexed.format.write import new_parts
 from persist.indexed.maintenance import compact, gc
 from persist.indexed.read.parts import CACHE_BYTES, PartReader
 from persist.indexed.state.machine import GC_GRACE_SECONDS, CommitConflict, Machine
@@ -317,6 +318,10 @@ def _no_hold(name: str) -> int | None:
     return None
 
 
+def _always() -> bool:
+    return True
+
+
 class Indexed:
     """Named, definite collections at one location. Not thread-safe for writing."""
 
@@ -345,6 +350,8 @@ class Indexed:
         self.state = state
         self._last_rollup_seq = self.state.seq
         self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
+        #: No budgeted rewrite of an old part starts before this (monotonic): see rewrite.
+        self._next_rewrite = 0.0
         self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
                                      tuple[Any, ...]]] = {}
         self._leaks: gc.LeakSweeper | None = None
@@ -444,16 +451,16 @@ class Indexed:
             c = txn.collections[name]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
             started = time.monotonic()
-            part = evolve.tag(new_part(blob, c, table,
-                                       inline_threshold=self.options.inline_threshold,
-                                       consolidated=False,
-                                       stats_bytes=self.options.stats_bytes,
-                                       batch_rows=self.options.batch_rows),
-                              evolve.version(c))
-            if part.blob_key is not None:
-                txn.wrote_blobs(started)
-                written.append(part.blob_key)
-            ops.append(AddPart(name=name, part=part))
+            parts = new_parts(blob, c, table, inline_threshold=self.options.inline_threshold,
+                              final_rows=self.options.compaction.final_rows,
+                              stats_bytes=self.options.stats_bytes,
+                              batch_rows=self.options.batch_rows, schema_id=evolve.version(c))
+            for part in parts:
+                part = evolve.tag(part, evolve.version(c))
+                if part.blob_key is not None:
+                    txn.wrote_blobs(started)
+                    written.append(part.blob_key)
+                ops.append(AddPart(name=name, part=part))
         crashpoints.hit("commit.data_written")
         for op in txn.ops:
             if isinstance(op, Register):
@@ -563,10 +570,12 @@ class Indexed:
 
     def maintain_round(self, state: Callable[[], State], commit: Committer, *,
                        held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
-                       now_ms: int | None = None) -> bool:
-        """Runs one maintenance round: compaction (unless ``compaction`` is False), GC of
-        retired blobs, a rollup and the metadata trim, the leaked-blob sweep. Returns True if
-        any of them did something (more may be ready: cascading merges).
+                       now_ms: int | None = None, budgeted: bool = False,
+                       idle: Callable[[], bool] = _always) -> bool:
+        """Runs one maintenance round: compaction and the rewrite of one old part (unless
+        ``compaction`` is False), GC of retired blobs, a rollup and the metadata trim, the
+        leaked-blob sweep. Returns True if any of them did something (more may be ready:
+        cascading merges, more old parts).
 
         Args:
             state: returns the newest state (the runtime's published one); read anew by each
@@ -575,6 +584,9 @@ class Indexed:
             held: the lowest in-process read hold on a collection (a listener's), if any:
                 compaction forwards times no further.
             now_ms: GC's wall clock (default: now).
+            budgeted: rewrite old parts within their budget (:meth:`rewrite`): a background
+                round's; an explicit one rewrites whatever the budget.
+            idle: whether no command waits (a budgeted rewrite starts only then).
 
         Raises:
             ExternalError, InvalidUsage: the first step that failed (a storage error, or a
@@ -590,7 +602,9 @@ class Indexed:
             lambda: self.rollup_and_trim(state()),
             lambda: self.reclaim_leaked(state)]
         if compaction:
-            steps.insert(0, lambda: self.compact(state, commit, held=held))
+            steps[:0] = [lambda: self.compact(state, commit, held=held),
+                         lambda: self.rewrite(state, commit, held=held, budgeted=budgeted,
+                                              idle=idle)]
         did = False
         first: BaseException | None = None
         for step in steps:
@@ -601,6 +615,47 @@ class Indexed:
         if first is not None:
             raise first
         return did
+
+    def rewrite(self, state: Callable[[], State], commit: Committer, *,
+                held: Callable[[str], int | None] = _no_hold, budgeted: bool = False,
+                idle: Callable[[], bool] = _always) -> bool:
+        """Rewrites one old blob part into part format 4 (``compact.plan_rewrite``: a merge of
+        that one part), committed on its own; returns whether it rewrote one.
+
+        ``budgeted`` (the background's rounds): not while a command waits (``idle``), and at
+        most ``CompactionPolicy.rewrite_share`` of the time, a rewrite that took ``d`` seconds
+        being followed by ``d (1 / share - 1)`` seconds without one (module docstring of
+        :mod:`persist.indexed.maintenance.compact`).
+
+        Raises:
+            CommitDeadline: the rewrite waited past the commit deadline (its parts are deleted
+                again; a later round plans it anew).
+            ExternalError, InvalidUsage: as ``commit``.
+        """
+        share = self.options.compaction.rewrite_share
+        started = time.monotonic()
+        if budgeted and (share <= 0 or started < self._next_rewrite or not idle()):
+            return False
+        newest = state()
+        planned = self.plan_rewrite(newest)
+        if planned is None:
+            return False
+        name, part = planned
+        hold = held(name)
+        c = newest.collections[name]
+        frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
+        try:
+            op = self.run_compaction(newest, name, (part,), frontier)
+            try:
+                commit((op,), started)
+            except CommitDeadline:
+                self._discard(op)  # refused before sending: nothing references its parts
+                raise
+        finally:
+            if share > 0:
+                self._next_rewrite = time.monotonic() + (time.monotonic() - started) * (
+                    1 / share - 1)
+        return True
 
     def compact(self, state: Callable[[], State], commit: Committer, *,
                 held: Callable[[str], int | None] = _no_hold) -> bool:
@@ -661,10 +716,20 @@ class Indexed:
                 out.append((c.name, chosen))
         return out
 
+    def plan_rewrite(self, state: State) -> tuple[str, PartMeta] | None:
+        """One blob part to rewrite into part format 4 (``compact.plan_rewrite``), and its
+        collection's name; None if every part is current. Pure."""
+        for name, c in state.collections.items():
+            part = compact.plan_rewrite(c)
+            if part is not None:
+                return name, part
+        return None
+
     def run_compaction(
         self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
     ) -> ReplaceParts:
-        """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread."""
+        """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread.
+        A single full part (a rewrite of an old one) stays full."""
         c = state.collections[name]
         opts = self.options
         # NB: a merged part of the flush size or more goes to a blob whatever the inline
@@ -676,7 +741,8 @@ class Indexed:
         return compact.merge(self.blob, self.reader, c, parts,
                              inline_threshold=threshold, frontier=frontier,
                              stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
-                             part_target_bytes=opts.compaction.part_target_bytes)
+                             part_target_bytes=opts.compaction.part_target_bytes,
+                             keep_full=len(parts) == 1 and parts[0].full is True)
 
     def _discard(self, op: ReplaceParts) -> None:
         """Deletes the blobs of a merge that was never committed."""

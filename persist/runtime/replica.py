@@ -78,6 +78,10 @@ class CountingRead(BlobRead):
         return self._inner._list(prefix)
 
     @override
+    def _external_url(self, key: str) -> str | None:
+        return self._inner._external_url(key)
+
+    @override
     def close(self) -> None:
         self._inner.close()
 

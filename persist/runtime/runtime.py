@@ -521,7 +521,8 @@ class Runtime:
     def _maintain_round(self, background: bool) -> bool:
         did = self.ix.maintain_round(
             lambda: self.published.state, self._commit_maintenance, held=self.holds.frontier,
-            compaction=not background or self.ix.options.background_compaction)
+            compaction=not background or self.ix.options.background_compaction,
+            budgeted=background, idle=self._queue.empty)
         if did:
             self._maint_wake.set()  # more may be ready (cascading merges)
         return did

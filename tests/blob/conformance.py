@@ -1,22 +1,44 @@
 """The Blob contract as tests. Every implementation subclasses ``BlobConformance`` and provides
-the ``blob`` fixture (a fresh, empty store); nothing else.
+the ``blob`` fixture (a fresh, empty store); a store whose values another program can reach
+(``external_url``) by a scheme other than ``file://`` also provides ``read_external``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
+from urllib.request import url2pathname
 
+import crc32c
 import pyarrow as pa
 import pytest
 
 from persist.blob.base import Blob
 from persist.errors import ChecksumMismatch, Corruption, ExternalError
 
+#: Reads the bytes at a URL ``external_url`` gave, as another program would (None: absent).
+ReadExternal = Callable[[str], bytes | None]
+
+
+def read_file_url(url: str) -> bytes | None:
+    """The bytes of a ``file://`` URL, or None if no file is there."""
+    parsed = urlparse(url)
+    assert parsed.scheme == "file", url
+    path = Path(url2pathname(parsed.path))
+    return path.read_bytes() if path.exists() else None
+
 
 class BlobConformance:
     @pytest.fixture
     def blob(self) -> Blob:
         raise NotImplementedError("subclasses provide a fresh, empty store")
+
+    @pytest.fixture
+    def read_external(self) -> ReadExternal:
+        """How another program reads a URL of this store (default: ``file://`` URLs)."""
+        return read_file_url
 
     def test_get_missing_is_none(self, blob: Blob) -> None:
         assert blob.get("nope") is None
@@ -149,6 +171,70 @@ class BlobConformance:
             blob.get("one")
         with pytest.raises(ChecksumMismatch):
             blob.get("two")
+
+    # -- plain values: stored as given, checksum kept by the caller ----------------------------
+
+    def test_plain_value_is_stored_as_given(self, blob: Blob) -> None:
+        value = bytes(range(256)) * 1_000
+        crc = blob.set_plain("data/1/p", memoryview(pa.py_buffer(value)))  # an Arrow view
+        assert crc == crc32c.crc32c(value)
+        assert bytes(blob._get("data/1/p") or b"") == value  # no envelope
+        got = blob.get_plain("data/1/p", crc, size=len(value))
+        assert isinstance(got, memoryview)
+        assert got == value
+        assert blob.get_plain("data/1/missing", crc) is None
+        assert blob.set_plain("data/1/p", b"") == 0  # replaces, like set
+        assert blob.get_plain("data/1/p", 0, size=0) == b""
+
+    def test_large_plain_value(self, blob: Blob) -> None:
+        value = bytes(range(256)) * 40_000  # ~10 MiB: a file store maps it
+        crc = blob.set_plain("data/1/big", value)
+        assert blob.get_plain("data/1/big", crc) == value
+
+    def test_plain_value_is_verified_against_its_checksum(self, blob: Blob) -> None:
+        value = bytes(range(256)) * 64
+        crc = blob.set_plain("data/1/v", value)
+        with pytest.raises(ChecksumMismatch, match="'data/1/v'"):
+            blob.get_plain("data/1/v", crc ^ 1)
+        for at in (0, 1, len(value) // 2, len(value) - 1):
+            flipped = bytearray(value)
+            flipped[at] ^= 0x10
+            blob._set("data/1/v", bytes(flipped))
+            with pytest.raises(ChecksumMismatch, match="'data/1/v'"):
+                blob.get_plain("data/1/v", crc, size=len(value))
+        for cut in (0, 1, len(value) - 1):
+            blob._set("data/1/v", value[:cut])
+            with pytest.raises(ChecksumMismatch, match="length mismatch"):
+                blob.get_plain("data/1/v", crc, size=len(value))
+            with pytest.raises(ChecksumMismatch):
+                blob.get_plain("data/1/v", crc)
+        other = bytes(reversed(value))
+        blob.set_plain("data/1/w", other)
+        blob._set("data/1/v", other)  # another key's value, same length
+        with pytest.raises(ChecksumMismatch):
+            blob.get_plain("data/1/v", crc, size=len(value))
+
+    def test_plain_value_is_no_enveloped_value(self, blob: Blob) -> None:
+        crc = blob.set_plain("data/1/p", b"a plain value, no envelope")
+        with pytest.raises(Corruption):
+            blob.get("data/1/p")
+        blob.set("data/1/e", b"enveloped")
+        with pytest.raises(ChecksumMismatch):
+            blob.get_plain("data/1/e", crc)
+
+    def test_external_url(self, blob: Blob, read_external: ReadExternal) -> None:
+        value = b"PAR1 ... a file another program opens"
+        crc = blob.set_plain("data/7/part", value)
+        url = blob.external_url("data/7/part")
+        # wrappers and the read-only view name the same place
+        assert blob.read_only().external_url("data/7/part") == url
+        if url is None:
+            return  # a store no other process can reach (memory)
+        assert url.endswith("/data/7/part")
+        assert read_external(url) == value
+        assert blob.get_plain("data/7/part", crc) == value
+        blob.delete("data/7/part")
+        assert read_external(url) is None
 
     def test_garbage_is_detected(self, blob: Blob) -> None:
         blob._set("g", b"not an envelope at all, just bytes")

@@ -9,8 +9,10 @@ import pytest
 
 import persist
 from persist.blob.file import MAP_MIN_BYTES, FileBlob
+from persist.blob.metered import MeteredBlob
 from persist.errors import InvalidUsage, MissingResource, UnknownCollection
 from persist.location import resolve
+from persist.runtime.replica import CountingRead
 from tests.blob.conformance import BlobConformance
 
 
@@ -117,3 +119,23 @@ def test_mapping_is_a_storage_option(tmp_path: Path) -> None:
     for bad in (-1, "big", True):
         with pytest.raises(InvalidUsage, match="map_min_bytes"):
             resolve(tmp_path, storage_options={"map_min_bytes": bad})
+
+
+class TestMeteredFileBlob(BlobConformance):
+    """The metering wrapper is transparent: framing, plain values and URLs pass through."""
+
+    @pytest.fixture
+    def blob(self, tmp_path: Path) -> MeteredBlob:
+        return MeteredBlob(FileBlob(tmp_path / "blob"))
+
+
+def test_external_url_is_an_absolute_file_url(tmp_path: Path) -> None:
+    blob = FileBlob(tmp_path / "rel" / ".." / "loc")
+    url = blob.external_url("data/3/abc")
+    assert url == (tmp_path / "loc" / "data" / "3" / "abc").as_uri()
+    assert url is not None
+    assert url.startswith("file:///")
+    with pytest.raises(InvalidUsage):
+        blob.external_url("../outside")
+    counted = CountingRead(blob.read_only())
+    assert counted.external_url("data/3/abc") == url

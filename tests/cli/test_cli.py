@@ -29,6 +29,7 @@ from persist.indexed.engine import Options, Txn
 from persist.indexed.format import meta
 from persist.indexed.format.evolve import Types
 from persist.indexed.format.write import new_part
+from persist.indexed.maintenance import verify as verify_mod
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state.machine import Machine
@@ -137,7 +138,7 @@ def test_missing_location_is_not_created(tmp_path: Path) -> None:
 
 def test_inspect(loc: Path) -> None:
     info = json.loads(run("inspect", str(loc), "--json").stdout)
-    assert info["format_version"] == meta.RECORDS_FORMAT_VERSION  # it holds records
+    assert info["format_version"] == meta.PARQUET_FORMAT_VERSION  # it holds Parquet parts
     assert info["seq"] > 0
     assert info["writer"] == "builder"
     assert info["lock"]["holder"] == "builder"
@@ -156,7 +157,7 @@ def test_inspect(loc: Path) -> None:
     assert events["rows"] > 0
     assert events["bytes"] == events["inline_bytes"] + events["blob_bytes"]
     text = run("inspect", f"file://{loc}").stdout
-    for needle in ("format:     metadata v2", "events", "points", "lock:       free",
+    for needle in ("format:     metadata v4", "events", "points", "lock:       free",
                    "reader-a at 1"):
         assert needle in text, text
 
@@ -250,14 +251,29 @@ def test_verify_finds_swapped_blobs(loc: Path) -> None:
 
 
 def test_verify_finds_well_framed_wrong_contents(loc: Path) -> None:
-    """Valid checksums over the wrong bytes: a part holding another part's rows."""
+    """A valid file under the wrong key: a Parquet part (plain, no envelope) holding another
+    part's valid bytes fails its own checksum; a part whose metadata's checksum matches bytes
+    that are not what the metadata says (a writer's bug) fails the decode checks."""
     a, b = _referenced(loc)[:2]
     blob = FileBlob(loc)
-    other = blob.get(b)
+    state = Machine(blob).load()
+    parts = {p.blob_key: p for c in state.collections.values() for p in c.parts}
+    other = blob.get_plain(b, parts[b].checksum)  # type: ignore[arg-type]
     assert other is not None
-    blob.set(a, other)  # re-framed under a's key: the envelope is valid
+    blob.set_plain(a, other)
     out = run("verify", str(loc), "--no-progress", expect=cli.EXIT_PROBLEMS).stdout
-    assert f"{a} holds" in out or f"{a} has times" in out, out
+    assert f"PROBLEM: {a}" in out
+    assert "checksum mismatch" in out or "length mismatch" in out, out
+    # the metadata of a forged to b's bytes, except for its rows and times
+    forged = msgspec.structs.replace(parts[a], checksum=parts[b].checksum,
+                                     nbytes=parts[b].nbytes, stats=parts[b].stats,
+                                     rows=parts[b].rows + 1,
+                                     min_time=parts[b].min_time + 1)
+    c = next(c for c in state.collections.values() if forged in c.parts or
+             parts[a] in c.parts)
+    problems = verify_mod._check_part_data(c.name, c, forged, other)
+    assert any(f"{a} holds {parts[b].rows} rows" in p for p in problems), problems
+    assert any(f"{a} has times" in p for p in problems), problems
 
 
 def test_verify_finds_a_rollup_disagreeing_with_the_log(loc: Path) -> None:
@@ -325,7 +341,7 @@ def test_leaked_blobs_are_listed_and_deleted(loc: Path) -> None:
     assert "deleted: 1 leaked blobs" in out
     assert blob.get(leaked) is None
     assert _referenced(loc) == referenced
-    assert all(blob.get(k) is not None for k in referenced)
+    assert set(referenced) <= set(_data_keys(loc))
     assert json.loads(run("verify", str(loc), "--json", "--no-progress").stdout)["leaked"] == []
 
 
@@ -355,7 +371,7 @@ def test_delete_leaked_spares_a_blob_committed_during_the_grace(loc: Path) -> No
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == cli.EXIT_OK, (out, err)
         assert "deleted: 1 leaked blobs" in out
-        assert blob.get(part.blob_key) is not None
+        assert part.blob_key in _data_keys(loc)
         assert blob.get(abandoned) is None
         assert len(er.snapshot(upper).to_arrow()) >= 400
     report = json.loads(run("verify", str(loc), "--json", "--no-progress").stdout)

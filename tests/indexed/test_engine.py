@@ -207,7 +207,10 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
         keys = [k for k in keys if k in live]
     assert keys
     victim = keys[-1]
-    other = next(k for k in blob.list_keys("") if k != victim and k != "LOCK")
+    # NB: a valid value of another key of the same kind (a data part is a plain Parquet
+    # file, which under a metadata key is not even an envelope: see the test below)
+    other = next(k for k in [*blob.list_keys(prefix[kind]), *blob.list_keys(layout.META_PREFIX)]
+                 if k != victim)
     raw = blob._get(victim) or b""
     if damage == "flip":
         b = bytearray(raw)
@@ -224,6 +227,24 @@ def test_corruption_is_detected_never_decoded(tmp_path: Path, kind: str, damage:
         read()
     if damage != "truncate":
         assert isinstance(err.value, ChecksumMismatch)
+
+
+def test_a_value_of_another_kind_is_detected(tmp_path: Path) -> None:
+    """A data part (a plain Parquet file) swapped under a metadata key, and a metadata record
+    under a data part's key: both are Corruption, never decoded."""
+    blob = _location_with_everything(tmp_path)
+    state = Indexed.open(blob.read_only()).state
+    part = next(p.blob_key for p in state.collections["c"].parts if p.blob_key)
+    assert part is not None
+    log = blob.list_keys(layout.LOG_PREFIX)[-1]
+    raw_part, raw_log = blob._get(part) or b"", blob._get(log) or b""
+    blob._set(log, raw_part)
+    with pytest.raises(Corruption, match="bad magic"):
+        Indexed.open(blob.read_only())
+    blob._set(log, raw_log)
+    blob._set(part, raw_log)
+    with pytest.raises(ChecksumMismatch, match=part.split("/")[-1]):
+        Indexed.open(blob.read_only()).snapshot("c", 5).to_arrow()
 
 
 # -- compaction and metadata scale ----------------------------------------------------------
@@ -408,13 +429,12 @@ def test_part_cache_is_bounded_by_decoded_bytes() -> None:
     ix.seal("c", 6)
     c = ix.state.collections["c"]
     schema = Types.of(c).schema
-    decoded = [columnar.decode_part(p.blob_key or "", blob.get(p.blob_key or "") or b"", schema)
-               for p in c.parts]
+    decoded = [PartReader(blob, cache_bytes=0).read(p, schema) for p in c.parts]
     budget = 4 * max(t.nbytes for t in decoded)  # room for about four decoded parts
     reader = PartReader(blob, cache_bytes=budget)
     for p in c.parts:
         assert reader.read(p, schema).equals(decoded[c.parts.index(p)])
-        cached = sum(t.nbytes for t, _ in reader._cache.values())
+        cached = sum(t.nbytes for t, _, _ in reader._cache.values())
         assert reader._cached == cached <= budget
     assert len(reader._cache) < len(c.parts)  # it evicted
 

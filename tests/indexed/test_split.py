@@ -24,6 +24,7 @@ from persist.indexed.format.write import new_part
 from persist.indexed.read import split
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.split import KeyRange
+from tests.support.legacy import legacy_part
 
 AS_OF = 3
 
@@ -147,8 +148,16 @@ def collections(draw: st.DrawFn) -> tuple[pa.DataType, list[tuple[pa.Table, bool
 
 def written(blob: MemoryBlob, t: pa.DataType, parts: list[tuple[pa.Table, bool]],
             knobs: dict[str, int]) -> list[PartMeta]:
-    return [new_part(blob, collection(t), table, consolidated=consolidated, **knobs)
-            for table, consolidated in parts]
+    """The parts stored: consolidated ones and every other unconsolidated one as persist
+    writes them (sorted, format 4), the rest unsorted as an older persist did."""
+    out = []
+    for i, (table, consolidated) in enumerate(parts):
+        if consolidated or i % 2:
+            out.append(new_part(blob, collection(t), table, consolidated=consolidated, **knobs))
+        else:
+            out.append(legacy_part(blob, collection(t), table, batch_rows=knobs["batch_rows"],
+                                   stats_bytes=knobs["stats_bytes"]))
+    return out
 
 
 KNOBS = st.fixed_dictionaries({
@@ -171,7 +180,9 @@ def check_ranges(ranges: list[KeyRange], metas: list[PartMeta], t: pa.DataType,
         assert a.hi == b.lo
     per_range: list[list[pa.Table]] = [[] for _ in ranges]
     wholes = []
+    decoded_bytes = 0.0
     for p in metas:
+        decoded_rows = 0
         whole = reader.read(p, schema)
         wholes.append(whole)
         hits = np.zeros(len(whole), dtype=np.int64)
@@ -192,8 +203,13 @@ def check_ranges(ranges: list[KeyRange], metas: list[PartMeta], t: pa.DataType,
             got, decoded = split.load(reader, p, schema, r)
             assert canon(got) == canon(split.rows_in(whole, r))
             assert decoded <= p.rows
+            decoded_rows += decoded
             per_range[i].append(got)
         assert (hits == 1).all(), "a row in no range or in two"
+        if p.rows:
+            decoded_bytes += p.nbytes / p.rows * decoded_rows
+    # the planner's count of what the ranges decode is what they do decode
+    assert split.decoded_bytes(metas, ranges, t) == int(decoded_bytes)
     if not wholes:
         return
     want = columnar.contents_at(pa.concat_tables(wholes), AS_OF)
@@ -215,6 +231,9 @@ def test_planned_ranges_split_every_row_exactly_once(
         assert n > 1
         return
     assert 1 <= len(ranges) <= n
+    if len(ranges) > 1:
+        assert split.decoded_bytes(metas, ranges, t) <= split.MAX_AMPLIFICATION * sum(
+            p.nbytes for p in metas if p.rows)
     check_ranges(ranges, metas, t, PartReader(blob))
 
 
@@ -281,13 +300,13 @@ def test_unsplittable_keys_and_trivial_plans() -> None:
     table = table_of([(k, 0, 0, 1) for k in range(1000)], pa.int64())
     p = new_part(blob, collection(pa.int64()), table, consolidated=True, inline_threshold=0,
                  stats_bytes=0)
-    assert split.plan([p], 2, pa.int64()) is None
-    # unsorted parts whose every batch spans every key: no range could skip anything
+    assert split.plan([p], 2, pa.int64()) == [KeyRange()]
+    # unsorted parts (an older persist's) whose every batch spans every key: no range could
+    # skip anything
     rng = np.random.default_rng(1)
     table = table_of([(int(k), 0, 0, 1) for k in rng.permutation(1000)], pa.int64())
-    p = new_part(blob, collection(pa.int64()), table, consolidated=False, inline_threshold=0,
-                 batch_rows=100)
-    assert split.plan([p], 2, pa.int64()) is None
+    p = legacy_part(blob, collection(pa.int64()), table, batch_rows=100)
+    assert split.plan([p], 2, pa.int64()) == [KeyRange()]
 
 
 def test_key_disjoint_parts_without_batch_stats_split_by_part() -> None:

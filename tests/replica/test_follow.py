@@ -66,8 +66,13 @@ def test_replica_listen_is_exactly_once_across_restart_and_handover(loc: str) ->
         # green takes over with the same reentrance id while blue2 is open: blue2 is fenced
         green = persist.open(loc, reentrance_id="svc")
         wg, rg = events(green)
-        with pytest.raises(persist.Fenced):
+        # NB: blue2 learns it was fenced from its next commit: this append's, or a background
+        # compaction's that ran first (which stops the runtime, failing the append with
+        # RuntimeShutdown caused by Fenced). Seen once in a full run.
+        with pytest.raises((persist.Fenced, persist.RuntimeShutdown)) as fenced:
             w2.append(updates_at(30, 0), upper=31).result()
+        assert isinstance(fenced.value, persist.Fenced) or \
+            isinstance(fenced.value.__cause__, persist.Fenced)
         append_times(wg, rg.upper, 45)
         rows = listened_rows(listener, 45)
         assert rows == [(key(t), t, 1) for t in range(1, 45)]

@@ -5,6 +5,7 @@ atomic commit with an idempotency token."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import multiprocessing
 import pickle
 from collections import Counter
@@ -67,10 +68,13 @@ def test_consolidated_tasks_read_in_other_processes_are_the_snapshot(
     assert (info.upper, info.since, info.schema_version) == (5, 0, 0)
     scan = info.snapshot(4)
     tasks = scan.tasks(consolidated=True, n=3)
-    assert [t.bucket for t in tasks] == [0, 1, 2]
+    # NB: as many key ranges as keep the decoding within 1.5x the bytes stored (these
+    # appends overlap in key): at most 3, at least one
+    assert [t.bucket for t in tasks] == list(range(len(tasks)))
+    assert 1 <= len(tasks) <= 3
     outs = list(pool.map(_read_encoded, [t.to_bytes() for t in tasks]))
     keys = [set(_sums(o)) for o in outs]
-    for i, j in ((0, 1), (1, 2), (0, 2)):
+    for i, j in itertools.combinations(range(len(keys)), 2):
         assert not keys[i] & keys[j]
     assert _sums([t for o in outs for t in o]) == want
     for o in outs:  # consolidated: every (key, value) once, at the as-of time
@@ -90,8 +94,12 @@ def test_sorted_parts_split_into_key_ranges_that_decode_only_their_share(
     policy = persist.Options().compaction
     # NB: no background compaction: maintain() below does every merge, so the parts are all
     # compaction output when it returns False (a background merge could still be running).
-    options = persist.Options(background_compaction=False, compaction=type(policy)(
-        fanin=2, final_rows=1 << 30, part_target_bytes=64 << 10))
+    # NB: no inline parts either (inline_threshold pinned): an inline remainder is read by
+    # every range, and with parts this small (1.7 KB of sorted, delta-packed integers) it
+    # would be most of the bytes, which the decode bound then reads once (one task)
+    options = persist.Options(background_compaction=False, inline_threshold=0,
+                              compaction=type(policy)(fanin=2, final_rows=1 << 30,
+                                                      part_target_bytes=64 << 10))
     with persist.open(url, options=options) as client:
         w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         for t in range(4):

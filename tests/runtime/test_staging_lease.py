@@ -124,8 +124,8 @@ def test_the_sweep_spares_a_live_lease_and_reclaims_a_lapsed_one(tmp_path: Path)
         # an hour later (the grace long past): only the revoked lease's part goes
         deleted = sweeper.sweep(blob, newest, now + 3600)
         assert deleted == [lost.blob_key]
-        assert blob.get(kept.blob_key or "") is not None
-        assert blob.get(old_style.blob_key or "") is not None  # no lease: the operator's call
+        assert _stored(blob, kept)
+        assert _stored(blob, old_style)  # no lease: the operator's call
         # the live job commits its part; the revoked one cannot commit (its data may be gone)
         client.apply(parts={"c": [kept]}, seals={"c": 1}).result()
         _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
@@ -146,7 +146,7 @@ def test_a_commit_after_revocation_is_refused_whatever_the_parts_state(tmp_path:
         lid = lease.take(blob)
         part = _stage(blob, client, "c", [(("a", 1), 0, 1)], lid)
         lease.revoke(blob, lid)
-        assert blob.get(part.blob_key or "") is not None
+        assert _stored(blob, part)
         with pytest.raises(lease.LeaseRevoked):
             client.apply(parts={"c": [part]}, seals={"c": 1}).result()
         assert r.upper == 0
@@ -168,8 +168,17 @@ def test_verify_delete_leaked_honours_leases(tmp_path: Path) -> None:
     said: list[str] = []
     deleted = verify.delete_leaked(blob, report.leaked, 0.05, said.append)
     assert deleted == [lost.blob_key]
-    assert blob.get(kept.blob_key or "") is not None
+    assert _stored(blob, kept)
     assert any("staging leases still alive" in s for s in said)
+
+
+def _stored(blob: FileBlob, part: PartMeta) -> bool:
+    """Whether ``part``'s blob is still there, verified (a Parquet part against its checksum)."""
+    assert part.blob_key is not None
+    if part.parquet:
+        assert isinstance(part.checksum, int)
+        return blob.get_plain(part.blob_key, part.checksum) is not None
+    return blob.get(part.blob_key) is not None
 
 
 def _types(client: persist.Client) -> tuple[pa.Schema, object, object]:

@@ -5,22 +5,45 @@ from __future__ import annotations
 
 import pickle
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
 from persist.blob.dynamo_commit import DECISION_ETAG
 from persist.blob.s3 import MIN_PART_SIZE, ImmutableCache, S3Blob, S3Config
 from persist.errors import InvalidUsage
-from tests.blob.conformance import BlobConformance
+from tests.blob.conformance import BlobConformance, ReadExternal
 from tests.support.s3_servers import Server
 
 pytestmark = pytest.mark.s3
+
+
+@pytest.fixture
+def read_s3_url(s3_client: Any) -> ReadExternal:
+    """Reads an ``s3://bucket/key`` URL with a plain boto3 client, as another program would."""
+    def read(url: str) -> bytes | None:
+        parsed = urlparse(url)
+        assert parsed.scheme == "s3", url
+        try:
+            body: bytes = s3_client.get_object(Bucket=parsed.netloc,
+                                               Key=parsed.path.lstrip("/"))["Body"].read()
+        except s3_client.exceptions.NoSuchKey:
+            return None
+        return body
+    return read
 
 
 class TestS3Blob(BlobConformance):
     @pytest.fixture
     def blob(self, aws_options: dict[str, Any], bucket: str) -> S3Blob:
         return S3Blob(bucket, "some/prefix", storage_options=aws_options)
+
+    @pytest.fixture
+    def read_external(self, read_s3_url: ReadExternal) -> ReadExternal:
+        return read_s3_url
+
+    def test_external_url_is_under_the_prefix(self, blob: S3Blob) -> None:
+        assert blob.external_url("data/1/x") == f"s3://{blob.bucket}/some/prefix/data/1/x"
 
     def test_native_mode(self, blob: S3Blob) -> None:
         assert blob.commit is None
@@ -34,6 +57,10 @@ class TestS3BlobDynamoCommit(BlobConformance):
     def blob(self, aws_options: dict[str, Any], bucket: str, dynamodb_table: str) -> S3Blob:
         opts = {**aws_options, "conditional_put": "dynamodb", "dynamodb_table": dynamodb_table}
         return S3Blob(bucket, "p", storage_options=opts)
+
+    @pytest.fixture
+    def read_external(self, read_s3_url: ReadExternal) -> ReadExternal:
+        return read_s3_url
 
     def test_dynamodb_mode_never_sends_if_none_match(self, blob: S3Blob) -> None:
         sent: list[tuple[str, dict[str, Any]]] = []

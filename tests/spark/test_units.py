@@ -17,7 +17,7 @@ from persist.errors import InvalidUsage
 from persist.indexed.format.columnar import contents_at, part_schema
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.read import buckets
-from persist.indexed.read.scan import Address, CollectionInfo, default_buckets, group
+from persist.indexed.read.scan import Address, CollectionInfo, group
 from tests.spark.support import updates_at
 
 pytestmark = pytest.mark.spark
@@ -103,17 +103,12 @@ def test_exactness_rule() -> None:
     assert info(9, {"h": 4}).exact(5, 9)  # a hold keeps the range exact
 
 
-def test_grouping_and_bucket_defaults() -> None:
+def test_grouping() -> None:
     def part(rows: int, t: int) -> PartMeta:
         return PartMeta(id=uuid.uuid4().hex, rows=rows, nbytes=1, min_time=t, max_time=t)
 
     parts = [part(10, 0), part(10, 1), part(500, 2), part(10, 3), part(95, 4)]
     assert [sum(p.rows for p in g) for g in group(parts, 100)] == [500, 30, 95]
-    assert default_buckets(0) == 1
-    assert default_buckets(4_000_000) == 1
-    assert default_buckets(5_000_000) == 2
-    assert default_buckets(12_000_000) == 3
-    assert default_buckets(10**12) == 8
 
 
 def test_stream_reader_pickles_without_its_metadata_view(tmp_path: object) -> None:

@@ -655,6 +655,15 @@ def forward(table: pa.Table, frontier: int) -> pa.Table:
 _CONSOLIDATED_ORDER = [("key", "ascending"), ("value", "ascending"), ("time", "ascending")]
 
 
+def sort_indices(table: pa.Table) -> pa.Array:
+    """The permutation that sorts ``table`` by ``(key, value, time)`` in the order
+    :func:`consolidate` sorts in (records by their frame columns). Parts are stored in it
+    (:mod:`persist.indexed.format.sorting`)."""
+    if _framed(table):
+        return _order(_frame_table(table, time=True)[0])
+    return pc.sort_indices(table, sort_keys=_CONSOLIDATED_ORDER)
+
+
 def consolidate(table: pa.Table) -> pa.Table:
     """Sums diffs per (key, value, time), drops zeros, sorts by (key, value, time).
 

@@ -36,6 +36,15 @@ history (``schemas``) and whose parts record the version they were written with
 one schema and misread them, so a commit carrying ``EvolveSchema`` and a rollup holding an
 evolved collection are version 3 (refused by older readers); every other record keeps its
 version-1 or version-2 bytes (the new fields are ``UNSET`` until an evolution sets them).
+
+Version 4 is Parquet parts (:mod:`persist.indexed.format.parquet`): a blob part stored as a plain
+Parquet file (part format 4), its crc32c kept in ``PartMeta.checksum`` since the file carries no
+envelope (a checksum is what marks a part as one). A persist that predates it would read such a blob as an enveloped Arrow
+stream and fail on every read of it, or (a replica) read a state it cannot serve, so a commit
+that adds a version-4 part (``AddPart``, ``ReplaceParts``) and a rollup holding one are version
+4, refused by an older persist with ``IncompatibleFormat`` before it reads anything else of
+them. Every other record keeps its bytes (the new fields are ``UNSET`` on older parts and on
+inline parts, which stay Arrow IPC streams).
 """
 
 from __future__ import annotations
@@ -50,14 +59,17 @@ from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
 from persist.indexed.format import columnar, records
 from persist.indexed.format.stats import PartStats
 
-#: The newest metadata format this persist reads (and writes for evolved collections).
-FORMAT_VERSION = 3
+#: The newest metadata format this persist reads (and writes for records referencing Parquet
+#: parts).
+FORMAT_VERSION = 4
 #: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
 #: The format of records carrying a collection of records (version-2 types).
 RECORDS_FORMAT_VERSION = 2
 #: The format of records carrying a schema evolution or an evolved collection.
 EVOLUTION_FORMAT_VERSION = 3
+#: The format of records referencing a Parquet part (part format 4).
+PARQUET_FORMAT_VERSION = 4
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,6 +104,28 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: written by an older persist). An older persist ignores them.
     inserted: int | msgspec.UnsetType = msgspec.UNSET
     retracted: int | msgspec.UnsetType = msgspec.UNSET
+    #: Set on a Parquet part (part format 4, :mod:`persist.indexed.format.parquet`): the crc32c
+    #: of the whole blob, a plain file the store keeps no checksum of, verified before the blob
+    #: is decoded; a record referencing such a part is metadata format version 4. UNSET: the
+    #: blob is an Arrow IPC stream in an envelope (part formats 1-2, tagged inside), as an
+    #: inline part always is.
+    checksum: int | msgspec.UnsetType = msgspec.UNSET
+    #: The rows are sorted by ``(key, value, time)`` in consolidation's order (every part
+    #: format 4 writes; ``consolidated`` parts are sorted too). UNSET: no order is known.
+    sorted: bool | msgspec.UnsetType = msgspec.UNSET
+    # NB: at most 15 fields. msgspec writes the map header of a struct with more fields as a
+    # map16 (3 bytes) whatever is omitted, which would change the stored bytes of every part
+    # ever written (and the golden files). A 16th field goes into a nested struct.
+
+    @property
+    def ordered(self) -> bool:
+        """Whether the rows are known to be sorted by ``(key, value, time)``."""
+        return self.consolidated or self.sorted is True
+
+    @property
+    def parquet(self) -> bool:
+        """Whether the part is a Parquet file (part format 4): it has a checksum."""
+        return self.checksum is not msgspec.UNSET
 
 
 class OfPart:
@@ -320,10 +354,14 @@ def encode(record: Commit | State) -> bytes:
 
 
 def required_version(record: Commit | State) -> int:
-    """The lowest format version that can carry ``record``: 3 if it evolves a schema (a
-    commit) or registers or holds an evolved collection, else 2 if it registers (a commit) or
-    holds (a rollup) a collection of version-2 types, else 1."""
+    """The lowest format version that can carry ``record``: 4 if it adds (a commit) or holds
+    (a rollup) a Parquet part, else 3 if it evolves a schema (a commit) or registers or holds
+    an evolved collection, else 2 if it registers (a commit) or holds (a rollup) a collection
+    of version-2 types, else 1."""
     if isinstance(record, Commit):
+        parts: Any = (p for op in record.ops for p in _parts_of(op))
+        if any(p.parquet for p in parts):
+            return PARQUET_FORMAT_VERSION
         if any(isinstance(op, EvolveSchema) for op in record.ops):
             return EVOLUTION_FORMAT_VERSION
         colls: Any = (op.collection for op in record.ops if isinstance(op, Register))
@@ -332,9 +370,22 @@ def required_version(record: Commit | State) -> int:
     return max((collection_version(c) for c in colls), default=BASE_FORMAT_VERSION)
 
 
+def _parts_of(op: Op) -> tuple[PartMeta, ...]:
+    """The parts an op adds (a registered collection's own included)."""
+    if isinstance(op, AddPart):
+        return (op.part,)
+    if isinstance(op, ReplaceParts):
+        return op.added
+    if isinstance(op, Register):
+        return op.collection.parts
+    return ()
+
+
 def collection_version(c: CollectionMeta) -> int:
-    """3 for an evolved collection, 2 for one of version-2 types (see the module docstring),
-    else 1."""
+    """4 for a collection holding a Parquet part, 3 for an evolved collection, 2 for one of
+    version-2 types (see the module docstring), else 1."""
+    if any(p.parquet for p in c.parts):
+        return PARQUET_FORMAT_VERSION
     if c.schemas is not msgspec.UNSET:
         return EVOLUTION_FORMAT_VERSION
     v2 = _type_is_v2(c.key_type) or _type_is_v2(c.value_type)

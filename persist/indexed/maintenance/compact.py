@@ -17,6 +17,15 @@ mergeable parts leaves at most one mergeable part (the remainder), so the number
 parts strictly falls with every merge of the same parts. (A single key holding more than the
 target makes a part larger than it.)
 
+**Rewriting old parts.** A blob part not in part format 4 (an Arrow stream of an older persist,
+unsorted) is rewritten on its own (:func:`plan_rewrite`: a merge of one part) into a sorted
+Parquet part, final and full parts included, which merging never picks: a bulk load written by
+an older persist ends up sorted, and key-range reads then split it. The runtime rewrites one
+part at a time, only while no command waits, and spends at most
+``CompactionPolicy.rewrite_share`` of the maintenance thread's time on it (a rewrite that took
+``d`` seconds is followed by ``d * (1 / share - 1)`` seconds without one), so rewrites never
+starve the commit path.
+
 Merging never changes the contents as of any time at or after the frontier it forwards to, so
 it is invisible to every definite read. It runs off the commit path and lands as one
 ``ReplaceParts`` op.
@@ -61,6 +70,10 @@ class CompactionPolicy:
     #: (decoded) bytes (>= 1; stored parts are typically 2-5x smaller). Small: many small,
     #: key-disjoint parts.
     part_target_bytes: int = 64 << 20
+    #: The share of the maintenance thread's time spent rewriting old parts into part format
+    #: 4 (in ``[0, 1]``; 0: the background never rewrites them, an explicit maintenance round
+    #: still does). Large: old parts become sorted sooner, at more CPU beside the commit path.
+    rewrite_share: float = 0.25
 
     def __post_init__(self) -> None:
         for name, lo in (("fanin", 2), ("final_rows", 1), ("inline_flush_bytes", 0),
@@ -69,6 +82,11 @@ class CompactionPolicy:
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise InvalidUsage(f"CompactionPolicy.{name} must be an integer >= {lo}, "
                                    f"not {value!r}")
+        share = self.rewrite_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or \
+                not 0.0 <= share <= 1.0:
+            raise InvalidUsage(f"CompactionPolicy.rewrite_share must be a number in [0, 1], "
+                               f"not {share!r}")
 
 
 def level(p: PartMeta) -> int:
@@ -95,22 +113,39 @@ def plan(c: CollectionMeta, policy: CompactionPolicy) -> tuple[PartMeta, ...]:
     return ()
 
 
+def outdated(p: PartMeta) -> bool:
+    """Whether ``p`` is a blob part not in the form persist writes now (a sorted Parquet
+    part, format 4): what :func:`plan_rewrite` picks."""
+    return p.blob_key is not None and p.rows > 0 and not (p.parquet and p.ordered)
+
+
+def plan_rewrite(c: CollectionMeta) -> PartMeta | None:
+    """The oldest blob part of ``c`` to rewrite into part format 4 (see the module
+    docstring), or None if every one is current. Final and full parts included."""
+    return next((p for p in c.parts if outdated(p)), None)
+
+
 def merge(
     blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...],
     *, inline_threshold: int, frontier: int | None = None, stats_bytes: int = stats.STATS_BYTES,
     batch_rows: int = columnar.BATCH_ROWS, part_target_bytes: int | None = None,
+    keep_full: bool = False,
 ) -> ReplaceParts:
     """Merges ``parts`` of ``c`` into new parts (written to ``blob``), forwarding times to
     ``frontier`` (default and maximum: the effective since), cut by key into parts of about
     ``part_target_bytes`` (None: one part; see the module docstring). Parts written with older
-    schema versions are migrated to the current one, which the new parts are."""
+    schema versions are migrated to the current one, which the new parts are.
+
+    ``keep_full``: the last part is full too (a rewrite of one full part: it stays out of
+    merges, as it was)."""
     since = effective_since(c)
     frontier = since if frontier is None else min(frontier, since)
     view = evolve.View.of(c)
     table = pa.concat_tables([view.read(reader, p) for p in parts])
     merged = columnar.consolidate(columnar.forward(table, frontier))
     added: list[PartMeta] = []
-    for chunk, full in split_by_key(merged, part_target_bytes):
+    for chunk, cut in split_by_key(merged, part_target_bytes):
+        full = cut or keep_full
         # NB: a full part is never merged again, so it must not ride inline: every rollup
         # would carry it forever (inline parts are otherwise flushed into blobs by merging).
         added.append(evolve.tag(new_part(blob, c, chunk, consolidated=True, full=full,

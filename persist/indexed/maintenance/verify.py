@@ -21,7 +21,7 @@ import pyarrow as pa
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, IncompatibleFormat, MissingResource, PersistError
-from persist.indexed.format import columnar, evolve, meta
+from persist.indexed.format import columnar, evolve, meta, parquet, sorting
 from persist.indexed.format.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.maintenance import gc
 from persist.indexed.state import lease
@@ -135,18 +135,24 @@ def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[st
 
 
 class _Data:
-    """The stored bytes of one part, read as an ``evolve.PartSource``."""
+    """The stored bytes of one part (verified already), read as an ``evolve.PartSource``."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
 
     def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
         """Decodes the bytes as ``part``, checked against ``schema``."""
-        return columnar.decode_part(part.blob_key or f"inline part {part.id}", self.data,
-                                    schema)
+        where = part.blob_key or f"inline part {part.id}"
+        if part.parquet and part.inline is None:
+            s = part.stats
+            rows = s.batch_rows if not isinstance(s, msgspec.UnsetType) and s.batch_rows \
+                else None
+            return parquet.decode(where, self.data, schema, rows=rows).table
+        return columnar.decode_part(where, self.data, schema)
 
 
-def _check_part_data(name: str, c: CollectionMeta, p: PartMeta, data: bytes) -> list[str]:
+def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
+                     data: bytes | memoryview) -> list[str]:
     where = p.blob_key or f"inline part {p.id}"
     problems: list[str] = []
     if len(data) != p.nbytes:
@@ -164,6 +170,8 @@ def _check_part_data(name: str, c: CollectionMeta, p: PartMeta, data: bytes) -> 
                             f"[{p.min_time}, {p.max_time}]")
         if p.consolidated and len(columnar.consolidate(table)) != len(table):
             problems.append(f"{name}: {where} is marked consolidated but is not")
+        if p.ordered and not sorting.is_sorted(table):
+            problems.append(f"{name}: {where} is marked sorted but is not")
     return problems
 
 
@@ -200,17 +208,28 @@ def _replay_problems(
     return problems
 
 
-def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
-               progress: Progress) -> Iterator[tuple[str, bytes | PersistError | None]]:
+_Got = bytes | memoryview | PersistError | None
+
+
+def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int, progress: Progress,
+               plain: dict[str, PartMeta] | None = None) -> Iterator[tuple[str, _Got]]:
     """Reads ``keys`` with ``jobs`` threads; yields (key, payload | None | error) as they come.
+    A key of ``plain`` is a plain value (a Parquet part), verified against its part's
+    checksum; every other key is enveloped.
 
     NB: at most ``2 * jobs`` reads are in flight and a payload is dropped once yielded, so
     verifying a location never holds more than a few blobs in memory.
     """
+    plain = plain or {}
 
-    def get(key: str) -> bytes | PersistError | None:
+    def get(key: str) -> bytes | memoryview | PersistError | None:
         try:
-            return blob.get(key)
+            part = plain.get(key)
+            if part is None:
+                return blob.get(key)
+            if not isinstance(part.checksum, int):
+                return Corruption(key, "a Parquet part without a checksum in its metadata")
+            return blob.get_plain(key, part.checksum, size=part.nbytes)
         except PersistError as e:
             if isinstance(e, IncompatibleFormat):
                 raise
@@ -219,7 +238,7 @@ def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int,
     pending = iter(keys)
     window = max(1, jobs) * 2
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        running: dict[concurrent.futures.Future[bytes | PersistError | None], str] = {}
+        running: dict[concurrent.futures.Future[_Got], str] = {}
         while True:
             for key in pending:
                 running[pool.submit(get, key)] = key
@@ -272,25 +291,27 @@ def verify(blob: BlobRead, *, url: str = "", jobs: int = 4,
     referenced = gc.referenced(state) if state else set()
     blob_parts = {p.blob_key: (name, c, p) for name, c, p in parts if p.blob_key}
     listed = set(data_keys)
+    # NB: a retired blob is only counted as present, not read: nothing references it any
+    # more, and a retired Parquet part cannot be verified (its checksum left with its part).
     retired_present = [r.key for r in (state.retired if state else ()) if r.key in listed]
     missing: list[str] = []
     bar = progress or _NoProgress()
-    bar.start(len(log_keys) + len(rollup_keys) + len(parts) + len(retired_present))
+    bar.start(len(log_keys) + len(rollup_keys) + len(parts))
+    report.data_blobs += len(retired_present)
+    plain = {k: p for k, (_, _, p) in blob_parts.items() if p.parquet}
     try:
         commits, rollups = _verify_metadata(blob, log_keys, rollup_keys, jobs, bar, report)
-        for key, got in _fetch_all(blob, [*blob_parts, *retired_present], jobs, bar):
+        for key, got in _fetch_all(blob, list(blob_parts), jobs, bar, plain):
             if isinstance(got, PersistError):
                 report.problems.append(f"{key}: {got}")
                 continue
             if got is None:
-                if key in blob_parts:
-                    missing.append(key)
-                continue  # a retired blob deleted meanwhile: fine
+                missing.append(key)
+                continue
             report.data_blobs += 1
             report.bytes_read += len(got)
-            if key in blob_parts:
-                name, c, p = blob_parts[key]
-                report.problems.extend(_check_part_data(name, c, p, got))
+            name, c, p = blob_parts[key]
+            report.problems.extend(_check_part_data(name, c, p, got))
         for name, c, p in parts:
             if p.inline is not None:
                 report.inline_parts += 1
@@ -331,10 +352,11 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
         report.metadata_blobs += 1
         report.bytes_read += len(got)
         try:
+            record = bytes(got)  # metadata is enveloped: get() returned bytes already
             if key.startswith(layout.LOG_PREFIX):
-                commits[layout.seq_of(key)] = meta.decode_commit(key, got)
+                commits[layout.seq_of(key)] = meta.decode_commit(key, record)
             else:
-                rollup = meta.decode_state(key, got)
+                rollup = meta.decode_state(key, record)
                 rollups[rollup.seq] = rollup
                 report.problems.extend(check_state(rollup, f"rollup {rollup.seq}"))
         except Corruption as e:

@@ -17,15 +17,44 @@ import pyarrow as pa
 
 from persist.blob.base import BlobRead
 from persist.errors import Corruption, PartMissing
-from persist.indexed.format import columnar
+from persist.indexed.format import columnar, parquet
 from persist.indexed.format.meta import PartMeta
 
 #: The decoded bytes a client's part cache holds by default (``Options.cache_bytes``).
 CACHE_BYTES = 256 << 20
 
 
+class DecodeCount:
+    """Stored bytes decoded so far (thread-safe): of a Parquet part, the compressed column
+    chunks of the row groups decoded; of an Arrow stream, its bytes (the record batches'
+    messages when only some are decoded). A part served from a reader's cache decodes
+    nothing. What a read plan's decode amplification is measured by (DESIGN.md §11a)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bytes = 0
+
+    def add(self, n: int) -> None:
+        """Counts ``n`` more bytes decoded."""
+        with self._lock:
+            self._bytes += n
+
+    @property
+    def bytes(self) -> int:
+        """Bytes decoded so far."""
+        return self._bytes
+
+
+#: Every part reader of this process counts into this too (the benchmark reads it).
+DECODED = DecodeCount()
+
+
 class PartReader:
     """Fetches and decodes parts, keeping recently used blob parts in a bounded cache.
+
+    Part formats: a blob of format 4 is a Parquet file, verified against its
+    ``PartMeta.checksum`` (:meth:`~persist.blob.base.BlobRead.get_plain`) and decoded by
+    :mod:`persist.indexed.format.parquet`; others (and inline parts) are Arrow streams.
 
     NB: parts are immutable and uniquely named, so caching them can never serve stale data.
     """
@@ -33,9 +62,52 @@ class PartReader:
     def __init__(self, blob: BlobRead, *, cache_bytes: int = CACHE_BYTES) -> None:
         self.blob = blob
         self.cache_bytes = cache_bytes
-        self._cache: OrderedDict[str, tuple[pa.Table, int]] = OrderedDict()
+        #: key -> (decoded table, its size, the row count of each of its record batches)
+        self._cache: OrderedDict[str, tuple[pa.Table, int, tuple[int, ...]]] = OrderedDict()
         self._cached = 0
         self._lock = threading.Lock()
+        #: What this reader decoded (:class:`DecodeCount`).
+        self.decoded = DecodeCount()
+
+    def _count(self, n: int) -> None:
+        self.decoded.add(n)
+        DECODED.add(n)
+
+    def _fetch(self, part: PartMeta) -> memoryview:
+        """The verified stored bytes of blob part ``part``.
+
+        Raises:
+            PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`.
+        """
+        key = part.blob_key
+        assert key is not None
+        if part.parquet:
+            if not isinstance(part.checksum, int):
+                raise Corruption(key, "a Parquet part without a checksum in its metadata")
+            data = self.blob.get_plain(key, part.checksum, size=part.nbytes)
+        else:
+            data = self.blob.get_view(key)
+        if data is None:
+            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
+        return data
+
+    def _decode(self, part: PartMeta, key: str, data: bytes | memoryview, schema: pa.Schema,
+                keep: list[bool] | None = None, rows: tuple[int, ...] | None = None
+                ) -> tuple[pa.Table, tuple[int, ...]]:
+        """The decoded rows (all, or the batches ``keep`` keeps) and the row count of every
+        record batch (row group) of the part."""
+        if part.parquet and part.inline is None:
+            decoded = parquet.decode(key, data, schema, keep=keep, rows=rows)
+            self._count(decoded.nbytes)
+            return decoded.table, decoded.row_groups
+        if keep is None:
+            self._count(memoryview(data).nbytes)
+            table = columnar.decode_part(key, data, schema)
+            # NB: a decoded stream has one chunk per record batch
+            return table, tuple(len(c) for c in table.column(0).chunks)
+        table = columnar.decode_batches(key, data, schema, keep, rows)
+        self._count(_kept_share(memoryview(data).nbytes, keep, rows))
+        return table, tuple(rows or ())
 
     def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
         """Returns ``part``'s decoded table, from the cache when it holds it. Thread-safe.
@@ -50,7 +122,7 @@ class PartReader:
             ExternalError: storage failed.
         """
         if part.inline is not None:
-            return columnar.decode_part(f"inline part {part.id}", part.inline, schema)
+            return self._decode(part, f"inline part {part.id}", part.inline, schema)[0]
         key = part.blob_key
         assert key is not None
         with self._lock:
@@ -58,20 +130,17 @@ class PartReader:
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit[0]
-        data = self.blob.get_view(key)
-        if data is None:
-            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
-        table = columnar.decode_part(key, data, schema)
+        table, groups = self._decode(part, key, self._fetch(part), schema)
         # NB: the decoded size, which is what the cache holds: a zstd part decodes to ~3x its
         # stored bytes, so counting those would let the cache grow to ~3x its budget.
         size = table.nbytes
         if size <= self.cache_bytes // 4:
             with self._lock:
                 if key not in self._cache:
-                    self._cache[key] = (table, size)
+                    self._cache[key] = (table, size, groups)
                     self._cached += size
                 while self._cached > self.cache_bytes:
-                    _, (_, s) = self._cache.popitem(last=False)
+                    _, (_, s, _) = self._cache.popitem(last=False)
                     self._cached -= s
         return table
 
@@ -89,8 +158,8 @@ class PartReader:
         with self._lock:
             hit = self._cache.get(key) if key is not None else None
         if hit is not None:
-            # NB: a decoded stream has one chunk per record batch: the stats must describe them.
-            have = [len(c) for c in hit[0].column(0).chunks if len(c)]
+            # NB: the stats must describe the part's record batches (row groups) as stored.
+            have = [n for n in hit[2] if n]
             if have != [n for n in batch_rows if n]:
                 raise Corruption(key or "", f"record batches of {have} rows, its stats say "
                                             f"{list(batch_rows)}")
@@ -101,13 +170,19 @@ class PartReader:
                 at += n
             return pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0)
         if part.inline is not None:
-            return columnar.decode_batches(f"inline part {part.id}", part.inline, schema, keep,
-                                           batch_rows)
+            return self._decode(part, f"inline part {part.id}", part.inline, schema, keep,
+                                batch_rows)[0]
         assert key is not None
-        data = self.blob.get_view(key)
-        if data is None:
-            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
-        return columnar.decode_batches(key, data, schema, keep, batch_rows)
+        return self._decode(part, key, self._fetch(part), schema, keep, batch_rows)[0]
 
 
-__all__ = ["CACHE_BYTES", "PartReader"]
+def _kept_share(nbytes: int, keep: list[bool], rows: tuple[int, ...] | None) -> int:
+    """The bytes of an Arrow stream's kept record batches, estimated by their rows (the
+    stream's batches are decoded from messages of about that share of its bytes)."""
+    if rows is None or not sum(rows):
+        return nbytes if any(keep) else 0
+    kept = sum(n for k, n in zip(keep, rows, strict=False) if k)
+    return nbytes * kept // sum(rows)
+
+
+__all__ = ["CACHE_BYTES", "DECODED", "DecodeCount", "PartReader"]

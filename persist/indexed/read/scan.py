@@ -29,9 +29,11 @@ The rules, stated once (DESIGN.md §11a lists where each lives):
   (:meth:`CollectionInfo.exact`).
 * **Consolidated tasks** split the keys into disjoint ranges (:mod:`persist.indexed.read.split`,
   from the sorted parts' per-batch key stats: a task decodes only the parts and record
-  batches that may hold its keys) or, where the keys have no usable order or stats, into
-  disjoint hash buckets (:mod:`persist.indexed.read.buckets`: each task decodes every part and
-  keeps its share). Either way every key lands in exactly one task, so the tasks' outputs are
+  batches that may hold its keys), as many as keep what all of them decode within 1.5 times
+  the bytes stored. No plan relies on every task reading every part: parts without a usable
+  order (an older persist's unsorted parts, until compaction rewrites them; inline parts) are
+  read by every range and so allow fewer ranges, and keys without a range order (records)
+  are read by one task. Every key lands in exactly one task, so the tasks' outputs are
   disjoint and their union is the snapshot. A single task over every key can also be read
   sorted (``ordered``): what a client's snapshot returns (:class:`SnapshotRead`).
 * **Planning again.** A consolidated read that finds a part gone (GC after compaction replaced
@@ -65,11 +67,6 @@ from persist.indexed.read.prune import PruneCounts, Pruner
 from persist.indexed.state import history
 from persist.indexed.state.transitions import check_time, collection, effective_since
 
-#: Consolidated reads: one key-hash bucket (task) per this many rows, by default. Each bucket
-#: decodes every part, but it consolidates and hands on only its share, and handing rows to
-#: the consumer (Spark's Arrow transfer) costs more than decoding: measured on 2 cores, two
-#: buckets read 5 M rows 1.2x faster than one.
-ROWS_PER_BUCKET = 4_000_000
 #: Consolidated reads split by key range: one range (task) per this many rows, by default.
 ROWS_PER_RANGE = 4_000_000
 #: Raw and change reads: tasks of about this many rows, by default (about Spark's default
@@ -542,12 +539,6 @@ def balanced(parts: Sequence[PartMeta], rows: int) -> list[Share]:
     return out
 
 
-def default_buckets(rows: int) -> int:
-    """Consolidated reads: how many key-hash buckets (tasks) for ``rows`` updates (one per
-    ``ROWS_PER_BUCKET``, at most 8)."""
-    return max(1, min(8, math.ceil(rows / ROWS_PER_BUCKET)))
-
-
 @dataclass(frozen=True)
 class Scan:
     """A planned read: a snapshot as of ``hi - 1`` or the changes ``[lo, hi)`` of one
@@ -626,10 +617,11 @@ class Scan:
 
         Args:
             consolidated: a snapshot's contents (each ``(key, value)`` once, diffs summed) in
-                ``n`` key ranges or key-hash buckets (default: one per ``ROWS_PER_RANGE``
-                rows; buckets at most 8); else raw updates, parts grouped up to
-                ``rows_per_task`` rows (default ``ROWS_PER_TASK``; at least one task,
-                possibly empty).
+                up to ``n`` disjoint key ranges (default: one per ``ROWS_PER_RANGE`` rows):
+                as many as keep the bytes all tasks decode within 1.5 times the bytes stored
+                (:func:`persist.indexed.read.split.plan`), one task for keys without a range
+                order (records); else raw updates, parts grouped up to ``rows_per_task`` rows
+                (default ``ROWS_PER_TASK``; at least one task, possibly empty).
 
         Raises:
             InvalidUsage: ``consolidated`` for a range of changes; ``n`` below 1.
@@ -644,6 +636,10 @@ class Scan:
                 raise InvalidUsage("a range of changes is read raw, not consolidated")
             key_type = self.info.types(self.schema_version)[0]
             want = n or max(1, math.ceil(self.rows / ROWS_PER_RANGE))
+            # NB: as many key ranges as keep the bytes decoded within split.MAX_AMPLIFICATION
+            # times those stored (fewer than asked when the parts' order does not allow
+            # more); keys without a range order (records) get one task: hash buckets would
+            # have every task decode every part.
             ranges = split.plan(self.kept, want, key_type) if want > 1 else None
             if ranges is not None and len(ranges) > 1:
                 return [ReadTask(kind="consolidated", key_range=r, bucket=i, buckets=len(ranges),
@@ -652,11 +648,8 @@ class Scan:
                                  audit=_share(self.skipped_parts, i, len(ranges))
                                  if audited else (), **common)
                         for i, r in enumerate(ranges)]
-            k = n or default_buckets(self.rows)
-            return [ReadTask(kind="consolidated", parts=self.kept, bucket=b, buckets=k,
-                             audit=_share(self.skipped_parts, b, k) if audited else (),
-                             **common)
-                    for b in range(k)]
+            return [ReadTask(kind="consolidated", parts=self.kept, bucket=0, buckets=1,
+                             audit=self.skipped_parts if audited else (), **common)]
         kind: TaskKind = "changes" if self.kind == "changes" else "snapshot"
         if self.filter is None:
             shares = balanced(self.kept, rows)

@@ -1,15 +1,17 @@
 """Key-range splits of a snapshot: disjoint key ranges that parallel consolidated reads own.
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place.
-Hash buckets (:mod:`persist.indexed.read.buckets`) give that, but every task must then decode every
-part. A split by key *range* lets each task decode only the record batches that may hold its keys:
-compaction output is sorted by key (``PartMeta.consolidated``), cut into bounded parts, and its
-per-batch key bounds (:mod:`persist.indexed.format.stats`) say which batches a range needs. Three
-steps, all pure:
+Hash buckets (:mod:`persist.indexed.read.buckets`) give that, but every task must then decode
+every part: ``n`` tasks read the collection ``n`` times. A split by key *range* lets each task
+decode only the record batches that may hold its keys: every blob part persist writes is sorted
+by key (``PartMeta.ordered``: part format 4, and compaction output, which is also cut into
+bounded, key-disjoint parts), and its per-batch key bounds (:mod:`persist.indexed.format.stats`)
+say which batches a range needs. Three steps, all pure:
 
 * :func:`plan` (driver, metadata only): ``n`` or fewer ordered, disjoint :class:`KeyRange`\\ s
   covering every key, with boundaries chosen from the parts' key stats so that each range is
-  expected to hold about as many rows.
+  expected to hold about as many rows, and no more ranges than keep what they decode together
+  within :data:`MAX_AMPLIFICATION` (1.5) times the bytes stored.
 * :func:`part_in` and :func:`batches_in` (task): which parts and record batches may hold keys
   of a range; only those are decoded.
 * :func:`rows_in` / :func:`mask` (task): the exact rows whose key is in the range, vectorized.
@@ -59,6 +61,7 @@ next batch's lower bound (sorted keys never decrease across batches).
 
 from __future__ import annotations
 
+import bisect
 import decimal
 import itertools
 from collections.abc import Callable, Sequence
@@ -80,8 +83,9 @@ from persist.indexed.read.prune import BatchSource
 _KEY = stats.path_key(("key",))
 #: At most this many candidate boundaries are weighed (evenly subsampled beyond it).
 MAX_CANDIDATES = 4096
-#: A plan is useful only if no range decodes more than this share of the rows.
-MAX_DECODED_SHARE = 0.75
+#: The tasks of a plan decode at most this many times the bytes stored, together
+#: (:func:`plan`): parallel consolidation never relies on every task reading every part.
+MAX_AMPLIFICATION = 1.5
 #: Candidates x pieces weighed per numpy step (bounds the temporaries to a few MB).
 _BLOCK_CELLS = 1 << 20
 
@@ -212,7 +216,7 @@ def _key_stats(p: PartMeta, kind: _Kind) -> _KeyStats:
             and len(entry.lo) == len(entry.hi) == len(s.batch_rows)):
         rows = s.batch_rows
         per = [(_fits(a, kind), _fits(b, kind)) for a, b in zip(entry.lo, entry.hi, strict=True)]
-        if p.consolidated and kind in _EXACT_LO:
+        if p.ordered and kind in _EXACT_LO:
             per = _recover_uppers(per)
     return _KeyStats(lo, hi, special, rows, per)
 
@@ -264,7 +268,7 @@ def batches_in(part: PartMeta, key_range: KeyRange, key_type: pa.DataType
     whether it may hold a key in ``key_range``; None if the part has no per-batch key stats
     (decode it whole). Every entry is False when :func:`part_in` is.
 
-    For a sorted part (``consolidated``) a batch's keys lie between its bounds and the next
+    For a sorted part (``PartMeta.ordered``) a batch's keys lie between its bounds and the next
     batches', so a plan's ranges split its batches with at most one boundary batch decoded by
     two neighbouring ranges (two when a string bound was truncated).
 
@@ -281,7 +285,7 @@ def _batches_in(part: PartMeta, ks: _KeyStats, key_range: KeyRange) -> list[bool
         return [True] * len(ks.batches)
     if key_range.hi is None and ks.special != 0:
         # NB: the last range holds NaN and null keys, whose counts are per part.
-        if ks.special is None or not part.consolidated or ks.batch_rows is None:
+        if ks.special is None or not part.ordered or ks.batch_rows is None:
             return [True] * len(ks.batches)  # unsorted: any batch may hold one
         ends = _ends(ks.batch_rows, ks.special)
         return [e or key_range.overlaps(lo, hi)
@@ -424,24 +428,32 @@ def load(reader: BatchSource, part: PartMeta, schema: pa.Schema, key_range: KeyR
 
 
 def plan(parts: Sequence[PartMeta], n: int, key_type: pa.DataType) -> list[KeyRange] | None:
-    """At most ``n`` ordered, disjoint key ranges covering every key, for ``n`` tasks that
-    each consolidate the rows of one: the first unbounded below, the last unbounded above
-    (and holding NaN and null keys), each ``hi`` the next ``lo``.
+    """At most ``n`` ordered, disjoint key ranges covering every key, for tasks that each
+    consolidate the rows of one: the first unbounded below, the last unbounded above (and
+    holding NaN and null keys), each ``hi`` the next ``lo``; as many as keep the bytes all of
+    them decode within :data:`MAX_AMPLIFICATION` times the bytes stored.
 
     Boundaries are lower bounds of record batches (else whole parts) taken from the key stats
     of sorted parts (of any part when none is sorted): a range starting at a sorted batch's
     first key leaves every earlier batch of that part to the ranges before it. They are chosen
-    so that each range expects about ``1/n`` of the rows, estimated from every part's per-batch
+    so that each range expects about as many rows, estimated from every part's per-batch
     (else part-level) key bounds with rows spread evenly between a bound pair (strings by
     their leading bytes past a common prefix), null and NaN keys counted in the last range.
     Parts without key stats are read by every range and do not move the boundaries.
 
+    **The decode bound.** Every range decodes the batches that may hold its keys, so a batch
+    that straddles a boundary is decoded twice, and a part without usable stats (an unsorted
+    part of an older persist, an inline part) by every range. The plan counts what each
+    choice of ranges decodes (:func:`decoded_bytes`, each batch weighed by its share of its
+    part's bytes) and keeps the most ranges, up to ``n``, whose total stays within
+    :data:`MAX_AMPLIFICATION` times the bytes of ``parts``. Sorted parts whose keys overlap
+    (appends of random keys) allow about half as many ranges as they have batches each;
+    key-disjoint parts (compaction output) as many as they have batches.
+
     Returns:
-        ``[KeyRange()]`` when ``n == 1``. Otherwise None when no split is useful: the key type
-        is not :func:`splittable` (records: use hash buckets), or the stats give no boundary,
-        or would leave some range decoding more than :data:`MAX_DECODED_SHARE` of the rows
-        (hash buckets then do as well and balance exactly).
-        Fewer than ``n`` ranges when the stats cannot tell more apart (duplicates dropped).
+        None when the key type is not :func:`splittable` (records). Otherwise one range or
+        more (``[KeyRange()]`` when ``n == 1`` or when no split keeps the bound); fewer than
+        ``n`` also when the stats cannot tell more apart (duplicates dropped).
 
     Raises:
         InvalidUsage: ``n < 1``.
@@ -451,8 +463,9 @@ def plan(parts: Sequence[PartMeta], n: int, key_type: pa.DataType) -> list[KeyRa
     kind = _kind(key_type)
     if kind is None:
         return None
+    whole = [KeyRange()]
     if n == 1:
-        return [KeyRange()]
+        return whole
     live = [p for p in parts if p.rows]
     pieces: list[tuple[Phys | None, Phys | None, float]] = []
     sorted_cands: list[Phys] = []
@@ -465,7 +478,7 @@ def plan(parts: Sequence[PartMeta], n: int, key_type: pa.DataType) -> list[KeyRa
         nonfinite = min(ks.special or 0, p.rows)
         special += nonfinite
         share = (p.rows - nonfinite) / p.rows
-        cands = sorted_cands if p.consolidated else other_cands
+        cands = sorted_cands if p.ordered else other_cands
         if ks.batches is not None and ks.batch_rows is not None:
             for (lo, hi), r in zip(ks.batches, ks.batch_rows, strict=True):
                 pieces.append((lo, hi, r * share))
@@ -477,16 +490,42 @@ def plan(parts: Sequence[PartMeta], n: int, key_type: pa.DataType) -> list[KeyRa
                 cands.append(ks.lo)
     candidates = sorted(set(sorted_cands or other_cands))
     if not candidates or not pieces:
-        return None
+        return whole
     if len(candidates) > MAX_CANDIDATES:
         at = np.linspace(0, len(candidates) - 1, MAX_CANDIDATES).round().astype(np.int64)
         candidates = [candidates[i] for i in np.unique(at)]
     cdf = _below(pieces, candidates, kind)
     total = float(sum(w for _, _, w in pieces)) + special
+    budget = MAX_AMPLIFICATION * sum(p.nbytes for p in live)
+
+    def within(m: int) -> list[Phys] | None:
+        bounds = _boundaries(cdf, candidates, total, m)
+        return bounds if _decoded(known, bounds) <= budget else None
+
+    # NB: what the ranges decode grows with their number (each boundary straddles batches),
+    # so the most ranges within the bound are found by bisection: O(log n) plans weighed.
+    best: list[Phys] = []
+    lo, hi = 1, n
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        bounds = within(mid)
+        if bounds is not None:
+            best, lo = bounds, mid
+        else:
+            hi = mid - 1
+    if not best:
+        return whole
+    edges: list[Phys | None] = [None, *best, None]
+    return [KeyRange(a, b) for a, b in itertools.pairwise(edges)]
+
+
+def _boundaries(cdf: _Floats, candidates: list[Phys], total: float, m: int) -> list[Phys]:
+    """Up to ``m - 1`` ascending boundaries from ``candidates`` that cut the expected rows
+    (``cdf``: below each candidate; ``total`` in all) into ``m`` about equal shares."""
     chosen: list[Phys] = []
     last = 0.0
-    for k in range(1, n):
-        target = k * total / n
+    for k in range(1, m):
+        target = k * total / m
         i = int(np.searchsorted(cdf, target))
         if i > 0 and (i == len(cdf) or target - cdf[i - 1] <= cdf[i] - target):
             i -= 1
@@ -497,35 +536,81 @@ def plan(parts: Sequence[PartMeta], n: int, key_type: pa.DataType) -> list[KeyRa
             continue
         chosen.append(candidates[i])
         last = below
-    if not chosen:
-        return None
-    bounds: list[Phys | None] = [None, *chosen, None]
-    ranges = [KeyRange(a, b) for a, b in itertools.pairwise(bounds)]
-    total_rows = sum(p.rows for p in live)
-    if _most_decoded(known, ranges) > MAX_DECODED_SHARE * total_rows:
-        # NB: hash buckets decode everything in every task too, but balance exactly; a range
-        # split that saves little decoding is not worth the risk of a misjudged balance.
-        return None
-    return ranges
+    return chosen
 
 
-def _most_decoded(parts: Sequence[tuple[PartMeta, _KeyStats]], ranges: list[KeyRange]) -> int:
-    """The most rows any one range decodes (its parts and batches that may hold its keys)."""
-    most = 0
-    for r in ranges:
-        decoded = 0
-        for p, ks in parts:
-            if not _part_in(p, ks, r):
-                continue
-            keep = _batches_in(p, ks, r)
-            if keep is None or ks.batch_rows is None:
-                decoded += p.rows
-            else:
-                decoded += sum(n for k, n in zip(keep, ks.batch_rows, strict=True) if k)
-        most = max(most, decoded)
-    return most
+def decoded_bytes(parts: Sequence[PartMeta], ranges: Sequence[KeyRange],
+                  key_type: pa.DataType) -> int:
+    """What tasks reading ``ranges`` (a plan of :func:`plan`) decode of ``parts`` together,
+    each part's batches weighed by their share of its rows times its bytes: the estimate the
+    plan bounds.
+
+    Raises:
+        InvalidUsage: ``key_type`` is not :func:`splittable`, or ``ranges`` is not a plan
+            (ordered, contiguous, from unbounded to unbounded).
+    """
+    kind = _check_kind(key_type)
+    bounds = [r.lo for r in ranges[1:]]
+    edges = [None, *bounds, None]
+    if not ranges or [KeyRange(a, b) for a, b in itertools.pairwise(edges)] != list(ranges):
+        raise InvalidUsage(f"not the ranges of a plan: {list(ranges)}")
+    known = [(p, _key_stats(p, kind)) for p in parts if p.rows]
+    return int(_decoded(known, [b for b in bounds if b is not None]))
 
 
+def _decoded(parts: Sequence[tuple[PartMeta, _KeyStats]], bounds: list[Phys]) -> float:
+    """The bytes the ranges cut at ``bounds`` decode of ``parts`` together, each range
+    deciding exactly as :func:`part_in` and :func:`batches_in` do (so as a task reads).
+
+    NB: by bisection on the bounds per batch, not by asking each range: a plan for a
+    thousand tasks over a thousand parts is weighed in milliseconds per choice.
+    """
+    m = len(bounds) + 1
+    out = 0.0
+    for p, ks in parts:
+        per_row = p.nbytes / p.rows
+        out += per_row * (p.rows if m == 1 else _decoded_rows(p, ks, bounds))
+    return out
+
+
+def _decoded_rows(p: PartMeta, ks: _KeyStats, bounds: list[Phys]) -> int:
+    """The rows of ``p`` decoded by the ``len(bounds) + 1`` ranges cut at ``bounds`` (two or
+    more ranges), summed over the ranges."""
+    m = len(bounds) + 1
+    last = m - 1
+
+    def span(lo: Phys | None, hi: Phys | None) -> tuple[int, int]:
+        # NB: KeyRange.overlaps: an unknown bound overlaps everything on its side.
+        a = 0 if lo is None else bisect.bisect_right(bounds, lo)
+        b = last if hi is None else bisect.bisect_right(bounds, hi)
+        return a, b
+
+    # the ranges that read the part at all (part_in)
+    if ks.special is None:
+        a, b, extra = 0, last, False
+    else:
+        a, b = span(ks.lo, ks.hi)
+        extra = ks.special != 0 and b < last  # the last range reads it for its NaN/nulls
+    if ks.batches is None or ks.batch_rows is None:
+        return p.rows * ((b - a + 1) + int(extra))
+    ends = (_ends(ks.batch_rows, ks.special) if ks.special and p.ordered else None)
+    special_reads_all = ks.special is None or (ks.special != 0 and ends is None)
+    total = 0
+    for i, ((lo, hi), rows) in enumerate(zip(ks.batches, ks.batch_rows, strict=True)):
+        bi, bj = span(lo, hi)
+        lo_r, hi_r = max(a, bi), min(b, bj)
+        count = max(0, hi_r - lo_r + 1)
+        # the last range (holding NaN and null keys) decides by its own rule (batches_in)
+        last_reads = (ks.special != 0 and (special_reads_all or (ends is not None and ends[i])
+                                           or bj >= last))
+        if ks.special != 0:  # then the last range reads the part (part_in)
+            in_overlap = lo_r <= last <= hi_r
+            if last_reads and not in_overlap:
+                count += 1
+            elif not last_reads and in_overlap:
+                count -= 1
+        total += rows * count
+    return total
 def _below(pieces: list[tuple[Phys | None, Phys | None, float]], candidates: list[Phys],
            kind: _Kind) -> _Floats:
     """For each candidate boundary (ascending), the rows expected below it: each piece's
@@ -594,5 +679,5 @@ def _common_prefix(bs: list[bytes]) -> int:
     return i
 
 
-__all__ = ["MAX_CANDIDATES", "MAX_DECODED_SHARE", "KeyRange", "batches_in", "load", "mask", "part_in", "plan",
-           "rows_in", "splittable"]
+__all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "batches_in", "decoded_bytes",
+           "load", "mask", "part_in", "plan", "rows_in", "splittable"]

@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import msgspec
+
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
@@ -95,7 +97,12 @@ class Machine:
             data = self._read(self.blob.get, key)
             if data is None:
                 raise _GapError(f"rollup {key} vanished")
-            state = meta.decode_state(key, data)
+            # NB: a record's version is stamped when it is encoded (the lowest that can carry
+            # it) and says nothing about the state in memory; replaying a commit drops it too
+            # (``apply``). Dropped here as well, so a state reads the same however it was
+            # reached (a writer's, a replica's, one loaded from a rollup with no log after it).
+            state = msgspec.structs.replace(meta.decode_state(key, data),
+                                            version=meta.BASE_FORMAT_VERSION)
         if not scan:
             # NB: the miss that ends the probe is the end of the log unless GC trimmed past a
             # rollup newer than the one we listed; that rollup must then have been written
