@@ -26,12 +26,7 @@ from persist.distributed.stage import STAGE_INLINE_BYTES
 from persist.indexed.engine import Options
 from persist.indexed.format.stats import STATS_BYTES
 from persist.indexed.maintenance.compact import CompactionPolicy
-from persist.indexed.read.scan import (
-    ROWS_PER_BUCKET,
-    ROWS_PER_RANGE,
-    ROWS_PER_TASK,
-    default_buckets,
-)
+from persist.indexed.read.scan import ROWS_PER_RANGE, ROWS_PER_TASK
 from persist.indexed.state.transitions import HISTORY_ENTRIES
 from persist.lock.base import WriterLock
 from persist.runtime.replica import Follower
@@ -100,8 +95,8 @@ CLAIMS: list[tuple[str, str, str]] = [
     ("docs/replicas.md", "gc grace", f"`gc_grace_seconds` after its retirement ({GC_GRACE:g} s by "
      f"default)"),
     ("docs/spark.md", "raw task rows", f"`partitionRows` (default {ROWS_PER_TASK:,}"),
-    ("docs/spark.md", "buckets", f"The default is one range or bucket per "
-     f"{millions(ROWS_PER_BUCKET)} rows (at most {default_buckets(1 << 62)} buckets)"),
+    ("docs/spark.md", "ranges", f"The default asks for one range per "
+     f"{millions(ROWS_PER_RANGE)} rows"),
     ("docs/spark.md", "gc grace", f"grace, {minutes(GC_GRACE)} by default"),
     ("docs/spark.md", "inline threshold", f"inline parts (small writes, "
      f"{size(default(Options, 'inline_threshold'))} by default)"),
@@ -156,10 +151,9 @@ def expected_defaults(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """What each option's default cell must say, from parsing options that leave it unset."""
     monkeypatch.delenv(spark_options.AUDIT_ENV, raising=False)
     read, stream, write = _read(), _stream(), _write()
-    assert ROWS_PER_RANGE == ROWS_PER_BUCKET  # one figure in the docs for both
     return {
         "`mode`": f"`{read.mode}`",
-        "`numPartitions`": f"1 per {millions(ROWS_PER_BUCKET)} rows, ≤ {default_buckets(1 << 62)}",
+        "`numPartitions`": f"1 per {millions(ROWS_PER_RANGE)} rows",
         # None: the engine's (Scan.tasks) rows per task
         "`partitionRows`": f"{ROWS_PER_TASK if read.partition_rows is None else 0:,}",
         "`filterPushdown`": f"`{read.filter_pushdown}`",

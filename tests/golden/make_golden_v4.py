@@ -18,7 +18,7 @@ import pyarrow as pa
 
 from persist.blob.file import FileBlob
 from persist.errors import SchemaMismatch
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import evolve, meta
 from persist.indexed.maintenance.compact import CompactionPolicy
 from tests.golden.records_v4 import (
@@ -29,13 +29,14 @@ from tests.golden.records_v4 import (
     fixed_state,
     plain,
 )
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 #: ``far``'s times: at and above 2**63 (a uint64 time column in the file).
 FAR = 2**64 - 8
 
 
-def expected_of(ix: Indexed) -> dict[str, Any]:
+def expected_of(ix: Engine) -> dict[str, Any]:
     """Every collection's consolidated snapshots at every readable time, as every schema
     version reads them (:func:`records_v4.plain` values; a version that cannot hold a record:
     the error's type)."""
@@ -76,7 +77,7 @@ def main() -> None:
     # NB: small record batches (several row groups per part), stats on, some parts inline
     opts = Options(inline_threshold=1000, rollup_every=4, stats_bytes=1024, batch_rows=4,
                    compaction=CompactionPolicy(fanin=3, inline_flush_bytes=3000))
-    ix = Indexed.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
+    ix = Engine.open(FileBlob(loc), epoch=1, writer="golden", options=opts)
     ix.fence()
     ix.register("plain", pa.string(), pa.int64())
     ix.register("readings", pa.int64(), READING)

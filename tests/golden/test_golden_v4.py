@@ -15,10 +15,10 @@ import pytest
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat, SchemaMismatch
-from persist.indexed.engine import Indexed
 from persist.indexed.format import evolve, meta, sorting
 from persist.indexed.maintenance.verify import verify
 from tests.golden.records_v4 import fixed_commit, fixed_state, plain
+from tests.support.engine import Engine
 
 HERE = Path(__file__).parent
 
@@ -44,7 +44,7 @@ def test_v4_location_reads_identically(tmp_path: Path) -> None:
     loc = tmp_path / "loc"
     shutil.copytree(HERE / "v4-location", loc)
     expected = json.loads((HERE / "v4-expected.json").read_text())
-    ix = Indexed.open(FileBlob(loc).read_only())
+    ix = Engine.open(FileBlob(loc).read_only())
     assert meta.required_version(ix.state) == 4
     assert any(p.inline is not None for p in ix.state.collections["plain"].parts)
     for name, by_version in expected.items():
@@ -64,7 +64,7 @@ def test_v4_location_reads_identically(tmp_path: Path) -> None:
 
 def test_every_blob_part_is_a_sorted_parquet_file() -> None:
     blob = FileBlob(HERE / "v4-location")
-    state = Indexed.open(blob.read_only()).state
+    state = Engine.open(blob.read_only()).state
     seen = {"int64": 0, "uint64": 0}
     for c in state.collections.values():
         for p in c.parts:
@@ -81,7 +81,7 @@ def test_every_blob_part_is_a_sorted_parquet_file() -> None:
             seen[kv[b"persist.time"].decode()] += 1
             table = f.read()
             assert len(table) == p.rows
-            assert sorting.is_sorted(Indexed.open(blob.read_only()).reader.read(
+            assert sorting.is_sorted(Engine.open(blob.read_only()).reader.read(
                 p, evolve.View.of(c).schemas.part_schema(evolve.part_version(p))))
     assert seen["int64"]
     assert seen["uint64"]
@@ -116,6 +116,6 @@ def test_an_older_persist_refuses_the_location(monkeypatch: pytest.MonkeyPatch) 
     could read a Parquet part as an enveloped Arrow stream."""
     monkeypatch.setattr(meta, "FORMAT_VERSION", 3)
     with pytest.raises(IncompatibleFormat, match="format version 4"):
-        Indexed.open(FileBlob(HERE / "v4-location").read_only())
+        Engine.open(FileBlob(HERE / "v4-location").read_only())
     with pytest.raises(IncompatibleFormat):
         meta.decode_commit(layout.log_key(7), (HERE / "v4-commit.bin").read_bytes())

@@ -233,18 +233,18 @@ def test_a_value_of_another_kind_is_detected(tmp_path: Path) -> None:
     """A data part (a plain Parquet file) swapped under a metadata key, and a metadata record
     under a data part's key: both are Corruption, never decoded."""
     blob = _location_with_everything(tmp_path)
-    state = Indexed.open(blob.read_only()).state
+    state = Engine.open(blob.read_only()).state
     part = next(p.blob_key for p in state.collections["c"].parts if p.blob_key)
     assert part is not None
     log = blob.list_keys(layout.LOG_PREFIX)[-1]
     raw_part, raw_log = blob._get(part) or b"", blob._get(log) or b""
     blob._set(log, raw_part)
     with pytest.raises(Corruption, match="bad magic"):
-        Indexed.open(blob.read_only())
+        Engine.open(blob.read_only())
     blob._set(log, raw_log)
     blob._set(part, raw_log)
     with pytest.raises(ChecksumMismatch, match=part.split("/")[-1]):
-        Indexed.open(blob.read_only()).snapshot("c", 5).to_arrow()
+        Engine.open(blob.read_only()).snapshot("c", 5).to_arrow()
 
 
 # -- compaction and metadata scale ----------------------------------------------------------

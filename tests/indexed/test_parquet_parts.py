@@ -25,13 +25,14 @@ from persist import layout
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.errors import ChecksumMismatch, Corruption, Determinate, IncompatibleFormat
-from persist.indexed.engine import Indexed, Options
+from persist.indexed.engine import Options
 from persist.indexed.format import columnar, meta, parquet, records, sorting, write
 from persist.indexed.format.meta import CollectionMeta
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.parts import PartReader
 from tests.indexed.test_records import arrow_types
+from tests.support.engine import Engine
 
 # -- random arrays of every record type, with raw values ----------------------------------------
 
@@ -402,7 +403,7 @@ def test_parquet_bytes_that_pass_the_checksum_are_still_checked() -> None:
 def test_a_record_referencing_a_parquet_part_is_version_4(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w",
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w",
                       options=Options(inline_threshold=1 << 20))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
@@ -418,11 +419,11 @@ def test_a_record_referencing_a_parquet_part_is_version_4(tmp_path: Path,
     ix.maybe_rollup()
     monkeypatch.setattr(meta, "FORMAT_VERSION", 3)
     with pytest.raises(IncompatibleFormat, match="format version 4"):
-        Indexed.open(FileBlob(tmp_path).read_only())
+        Engine.open(FileBlob(tmp_path).read_only())
 
 
 def test_time_at_or_above_two_to_the_63_is_kept(tmp_path: Path) -> None:
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=Options(inline_threshold=0))
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=Options(inline_threshold=0))
     ix.fence()
     ix.register("c", pa.string(), pa.int64())
     big = 2**64 - 5
@@ -436,7 +437,7 @@ def test_time_at_or_above_two_to_the_63_is_kept(tmp_path: Path) -> None:
 
 
 def test_inline_parts_stay_arrow_streams() -> None:
-    ix = Indexed.open(MemoryBlob(), epoch=1, writer="w", options=Options(inline_threshold=1 << 16))
+    ix = Engine.open(MemoryBlob(), epoch=1, writer="w", options=Options(inline_threshold=1 << 16))
     ix.fence()
     ix.register("c", pa.int64(), pa.int64())
     ix.write({"c": [((k, k), 0, 1) for k in range(100)]})
@@ -454,7 +455,7 @@ def test_records_through_the_engine_round_trip(tmp_path: Path) -> None:
     kt = pa.struct([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
     vt = pa.struct([("x", pa.float64()), ("tags", pa.list_(pa.string())),
                     ("when", pa.timestamp("s")), ("amount", pa.decimal128(20, 4))])
-    ix = Indexed.open(FileBlob(tmp_path), epoch=1, writer="w", options=Options(inline_threshold=0))
+    ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=Options(inline_threshold=0))
     ix.fence()
     ix.register("r", kt, vt)
     rows = [(({"id": i % 3, "at": _utc(2024, 1, 1 + i % 2)},
@@ -482,7 +483,7 @@ def test_a_big_append_is_cut_into_key_disjoint_parts(kt: pa.DataType,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(write, "PARALLEL_ROWS", 1000)
     monkeypatch.setattr(write, "PARALLEL_PARTS", 2)
-    ix = Indexed.open(MemoryBlob(), epoch=1, writer="w",
+    ix = Engine.open(MemoryBlob(), epoch=1, writer="w",
                       options=Options(inline_threshold=0,
                                       compaction=CompactionPolicy(final_rows=4000)))
     ix.fence()

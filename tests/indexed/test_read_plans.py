@@ -11,13 +11,14 @@ import pytest
 
 from persist.blob.file import FileBlob
 from persist.distributed import describe
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format import columnar
 from persist.indexed.format.meta import AddPart
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read import split
 from persist.indexed.read.parts import DECODED, PartReader
 from persist.indexed.read.scan import read_task
+from tests.support.engine import Engine
 from tests.support.legacy import legacy_part
 
 ROWS = 20_000
@@ -31,14 +32,14 @@ def _appends(rng: np.random.Generator, n: int, t: int, keys: int = 1 << 40) -> p
                      "diff": pa.array(rng.choice(np.array([1, 1, 1, -1]), n))})
 
 
-def _writer(root: Path, **opts: object) -> Indexed:
+def _writer(root: Path, **opts: object) -> Engine:
     # NB: pinned: no background merging, no inline parts (the parts are what each test
     # builds), and room for per-batch key stats (what key ranges are planned from)
     base: dict[str, object] = {"inline_threshold": 0, "batch_rows": 1000, "stats_bytes": 1024,
                                "background_compaction": False,
                                "compaction": CompactionPolicy(final_rows=1000, fanin=4)}
     options = Options(**{**base, **opts})  # type: ignore[arg-type]
-    ix = Indexed.open(FileBlob(root), epoch=1, writer="w", options=options)
+    ix = Engine.open(FileBlob(root), epoch=1, writer="w", options=options)
     ix.fence()
     return ix
 
@@ -46,7 +47,7 @@ def _writer(root: Path, **opts: object) -> Indexed:
 def check_bound(root: Path, name: str, as_of: int) -> dict[int, tuple[int, float]]:
     """For each n of TASKS: the consolidated tasks' outputs are the snapshot, and together
     they decode at most 1.5 times the bytes stored. Returns n -> (tasks, amplification)."""
-    want = Indexed.open(FileBlob(root).read_only()).snapshot(name, as_of).to_arrow()
+    want = Engine.open(FileBlob(root).read_only()).snapshot(name, as_of).to_arrow()
     scan = describe(str(root), name).snapshot(as_of)
     stored = sum(h.nbytes for h in scan.parts)
     out = {}
@@ -109,7 +110,7 @@ def test_old_unsorted_and_inline_parts_allow_fewer_tasks(tmp_path: Path) -> None
     c = ix.register("c", pa.int64(), pa.int64())
     for t in range(4):
         ix.write({"c": _appends(rng, ROWS, t)})
-    old = legacy_part(ix._blob(), c, ix.normalize("c", _appends(rng, ROWS // 4, 4)),
+    old = legacy_part(ix.blob, c, ix.normalize("c", _appends(rng, ROWS // 4, 4)),
                       batch_rows=1000)
     txn = Txn(ix.state)
     txn.stage(AddPart(name="c", part=old))
@@ -125,7 +126,7 @@ def test_old_unsorted_and_inline_parts_allow_fewer_tasks(tmp_path: Path) -> None
     assert mixed[16][0] >= 2
     # mostly unsorted: one task
     for t in range(6, 10):
-        part = legacy_part(ix._blob(), c, ix.normalize("c", _appends(rng, ROWS, t)),
+        part = legacy_part(ix.blob, c, ix.normalize("c", _appends(rng, ROWS, t)),
                            batch_rows=1000)
         txn = Txn(ix.state)
         txn.stage(AddPart(name="c", part=part))

@@ -15,9 +15,10 @@ import persist
 import persist.distributed
 from persist import layout
 from persist.blob.file import FileBlob
-from persist.indexed.engine import Indexed, Options, Txn
+from persist.indexed.engine import Options, Txn
 from persist.indexed.format.meta import AddPart
 from persist.indexed.maintenance.compact import CompactionPolicy, outdated
+from tests.support.engine import Engine
 from tests.support.legacy import legacy_part
 
 ROWS = 3000
@@ -28,7 +29,7 @@ def _old_location(root: Path, parts: int) -> list[tuple[tuple[int, int], int, in
     big enough to be final (never merged), one of them full; returns the contents as of the
     last time."""
     rng = np.random.default_rng(3)
-    ix = Indexed.open(FileBlob(root), epoch=1, writer="old", options=Options(inline_threshold=0))
+    ix = Engine.open(FileBlob(root), epoch=1, writer="old", options=Options(inline_threshold=0))
     ix.fence()
     c = ix.register("c", pa.int64(), pa.int64())
     for t in range(parts):
@@ -36,7 +37,7 @@ def _old_location(root: Path, parts: int) -> list[tuple[tuple[int, int], int, in
                           "value": pa.array(rng.integers(0, 9, ROWS)),
                           "time": pa.array(np.full(ROWS, t, dtype=np.uint64)),
                           "diff": pa.array(np.ones(ROWS, dtype=np.int64))})
-        part = legacy_part(ix._blob(), c, ix.normalize("c", table), batch_rows=500)
+        part = legacy_part(ix.blob, c, ix.normalize("c", table), batch_rows=500)
         if t == 0:
             part = msgspec.structs.replace(part, full=True)
         txn = Txn(ix.state)

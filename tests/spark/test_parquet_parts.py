@@ -20,8 +20,8 @@ import persist
 import persist.distributed
 from persist.blob.file import FileBlob
 from persist.errors import ChecksumMismatch
-from persist.indexed.engine import Indexed
 from persist.indexed.read.parts import PartReader, Types
+from tests.support.engine import Engine
 
 pytestmark = pytest.mark.spark
 
@@ -71,7 +71,7 @@ def test_spark_reads_the_part_files_as_persist_does(spark: Any, tmp_path: Path) 
     assert fields["value"] == ("struct<amount:decimal(12,2),small:int,level:double,"
                                "tags:array<string>,at:timestamp,local:timestamp_ntz,day:date>")
     got = df.toArrow()
-    ix = Indexed.open(FileBlob(tmp_path).read_only())
+    ix = Engine.open(FileBlob(tmp_path).read_only())
     c = ix.state.collections["c"]
     reader = PartReader(FileBlob(tmp_path).read_only())
     want = pa.concat_tables([reader.read(p, Types.of(c).schema) for p in c.parts])
