@@ -20,7 +20,8 @@ import persist
 import persist.distributed
 from persist.blob.file import FileBlob
 from persist.errors import ChecksumMismatch
-from persist.indexed.read.parts import PartReader, Types
+from persist.indexed.format.evolve import Types
+from persist.indexed.read.parts import PartReader
 from tests.support.engine import Engine
 
 pytestmark = pytest.mark.spark
