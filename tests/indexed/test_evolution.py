@@ -657,12 +657,19 @@ def py_step(v: Any, old: pa.DataType, new: pa.DataType) -> Any:
         lo, hi = records._int_range(new)
         if not lo <= v <= hi:
             raise Misfit(v)
-    if new == pa.float32() and not math.isnan(v) and \
-            struct.unpack("<f", struct.pack("<f", v))[0] != v:
+    if new == pa.float32() and not math.isnan(v) and not _fits_float32(v):
         raise Misfit(v)
     if pa.types.is_decimal(new) and abs(v) >= 10 ** (new.precision - new.scale):
         raise Misfit(v)
     return v
+
+
+def _fits_float32(v: float) -> bool:
+    # NB: a double beyond float32's range does not even pack (OverflowError), and does not fit
+    try:
+        return bool(struct.unpack("<f", struct.pack("<f", v))[0] == v)
+    except OverflowError:
+        return False
 
 
 def py_migrate(v: Any, types: list[pa.DataType], frm: int, to: int) -> Any:
