@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {"persist", "floor", "delta", "iceberg"}
-WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10"}
+WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11"}
 #: Workloads that run only where optional packages are installed (else skipped with a reason).
 OPTIONAL = {"W8", "W9"}
 
