@@ -28,10 +28,10 @@ from persist import forks, layout
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options, Txn
 from persist.indexed.format import columnar
+from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import AllowCompaction, CollectionMeta, Forget, Register, Seal
 from persist.indexed.maintenance import gc
 from persist.indexed.maintenance.compact import CompactionPolicy
-from persist.indexed.read.parts import Types
 from persist.indexed.state import pins, refs
 from persist.indexed.state.transitions import effective_since
 from persist.runtime.branches import adopt_plan, fork_plan
