@@ -121,13 +121,16 @@ def prepare(src: Blob, src_root: str, dst_root: str, name: str, *, into: str,
         ExternalError: storage failed (pins made are deleted again, as far as storage lets).
     """
     started = time.monotonic()
-    state = Machine(src.read_only()).load()
+    # NB: scan: LIST the log instead of probing it. A probe trusts a missing entry to mean
+    # the end of the log for half of *its own* grace; a source writer with a shorter one may
+    # have trimmed it meanwhile, and the fork would plan on a state with nothing in it.
+    state = Machine(src.read_only()).load(scan=True)
     planned = refs.forked(collection(state.collections, name), name=into, cid=0, as_of=as_of,
                           src_seq=state.seq, root=src_root, location=src_root)
     made = _pin(src, src_root, dst_root, planned, f"fork of {name!r} into {into!r}")
     crashpoints.hit("fork.pinned")
     try:
-        fresh = Machine(src.read_only()).load()
+        fresh = Machine(src.read_only()).load(scan=True)
     except BaseException:
         _unpin(made)
         raise

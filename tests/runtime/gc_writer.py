@@ -23,7 +23,9 @@ from tests import knobs
 
 knobs.activate_from_env()
 
-OPTIONS = persist.Options(inline_threshold=0, gc_grace_seconds=0.0, commit_deadline_seconds=0.5,
+# NB: a short GC grace, not none: readers in other processes (the forks' distributed reads,
+# the forker's plan) probe the log and trust a missing entry for a moment (DESIGN.md §4).
+OPTIONS = persist.Options(inline_threshold=0, gc_grace_seconds=2.0, commit_deadline_seconds=0.5,
                           leak_grace_seconds=1.0, compaction=CompactionPolicy(fanin=2))
 
 

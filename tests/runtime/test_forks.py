@@ -8,6 +8,7 @@ here, through the state's references; across locations, through pins the source'
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from pathlib import Path
@@ -298,3 +299,22 @@ def test_prepare_then_a_late_commit_is_refused(tmp_path: Path) -> None:
             dst.register_fork(prepared.planned, into="late",
                               pinned_at=prepared.started).result()
         assert "late" not in dst.collections
+
+
+def test_async_fork_and_tag(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with await persist.aio.open(tmp_path / "loc", options=OPTIONS) as client:
+            w, r = await client.create_or_load("e", key_type=pa.string(),
+                                               value_type=pa.int64())
+            for t in range(3):
+                await w.append([((f"k{t}", t), t, 1)], upper=t + 1)
+            await client.fork("e", into="f", as_of=1)
+            assert await client.tag("e", "t1", as_of=1) > 0
+            _, f = await client.create_or_load("f", key_type=pa.string(), value_type=pa.int64())
+            assert (f.upper, await f.snapshot(1).to_python()) == (
+                2, await r.snapshot(1).to_python())
+            await client.untag("e", "t1")
+            with pytest.raises(InvalidUsage, match="exists already"):
+                await client.fork("e", into="f")
+
+    asyncio.run(main())
