@@ -757,7 +757,10 @@ class WriteHandle(_Handle):
         setting it below the collection's effective since fails (that history is gone).
 
         The returned future fails with InvalidUsage if ``frontier`` is below the effective since
-        when the hold is applied.
+        when the hold is applied, or if ``hold_id`` is a tag or a named consumer hold (those
+        move through :meth:`Client.tag` and :meth:`Client.hold`'s handle; ``None`` releases
+        any hold). A consumer that needs its hold kept only while it lives takes a named one
+        with a lease (:meth:`Client.hold`).
         """
         return self.client.apply(holds={self.name: {hold_id: frontier}})
 
