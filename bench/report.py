@@ -214,6 +214,13 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
             4.0, w10("Python objects: append Structs / Arrow table"))
         add("W10.python-read", "W10 to_python() / to_arrow() of the same snapshot", "<=", 4.0,
             w10("Python objects: to_python() / to_arrow()"))
+    if "W11" in ws:
+        for which in ("latest", "middle"):
+            add(f"W11.fork-{which}", f"W11 persist fork of the table as of the {which} version "
+                f"(ms)", "<=", 100.0, med("W11", f"fork as of the {which} version (ms)",
+                                          "persist"))
+            add(f"W11.blobs-{which}", f"W11 data files a persist fork wrote ({which})", "<=",
+                0.0, med("W11", f"data files written by a fork ({which})", "persist"))
     return out
 
 

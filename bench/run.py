@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "w9_gap": 1.0,
     "w10_rows": 5_000_000, "w10_chunk_rows": 1_000_000, "w10_lookups": 5,
     "w10_consolidate_rows": 1_000_000, "w10_python_rows": 1_000_000,
+    "w11_rows": 10_000_000, "w11_appends": 10, "w11_forks": 5,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -61,6 +62,7 @@ QUICK: dict[str, Any] = {
     "w9_rows": 20_000, "w9_part_rows": 10_000, "w9_repeats": 1, "w9_seals": 3, "w9_gap": 0.5,
     "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
     "w10_consolidate_rows": 20_000, "w10_python_rows": 20_000,
+    "w11_rows": 20_000, "w11_appends": 4, "w11_forks": 2,
 }
 
 
@@ -81,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma-separated subset of: " + ", ".join(SYSTEMS))
     p.add_argument("--workloads", default=",".join(ALL_IDS),
-                   help="comma-separated subset of W1..W10 (W2 and W3 run together); "
+                   help="comma-separated subset of W1..W11 (W2 and W3 run together); "
                         "e.g. --workloads W10 runs that one alone")
     g = p.add_argument_group("sizes (defaults in brackets: full run / --quick)")
 
@@ -129,6 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w10-lookups", int, "W10 point lookups per round (distinct keys; median)")
     opt("--w10-consolidate-rows", int, "W10 rows of the consolidated part")
     opt("--w10-python-rows", int, "W10 records appended and read as msgspec Structs")
+    opt("--w11-rows", int, "W11 records in the forked table")
+    opt("--w11-appends", int, "W11 appends making it")
+    opt("--w11-forks", int, "W11 forks per version (median)")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():

@@ -41,11 +41,11 @@ Kind = Literal["read", "stream", "any-read", "write", "stream-write"]
 #: Every mode: the location (Spark passes the ``load``/``save`` argument as ``path``) and the
 #: collection; ``storage_options.<name>`` keys are accepted on top of these.
 _COMMON = ("path", "collection")
-_BATCH_READ = ("as_of", "versionAsOf", "timestampAsOf", "mode", "numPartitions",
+_BATCH_READ = ("as_of", "versionAsOf", "timestampAsOf", "tag", "mode", "numPartitions",
                "partitionRows", "filterPushdown", "auditPruning", "readChangeFeed",
                "startingVersion", "endingVersion")
 _STREAM_READ = ("startingUpper", "maxRowsPerTrigger", "failOnDataLoss", "readHold",
-                "readHoldLockTimeout", "refreshInterval", "partitionRows")
+                "readHoldLease", "readHoldLockTimeout", "refreshInterval", "partitionRows")
 _WRITE = ("key_type", "value_type", "reentranceId", "lockTimeout", "mergeSchema")
 #: Spark passes these to a streaming writer itself: ``checkpointLocation`` when the query's
 #: checkpoint is given as an option, ``queryName`` when the query is named.
@@ -312,6 +312,10 @@ class ReadOptions:
     change_feed: bool = False
     starting_version: int | None = None
     ending_version: int | None = None
+    #: Batch: read as of the time this tag pins (``Client.tag``).
+    tag: str | None = None
+    #: Streaming: the read hold's lease in seconds (renewed by every micro-batch).
+    read_hold_lease: float = 7 * 86400.0
 
     @classmethod
     def parse(cls, options: Mapping[str, str], kind: Kind = "any-read") -> ReadOptions:
@@ -348,9 +352,18 @@ class ReadOptions:
         if ts is not None and (as_of is not None or version is not None):
             raise InvalidUsage("options timestampAsOf and as_of/versionAsOf both say what to "
                                "read as of: give one")
+        lease = _float(options, "readHoldLease")
+        if lease == 0:
+            raise InvalidUsage("option readHoldLease=0: a read hold's lease is a positive "
+                               "number of seconds")
+        tag = (_get(options, "tag") or "").strip() or None
+        if tag is not None and (ts is not None or as_of is not None or version is not None):
+            raise InvalidUsage("option tag and as_of/versionAsOf/timestampAsOf all say what to "
+                               "read as of: give one")
         feed = _bool(options, "readChangeFeed", False)
         first, last = _int(options, "startingVersion"), _int(options, "endingVersion")
-        if feed and (ts is not None or as_of is not None or version is not None):
+        if feed and (ts is not None or as_of is not None or version is not None
+                     or tag is not None):
             raise InvalidUsage("readChangeFeed reads the updates from startingVersion to "
                                "endingVersion: as_of, versionAsOf and timestampAsOf do not "
                                "apply to it")
@@ -381,6 +394,8 @@ class ReadOptions:
             change_feed=feed,
             starting_version=first,
             ending_version=last,
+            tag=tag,
+            read_hold_lease=7 * 86400.0 if lease is None else lease,
         )
 
 

@@ -30,6 +30,7 @@ with them (see ``__getstate__``).
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -148,8 +149,10 @@ class PersistBatchReader(DataSourceReader):
         self.changes: tuple[int, int] | None = None
         if opts.change_feed:
             self.changes = _feed_range(c, opts)
-        if opts.timestamp_as_of is not None:
-            as_of: int | None = c.as_of_timestamp(opts.timestamp_as_of)
+        if opts.tag is not None:
+            as_of: int | None = c.tag(opts.tag)
+        elif opts.timestamp_as_of is not None:
+            as_of = c.as_of_timestamp(opts.timestamp_as_of)
         elif opts.change_feed:
             as_of = self.changes[1] - 1 if self.changes else None
         else:
@@ -325,8 +328,11 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._watch: persist.distributed.Watch | None = None
         #: Trigger.AvailableNow: the upper to stop at.
         self._stop_at: int | None = None
-        #: The frontier of our durable read hold as last committed by this process.
+        #: The frontier of our durable read hold as last asked for by this process, and the
+        #: hold (a named consumer hold with a lease) once taken.
         self._held: int | None = None
+        self._hold: persist.distributed.ConsumerHold | None = None
+        self._renewed = 0.0
         self._memo: tuple[CollectionInfo, int, int, int, int] | None = None
         self._hold_tried = False
         self._warned: tuple[int, int] | None = None
@@ -369,6 +375,7 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         arguments (and so without admission control or data-loss checks here).
         """
         c = self._current()
+        self._keep_hold()
         target = c.upper if self._stop_at is None else min(c.upper, self._stop_at)
         if start is None:
             return _offset(target)
@@ -514,23 +521,74 @@ class PersistStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _hold_for(self, upper: int, c: CollectionInfo) -> None:
         """Establishes the read hold for a stream that has delivered everything below
-        ``upper``: at ``upper - 1`` (or, from 0, at the current since)."""
+        ``upper``: at ``upper - 1`` (or, from 0, at the current since). A live hold of ours
+        already there is adopted; a lapsed one (the query was stopped longer than its lease)
+        is taken again if since has not passed the stream (else the data-loss check
+        reports it)."""
         if self.opts.read_hold is None:
             return
         since = c.since
         frontier = upper - 1 if upper > 0 else since
         if frontier < since or (self._held is not None and self._held >= frontier):
             return  # already lost (the data-loss check reports it), or already held
-        have = c.holds.get(self.opts.read_hold)
-        if have == frontier:
+        have = c.hold(self.opts.read_hold)
+        if have is not None and have.kind == "hold" and not have.lapsed \
+                and have.frontier == frontier:
+            self._hold = self._consumer()
             self._held = frontier
             return
-        self._set_hold(frontier)
+        self._take(frontier)
 
-    def _set_hold(self, frontier: int) -> None:
+    def _consumer(self) -> persist.distributed.ConsumerHold:
         assert self.opts.read_hold is not None
         t = self.target
-        if persist.distributed.set_read_hold(t.url, t.collection, self.opts.read_hold, frontier,
-                                 lock_timeout=self.opts.read_hold_lock_timeout,
-                                 storage_options=t.storage_options):
-            self._held = frontier
+        return persist.distributed.ConsumerHold(
+            t.url, t.collection, self.opts.read_hold,
+            lease_ms=max(1, round(self.opts.read_hold_lease * 1000)),
+            storage_options=t.storage_options, timeout=self.opts.read_hold_lock_timeout)
+
+    def _take(self, frontier: int) -> None:
+        """Takes the hold at ``frontier``, waiting up to ``readHoldLockTimeout`` for it to be
+        committed (by this process under the lock, or by the running writer)."""
+        assert self.opts.read_hold is not None
+        t = self.target
+        try:
+            self._hold = persist.distributed.ConsumerHold.take(
+                t.url, t.collection, self.opts.read_hold, frontier,
+                lease=self.opts.read_hold_lease, storage_options=t.storage_options,
+                timeout=self.opts.read_hold_lock_timeout)
+        except persist.Timeout as e:
+            # NB: failing to set a hold is never unsafe, only less protective: the hold stays
+            # behind (or absent), and the next batch tries again.
+            log.warning("read hold %r on %r not set to %s: %s (the next batch tries again)",
+                        self.opts.read_hold, t.collection, frontier, e)
+            return
+        self._held = frontier
+        self._renewed = time.monotonic()
+
+    def _set_hold(self, frontier: int) -> None:
+        """Moves the hold up to ``frontier`` (and renews it) without waiting for the writer.
+
+        Raises:
+            HoldLapsed: the hold lapsed while the query ran (it was not renewed within
+                readHoldLease): what it protected may be compacted; restart the query.
+        """
+        if self._hold is None:
+            self._take(frontier)
+            return
+        self._hold.advance(frontier, wait=False)
+        self._held = frontier
+        self._renewed = time.monotonic()
+
+    def _keep_hold(self) -> None:
+        """Renews the hold of an idle stream (every quarter of its lease), and reports a
+        lapse an earlier request found.
+
+        Raises:
+            HoldLapsed: as :meth:`_set_hold`.
+        """
+        if self._hold is None:
+            return
+        if time.monotonic() - self._renewed > self.opts.read_hold_lease / 4:
+            self._renewed = time.monotonic()
+            self._hold.renew(wait=False)

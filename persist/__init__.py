@@ -23,6 +23,7 @@ from persist.errors import (
     Determinate,
     ExternalError,
     Fenced,
+    HoldLapsed,
     IncompatibleFormat,
     Indeterminate,
     InvalidUsage,
@@ -36,12 +37,16 @@ from persist.errors import (
     SchemaMismatch,
     Timeout,
     UnknownCollection,
+    UnknownHold,
 )
+from persist.forks import fork
 from persist.indexed.engine import Options
 from persist.indexed.format.records import arrow, decimal, msgpack
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.filter import Column, Filter, col
+from persist.indexed.state.holds import HoldInfo
 from persist.location import open
+from persist.runtime.branches import HoldHandle
 from persist.runtime.client import (
     Client,
     ClientSnapshot,
@@ -67,6 +72,9 @@ __all__ = [
     "ExternalError",
     "Fenced",
     "Filter",
+    "HoldHandle",
+    "HoldInfo",
+    "HoldLapsed",
     "IncompatibleFormat",
     "Indeterminate",
     "InvalidUsage",
@@ -86,12 +94,14 @@ __all__ = [
     "SchemaMismatch",
     "Timeout",
     "UnknownCollection",
+    "UnknownHold",
     "WriteHandle",
     "aio",
     "arrow",
     "col",
     "decimal",
     "distributed",
+    "fork",
     "msgpack",
     "open",
 ]

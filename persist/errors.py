@@ -3,6 +3,7 @@
     PersistError
     ├── InvalidUsage            a caller bug; nothing changed (write below upper, seal backwards, ...)
     │   ├── UnknownCollection   no collection by that name
+    │   ├── UnknownHold         no tag or named hold by that name on the collection
     │   ├── SchemaMismatch      re-registration with other types, or updates of the wrong shape
     │   └── ReadOnly            a read-only handle was asked to write
     ├── ExternalError           storage (or the lock service) misbehaved
@@ -12,6 +13,7 @@
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
+    ├── HoldLapsed              a consumer's named hold lapsed (or was released): it holds nothing
     ├── RuntimeShutdown         the runtime stopped (or poisoned itself) before the command ran
     ├── Timeout                 waited for a frontier that did not arrive in time
     ├── Corruption              stored bytes fail their checksum / framing / decoding
@@ -38,6 +40,13 @@ class UnknownCollection(InvalidUsage, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its argument; we want the plain message
         return str(self.args[0]) if self.args else "unknown collection"
+
+
+class UnknownHold(InvalidUsage, KeyError):
+    """No tag or named hold by that name exists on the collection."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown hold"
 
 
 class SchemaMismatch(InvalidUsage):
@@ -93,6 +102,14 @@ class Fenced(PersistError):
     """A newer writer took over the location; this handle can never commit again."""
 
 
+class HoldLapsed(PersistError):
+    """A consumer's named hold no longer holds anything: the writer found its lease not renewed
+    in time and committed its lapse (or an operator released it). Compaction may have passed
+    its frontier since, so what it protected may be gone: advancing or renewing it is refused.
+    Nothing was changed; release it, and start the consumer again from a read at or after
+    the collection's since (taking a new hold)."""
+
+
 class RuntimeShutdown(PersistError):
     """The runtime was stopped, or stopped itself after an indeterminate failure."""
 
@@ -124,6 +141,7 @@ __all__ = [
     "Determinate",
     "ExternalError",
     "Fenced",
+    "HoldLapsed",
     "IncompatibleFormat",
     "Indeterminate",
     "InvalidUsage",
@@ -135,4 +153,5 @@ __all__ = [
     "SchemaMismatch",
     "Timeout",
     "UnknownCollection",
+    "UnknownHold",
 ]

@@ -12,6 +12,13 @@ Every other module asks this one for keys and prefixes; none spells a path itsel
     _pending/<key>/<uuid>      any         S3 with conditional_put="dynamodb": values being created
     leases/staging/<id>        LeaseRecord a distributed writer's staging lease (renewed in place)
     leases/revoked/<id>        (marker)    that lease's revocation: final, created with set_if_absent
+    pins/<id>                  Pin         blobs of this location a fork in another location references
+    holds/requests/<id>        HoldRequest a consumer's request to set, advance, renew or release a
+                                           named hold, answered in place by the writer
+
+A part's ``blob_key`` is a key under ``data/``, or a *reference* (:func:`ref_key`,
+``ref/<upto>/<root>/<key>``): a fork's part, naming a key of another collection, possibly in
+another location of the same store (``root``), whose rows past ``upto`` are hidden.
 
 Invariant: keys under ``data/`` are uniquely named and never rewritten, so any layer may cache
 them; nothing else is immutable.
@@ -23,6 +30,7 @@ layer included, may use it.
 from __future__ import annotations
 
 import uuid
+from urllib.parse import quote, unquote
 
 #: Every metadata key lies under this prefix.
 META_PREFIX = "meta/"
@@ -52,6 +60,13 @@ STAGED_PART_PREFIX = "staged-"
 LEASE_PREFIX = "leases/staging/"
 #: Revocations of staging leases: created once, never deleted.
 REVOKED_PREFIX = "leases/revoked/"
+#: Pins: what forks in other locations reference of this location's blobs
+#: (``persist.indexed.state.pins``).
+PIN_PREFIX = "pins/"
+#: Requests of consumers in other processes about named holds (``persist.indexed.state.requests``).
+HOLD_REQUEST_PREFIX = "holds/requests/"
+#: A part's ``blob_key`` that is a reference to a blob it does not own (see :func:`ref_key`).
+REF_PREFIX = "ref/"
 
 
 def log_key(seq: int) -> str:
@@ -114,6 +129,52 @@ def revoked_key(lease_id: str) -> str:
     return f"{REVOKED_PREFIX}{lease_id}"
 
 
+def pin_key(pin_id: str) -> str:
+    """Returns the key of pin ``pin_id``'s record."""
+    return f"{PIN_PREFIX}{pin_id}"
+
+
+def hold_request_key(request_id: str) -> str:
+    """Returns the key of hold request ``request_id`` (and of its answer, written in place)."""
+    return f"{HOLD_REQUEST_PREFIX}{request_id}"
+
+
+def ref_key(key: str, *, root: str | None = None, upto: int | None = None) -> str:
+    """The ``blob_key`` of a part that references blob ``key`` (a ``data/`` key) of another
+    collection: in the location whose root in the same store is ``root`` (None: this one),
+    its rows with a time past ``upto`` hidden (None: none). Without either it is ``key``.
+
+    ``ref/<upto or ->/<root, percent-quoted, or ->/<key>``: unambiguous whatever ``root``
+    holds, and never a ``data/`` key, so no sweep mistakes it for a stored blob.
+    """
+    if root is None and upto is None:
+        return key
+    return (f"{REF_PREFIX}{'-' if upto is None else upto}/"
+            f"{'-' if root is None else quote(root, safe='')}/{key}")
+
+
+def parse_ref(blob_key: str) -> tuple[str | None, str, int | None]:
+    """The ``(root, key, upto)`` a part's ``blob_key`` names (the inverse of :func:`ref_key`;
+    a plain key is ``(None, key, None)``).
+
+    Raises:
+        ValueError: a malformed reference.
+    """
+    if not blob_key.startswith(REF_PREFIX):
+        return None, blob_key, None
+    upto, root, key = blob_key[len(REF_PREFIX):].split("/", 2)
+    if not key.startswith(DATA_PREFIX):
+        raise ValueError(f"a reference names a key outside {DATA_PREFIX!r}: {blob_key!r}")
+    return (None if root == "-" else unquote(root), key, None if upto == "-" else int(upto))
+
+
+def owner_of(key: str) -> str | None:
+    """The collection id (as spelled in the key) that ``data/<cid>/...`` belongs to."""
+    if not key.startswith(DATA_PREFIX):
+        return None
+    return key[len(DATA_PREFIX):].split("/", 1)[0]
+
+
 def is_immutable(key: str) -> bool:
     """True if the value at ``key`` is never rewritten once created (safe to cache)."""
     return key.startswith(DATA_PREFIX)
@@ -131,6 +192,7 @@ def pending_key(key: str, token: str) -> str:
 
 __all__ = [
     "DATA_PREFIX",
+    "HOLD_REQUEST_PREFIX",
     "LEASE_PREFIX",
     "LOCK_CHAIN_PREFIX",
     "LOCK_KEY",
@@ -139,18 +201,25 @@ __all__ = [
     "META_PREFIX",
     "NOTIFY_KEY",
     "PENDING_PREFIX",
+    "PIN_PREFIX",
+    "REF_PREFIX",
     "REVOKED_PREFIX",
     "ROLLUP_PREFIX",
     "STAGED_PART_PREFIX",
     "data_key",
     "data_prefix",
+    "hold_request_key",
     "is_immutable",
     "is_staged",
     "lease_key",
     "lease_of",
     "lock_chain_key",
     "log_key",
+    "owner_of",
+    "parse_ref",
     "pending_key",
+    "pin_key",
+    "ref_key",
     "revoked_key",
     "rollup_key",
     "seq_of",

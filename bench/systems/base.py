@@ -71,6 +71,13 @@ class System(ABC):
         the system (the table's time column is overwritten where the system needs that)."""
         raise Skip(f"{self.name} has no concurrent append")
 
+    # -- W11: a zero-copy fork ----------------------------------------------------------------
+
+    def fork(self, version: Any, into: str) -> int:
+        """Makes a new writable line of the table as of ``version`` named ``into``, copying no
+        data if the system can; returns the data files (blobs) it wrote."""
+        raise Skip(f"{self.name} has no fork")
+
     # -- W5: another process following the table --------------------------------------------
 
     def visible_appends(self) -> int:

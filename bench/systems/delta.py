@@ -59,6 +59,13 @@ class DeltaSystem(System):
         return (f"optimize.compact(): {m.get('numFilesRemoved')} files -> "
                 f"{m.get('numFilesAdded')}; create_checkpoint()")
 
+    def fork(self, version: Any, into: str) -> int:
+        import deltalake
+
+        raise Skip(f"deltalake {deltalake.__version__} has no shallow clone: its Python API "
+                   f"(DeltaTable) offers none; SHALLOW CLONE is a Spark/Databricks SQL "
+                   f"command")
+
     def concurrent_appender(self) -> Callable[[pa.Table], int]:
         from deltalake import write_deltalake
 

@@ -51,6 +51,12 @@ class IcebergSystem(System):
         self.table.append(table)
         return self.table.current_snapshot().snapshot_id
 
+    def fork(self, version: Any, into: str) -> int:
+        # NB: an Iceberg branch: a named, writable snapshot reference, one metadata commit
+        before = {p for p in self.root.rglob("*.parquet")}
+        self.table.manage_snapshots().create_branch(snapshot_id=version, branch_name=into).commit()
+        return len({p for p in self.root.rglob("*.parquet")} - before)
+
     def read(self, version: Any = None) -> pa.Table:
         t = self.catalog.load_table(IDENT)
         result: pa.Table = t.scan(snapshot_id=version).to_arrow()

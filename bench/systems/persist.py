@@ -28,6 +28,10 @@ NAME = "t"
 HAS_NOTIFY = "notify" in inspect.signature(persist.open).parameters
 
 
+def _data_files(root: Path) -> set[Path]:
+    return {p for p in (root / "location" / "data").rglob("*") if p.is_file()}
+
+
 def _concat(tables: list[pa.Table], schema: pa.Schema) -> pa.Table:
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
@@ -64,6 +68,19 @@ class PersistSystem(System):
         client = persist.open(self.url, read_only=True)
         _, read = client.create_or_load(NAME, **self._types())
         return client, read
+
+    def fork(self, version: Any, into: str) -> int:
+        assert self.client is not None
+        data = self.root / "location"
+        before = _data_files(self.root)
+        self.client.fork(NAME, into=into, as_of=int(version)).result()
+        # NB: the blobs the fork reads that did not exist before it (its parts reference the
+        # source's blobs; a part key is ``data/...``, possibly inside a reference
+        # ``ref/<cut>/<root>/data/...``). New files of the background compaction are not the
+        # fork's.
+        keys = [p.blob_key for p in self.client.state.collections[into].parts if p.blob_key]
+        read = {data / k[k.index("data/"):] for k in keys}
+        return len(read - before)
 
     def read(self, version: Any = None) -> pa.Table:
         client, read = self._open_read()

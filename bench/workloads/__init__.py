@@ -1,4 +1,4 @@
-"""The workloads W1..W10, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
+"""The workloads W1..W11, each a module with ``WID``, ``TITLE`` and ``run(ctx) -> WorkloadResult``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from bench.workloads import (
     w8_s3,
     w9_spark,
     w10_records,
+    w11_fork,
 )
 
 #: W3 (time travel) runs inside W2's appends, so ``w2_small_appends`` produces both W2 and W3.
@@ -24,6 +25,7 @@ WORKLOADS: dict[str, ModuleType] = {
     "W5": w5_listen,
     "W6": w6_metadata,
     "W7": w7_memory,
+    "W11": w11_fork,
     # NB: W8, W9 and W10 run last: the moto server and the JVMs they start (and end) then
     # compete with none of the local measurements (W10 starts its JVM at its very end).
     "W8": w8_s3,
@@ -31,4 +33,4 @@ WORKLOADS: dict[str, ModuleType] = {
     "W10": w10_records,
 }
 
-ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10")
+ALL_IDS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")

@@ -28,6 +28,7 @@ from abc import ABC, abstractmethod
 
 from persist.blob import envelope
 from persist.blob.envelope import Framed
+from persist.errors import InvalidUsage
 
 
 class BlobRead(ABC):
@@ -103,6 +104,23 @@ class BlobRead(ABC):
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Releases resources (connections). Idempotent."""
 
+    def locator(self) -> tuple[str, str] | None:
+        """``(store, root)``: the store this location lives in and its root there, each in
+        one canonical spelling; None if this store cannot name other locations. Locations
+        of one store can reference each other's blobs (a fork across locations, which reads
+        them through :meth:`sibling`)."""
+        return None
+
+    def sibling(self, root: str) -> BlobRead:
+        """The read half of the location at ``root`` (as :meth:`locator` spells it) of this
+        store, reached as this one is (same credentials and options).
+
+        Raises:
+            InvalidUsage: this store cannot name other locations.
+        """
+        raise InvalidUsage(f"{type(self).__name__} cannot reach other locations of its store "
+                           f"(asked for {root!r})")
+
     @abstractmethod
     def _get(self, key: str) -> bytes | memoryview | None:
         """Returns the raw framed bytes under ``key`` or None."""
@@ -173,6 +191,16 @@ class Blob(BlobRead):
         """Returns a view of this store with only the read half."""
         return ReadOnlyView(self)
 
+    def sibling(self, root: str) -> Blob:
+        """The location at ``root`` of this store, writable like this one (see
+        :meth:`BlobRead.sibling`).
+
+        Raises:
+            InvalidUsage: this store cannot name other locations.
+        """
+        raise InvalidUsage(f"{type(self).__name__} cannot reach other locations of its store "
+                           f"(asked for {root!r})")
+
     # NB: the raw writes store ``data`` as it is: a value framed by ``set``, a plain value
     # (an empty header), or (tests that corrupt storage on purpose) any bytes.
     @abstractmethod
@@ -183,6 +211,21 @@ class Blob(BlobRead):
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...
+
+
+class Wrapping(Blob):
+    """A store that wraps another (``inner``, a writable store) and does its work through it:
+    its other locations too. Subclasses add what they wrap around the raw methods."""
+
+    inner: Blob
+
+    def locator(self) -> tuple[str, str] | None:
+        """The wrapped store's (see :meth:`BlobRead.locator`)."""
+        return self.inner.locator()
+
+    def sibling(self, root: str) -> Blob:
+        """The wrapped store's (see :meth:`Blob.sibling`)."""
+        return self.inner.sibling(root)
 
 
 class ReadOnlyView(BlobRead):
@@ -201,6 +244,15 @@ class ReadOnlyView(BlobRead):
 
     def _external_url(self, key: str) -> str | None:
         return self._inner._external_url(key)
+
+    def locator(self) -> tuple[str, str] | None:
+        """The viewed store's (see :meth:`BlobRead.locator`)."""
+        return self._inner.locator()
+
+    def sibling(self, root: str) -> BlobRead:
+        """The viewed store's, read-only (see :meth:`BlobRead.sibling`)."""
+        other = self._inner.sibling(root)
+        return other.read_only() if isinstance(other, Blob) else other
 
     def close(self) -> None:
         """Closes the store this views: the view shares, and so releases, its resources."""

@@ -52,6 +52,16 @@ class FileBlob(Blob):
         # path must not leave directories behind, and reads of a missing root are just empty.
         self.is_local = True
 
+    @override
+    def locator(self) -> tuple[str, str] | None:
+        # NB: the real path: two spellings of one directory (a symlink) are one root, or a
+        # pin would name a location its source could not recognize as a reference to itself.
+        return ("file", os.path.realpath(self.root))
+
+    @override
+    def sibling(self, root: str) -> Blob:
+        return FileBlob(root, fsync=self._fsync, map_min_bytes=self.map_min_bytes)
+
     def _path(self, key: str) -> str:
         if not key or key.startswith("/") or ".." in key.split("/") or "\\" in key:
             raise InvalidUsage(f"invalid blob key {key!r}")

@@ -18,6 +18,7 @@ class MemoryBlob(Blob):
     _registry_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, name: str | None = None) -> None:
+        self.name = name
         if name is None:
             self._lock = threading.Lock()
             self._data: dict[str, bytes] = {}
@@ -33,6 +34,14 @@ class MemoryBlob(Blob):
         """Drops the shared store ``name`` (tests use it to start clean)."""
         with cls._registry_lock:
             cls._registry.pop(name, None)
+
+    @override
+    def locator(self) -> tuple[str, str] | None:
+        return None if self.name is None else ("mem", self.name)
+
+    @override
+    def sibling(self, root: str) -> Blob:
+        return MemoryBlob(root)
 
     @override
     def _get(self, key: str) -> bytes | None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing_extensions import override
 
 from persist import metrics
-from persist.blob.base import Blob
+from persist.blob.base import Blob, Wrapping
 from persist.blob.envelope import Framed
 from persist.errors import PersistError
 
 
-class MeteredBlob(Blob):
+class MeteredBlob(Wrapping):
     """Wraps a store and counts bytes and errors into the blob metrics (below the envelope,
     so byte counts are what actually crosses the wire). Transparent otherwise."""
 

@@ -280,6 +280,15 @@ class S3Blob(Blob):
 
     # -- naming ------------------------------------------------------------------------------
 
+    @override
+    def locator(self) -> tuple[str, str] | None:
+        # NB: the endpoint is part of the store: one bucket name on two endpoints is two stores.
+        return (f"s3://{self.bucket}@{self.aws.endpoint_url or ''}", self.prefix)
+
+    @override
+    def sibling(self, root: str) -> Blob:
+        return S3Blob(self.bucket, root, storage_options=self._storage_options)
+
     def full_key(self, key: str) -> str:
         """Returns the S3 object key of blob key ``key``.
 

@@ -38,7 +38,7 @@ from typing import Literal, TypeVar
 
 from typing_extensions import override
 
-from persist.blob.base import Blob
+from persist.blob.base import Blob, Wrapping
 from persist.blob.envelope import Framed
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 
@@ -213,7 +213,7 @@ class FaultInjecting:
         return self.plan.injected
 
 
-class UnreliableBlob(FaultInjecting, Blob):
+class UnreliableBlob(FaultInjecting, Wrapping):
     """Wraps ``inner`` and injects seeded faults into its raw operations.
 
     Args:

@@ -7,10 +7,14 @@ manage the writer lock.
     persist history URL COLLECTION [--json]
     persist lock [show] URL [--json]      show the writer lock
     persist lock release --force URL      mark the lock released whoever holds it
+    persist holds [list] URL [--json]     every hold and tag: time, lease, last renewal
+    persist holds release URL COLLECTION NAME [--yes]
+    persist restore URL --to-seq N [--yes] [--lock-timeout SECONDS] [--json]
     persist dynamodb create-table NAME [--endpoint-url URL] [--region REGION]
 
 One module per group of commands (:mod:`~persist.cli.inspect`, :mod:`~persist.cli.verify`,
-:mod:`~persist.cli.snapshot`, :mod:`~persist.cli.lock`; what they share in
+:mod:`~persist.cli.snapshot`, :mod:`~persist.cli.lock`, :mod:`~persist.cli.holds`,
+:mod:`~persist.cli.restore`; what they share in
 :mod:`~persist.cli.common`); this one builds the parser and runs a command line.
 
 Every command takes ``-o KEY=VALUE`` (``--storage-option``, repeatable), passed as
@@ -18,7 +22,7 @@ Every command takes ``-o KEY=VALUE`` (``--storage-option``, repeatable), passed 
 table, ...); any URL :func:`persist.location.resolve` accepts works, ``s3://`` included.
 
 Exit codes: ``persist --help`` lists them (``_EXIT_CODES``): 0 success, 1 verify found
-problems, 2 usage, 3 storage or persist error, 4 lock held, 5 missing dependency, 130
+problems (restore: not restorable), 2 usage, 3 storage or persist error, 4 lock held, 5 missing dependency, 130
 interrupted.
 
 Errors are one line on stderr, ``persist: <message>``; ``--traceback`` shows the whole story.
@@ -32,6 +36,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from persist.cli import holds, restore
 from persist.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -52,7 +57,8 @@ from persist.indexed.engine import Options
 
 _EXIT_CODES = """exit codes:
   0    success; verify found no problem
-  1    verify found problems (corruption, missing parts, inconsistent metadata)
+  1    verify found problems (corruption, missing parts, inconsistent metadata);
+       restore: the seq is no longer restorable (the reason is printed)
   2    usage: bad arguments, no location at URL, unknown collection, as-of outside
        [since, upper)
   3    persist or storage error (storage failed, incompatible format, I/O error)
@@ -95,10 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(group: Any, name: str, func: Callable[[argparse.Namespace], int], summary: str,
-                *args: str) -> argparse.ArgumentParser:
+                *args: str, description: str | None = None) -> argparse.ArgumentParser:
         """A subcommand with the shared options, the exit codes and positional ``args``."""
         p: argparse.ArgumentParser = group.add_parser(
-            name, parents=[common], help=summary, epilog=_EXIT_CODES,
+            name, parents=[common], help=summary, epilog=_EXIT_CODES, description=description,
             formatter_class=argparse.RawDescriptionHelpFormatter)
         for arg in args:
             p.add_argument(arg)
@@ -145,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--force", action="store_true",
                    help="release even though a writer holds it (required while held)")
 
+    holds.add_parser(sub, command, _Parser)
+    restore.add_parser(sub, command)
+
     p = sub.add_parser("dynamodb", help="DynamoDB administration")
     dsub = p.add_subparsers(dest="dynamodb_command", metavar="COMMAND", parser_class=_Parser)
     q = command(dsub, "create-table", cmd_dynamodb_create_table,
@@ -173,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if len(words) >= 2 and words[0] == "lock" and words[1] not in ("show", "release", "-h",
                                                                      "--help"):
         words.insert(1, "show")
+    # NB: `persist holds URL` is short for `persist holds list URL`.
+    if len(words) >= 2 and words[0] == "holds" and words[1] not in ("list", "release", "-h",
+                                                                      "--help"):
+        words.insert(1, "list")
     try:
         args = parser.parse_args(words)
         if not getattr(args, "func", None):

@@ -4,6 +4,7 @@ without creating it, and the small formatters of the human output."""
 from __future__ import annotations
 
 import os
+import textwrap
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +62,11 @@ def storage_options(pairs: Sequence[str]) -> dict[str, Any]:
             raise CliError(EXIT_USAGE, f"storage option {pair!r} is not KEY=VALUE")
         out[key] = value
     return out
+
+
+def wrap(text: str) -> str:
+    """``text`` wrapped for a command's description (the help keeps line breaks as written)."""
+    return textwrap.fill(text, 88)
 
 
 def human_bytes(n: float) -> str:

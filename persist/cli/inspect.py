@@ -14,12 +14,14 @@ from persist import layout
 from persist.blob.base import BlobRead
 from persist.blob.envelope import ENVELOPE_VERSION
 from persist.cli.common import EXIT_OK, human_bytes, open_location, when
+from persist.cli.holds import costs_of, print_costs
 from persist.cli.lock import lock_dict, print_lock
 from persist.indexed.format import columnar, evolve, meta
 from persist.indexed.format.meta import CollectionMeta
 from persist.indexed.maintenance.verify import require_metadata
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import Address, CollectionInfo, read_task
+from persist.indexed.state import pins
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import effective_since
 from persist.location import Location
@@ -91,9 +93,11 @@ def describe(loc: Location, *, live: bool = False,
     state = Machine(blob).load()
     address = Address.of(loc.url, storage_options)
     collections = []
+    costs = costs_of(blob, state)
     for name in sorted(state.collections):
         c = state.collections[name]
         entry = _collection(c)
+        entry["costs"] = costs[name]
         if live:
             entry["live_rows"] = live_rows(blob, CollectionInfo(address, c, state.seq))
         collections.append(entry)
@@ -112,6 +116,7 @@ def describe(loc: Location, *, live: bool = False,
         "newest_rollup": layout.seq_of(rollups[-1]) if rollups else None,
         "next_collection_id": state.next_cid,
         "retired_blobs": len(state.retired),
+        "pinned_blobs": len(pins.pinned(blob)),
         "collections": collections,
         "lock": lock_dict(loc.lock().current()),
     }
@@ -143,6 +148,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"collections: {len(info['collections'])}", file=out)
     if info["collections"]:
         _print_collections(info["collections"], args.live, out)
+        print_costs({c["name"]: c["costs"] for c in info["collections"]},
+                    info["pinned_blobs"], human_bytes, out)
     return EXIT_OK
 
 

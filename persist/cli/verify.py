@@ -86,6 +86,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 print(f"  ... and {len(report.leaked) - 50} more")
         if args.delete_leaked:
             print(f"deleted: {len(report.deleted)} leaked blobs")
+        spans = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in report.restorable)
+        print(f"restorable seqs (persist restore --to-seq): {spans or 'none'}")
+        if report.blobs_gone:
+            gone = ", ".join(f"{a}..{b}" if a != b else str(a) for a, b in report.blobs_gone)
+            print(f"not restorable (blobs garbage collected): {gone}")
         print("no problems found" if not report.problems else
               f"{len(report.problems)} problems found")
     return EXIT_PROBLEMS if report.problems else EXIT_OK

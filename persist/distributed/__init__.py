@@ -32,9 +32,14 @@ how). ``Client.apply(parts=..., token=...)`` is the one-commit primitive under i
 Everything here stands on the metadata log and the blob store alone: no runtime, no threads and
 no writer lock, except where a commit (the ``Committer``) or a read hold (:func:`set_read_hold`)
 needs one. Every record it hands out is frozen and serializable.
+
+Named holds (:mod:`persist.distributed.holds`): a consumer in another process takes a hold with
+a lease (:class:`ConsumerHold`), advances and renews it; the writer commits it through a
+request it answers (or, with no writer running, the consumer commits it under the lock).
 """
 
 from persist.distributed.commit import WRITERS, Committer, Writers
+from persist.distributed.holds import ConsumerHold
 from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
 from persist.distributed.stage import Stager, check_type
 from persist.indexed.format.transfer import StagedPart, Token
@@ -47,6 +52,7 @@ __all__ = [
     "Address",
     "CollectionInfo",
     "Committer",
+    "ConsumerHold",
     "LatestValues",
     "PartHandle",
     "ReadTask",

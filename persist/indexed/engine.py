@@ -48,6 +48,7 @@ from persist.indexed.format.meta import (
     PartMeta,
     Register,
     ReplaceParts,
+    Restore,
     Seal,
     State,
     check_op,
@@ -96,17 +97,19 @@ class Txn:
         InvalidUsage and changes nothing."""
         if isinstance(op, Register) and not op.collection.name:
             raise InvalidUsage("a collection name must be a non-empty string")
-        if isinstance(op, EvolveSchema) and not self.empty:
-            raise InvalidUsage("a schema evolution commits alone: stage it in a commit of "
-                               "its own")
+        if isinstance(op, (EvolveSchema, Restore)) and not self.empty:
+            raise InvalidUsage(f"a {'restore' if isinstance(op, Restore) else 'schema evolution'}"
+                               f" commits alone: stage it in a commit of its own")
         self._not_after_evolution()
         try:
-            check(self.collections, op)  # the rules, with their own messages
+            check(self.collections, op, self.retired)  # the rules, with their own messages
         except TypeError:  # a field of a type the rules cannot even compare: name it
             check_op(op)
             raise
         check_op(op)
-        apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=0)
+        # NB: the working copy's clock is now; the commit's own is a moment later. (A renewal
+        # of a named hold staged here must not look ancient to a lapse planned after it.)
+        apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=_now_ms())
         self.ops.append(op)
 
     def register(self, name: str, key: Codec, value: Codec) -> None:
@@ -160,9 +163,9 @@ class Txn:
         # NB: a commit lists the parts of its writes before its other ops (so that its seals
         # follow them), which would put them before an evolution staged ahead of them; an
         # evolution is therefore alone in its commit (the runtime commits it on its own).
-        if self.ops and isinstance(self.ops[0], EvolveSchema):
-            raise InvalidUsage("a schema evolution commits alone: nothing may follow it in "
-                               "its commit")
+        if self.ops and isinstance(self.ops[0], (EvolveSchema, Restore)):
+            raise InvalidUsage("a schema evolution (a restore) commits alone: nothing may "
+                               "follow it in its commit")
 
     def wrote_blobs(self, at: float) -> None:
         """Notes that a data blob this commit will reference was written at ``at``."""
@@ -356,6 +359,7 @@ class Indexed:
                                      tuple[Any, ...]]] = {}
         self._leaks: gc.LeakSweeper | None = None
         self._next_leak_sweep = 0.0
+        self._pins = gc.PinGuard(0.0)
 
     @classmethod
     def open(
@@ -763,8 +767,8 @@ class Indexed:
                 committed) or the commit did.
         """
         grace_ms = int(self.options.gc_grace_seconds * 1000)
-        keys = gc.collectable(state(), now_ms=int(time.time() * 1000) if now_ms is None
-                              else now_ms, grace_ms=grace_ms)
+        keys = self.unpinned(gc.collectable(state(), now_ms=int(time.time() * 1000)
+                                            if now_ms is None else now_ms, grace_ms=grace_ms))
         if not keys:
             return False
         commit((gc.delete_retired(self.blob, keys),), None)
@@ -780,6 +784,25 @@ class Indexed:
         did = self.maybe_rollup(state)
         self.trim_metadata()
         return did
+
+    def unpinned(self, keys: tuple[str, ...]) -> tuple[str, ...]:
+        """Of the retired ``keys`` the GC is about to delete, those no fork in another location
+        reads (:class:`persist.indexed.maintenance.gc.PinGuard`; its pins are released once
+        unread for ``max(gc grace, twice the commit deadline)``).
+
+        With no ``keys``, now and then releases the pins nothing reads any more (a fork that
+        never committed, or let go of the blobs before its source did).
+
+        Raises:
+            ExternalError: reading the pins failed (delete nothing).
+        """
+        opts = self.options
+        grace = max(opts.gc_grace_seconds, 2 * opts.commit_deadline_seconds)
+        # NB: a judgement is reused for a while (a LIST and a load of each pinning location
+        # per round would be costly); only how soon a pin is released depends on it.
+        self._pins.release_grace_seconds, self._pins.recheck_seconds = grace, min(5.0, grace / 4)
+        keep = self._pins.protected(self.blob, keys, time.monotonic())
+        return tuple(k for k in keys if k not in keep)
 
     def maybe_rollup(self, state: State | None = None) -> bool:
         """Writes a rollup of ``state`` (default the newest) if ``rollup_every`` commits passed

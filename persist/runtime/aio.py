@@ -120,6 +120,39 @@ class AsyncClient:
             name, key_type=key_type, value_type=value_type, expect_version=expect_version))
         return version
 
+    async def fork(self, name: str, *, into: str, as_of: int | None = None) -> int:
+        """Mirrors ``Client.fork``: a new collection ``into`` whose contents up to ``as_of``
+        are ``name``'s, in one commit without copying data.
+
+        Returns:
+            The commit's seq, once durable.
+
+        Raises:
+            ReadOnly: a replica. InvalidUsage: ``into`` exists, or ``as_of`` is not readable.
+            UnknownCollection: no collection ``name``.
+        """
+        seq: int = await asyncio.wrap_future(self.sync.fork(name, into=into, as_of=as_of))
+        return seq
+
+    async def tag(self, name: str, tag: str, *, as_of: int) -> int:
+        """Mirrors ``Client.tag``: pins time ``as_of`` of ``name`` under ``tag``; the seq.
+
+        Raises:
+            InvalidUsage: ``as_of`` is below since or not below upper, or ``tag`` names another
+                hold. UnknownCollection: no collection ``name``. ReadOnly: a replica.
+        """
+        seq: int = await asyncio.wrap_future(self.sync.tag(name, tag, as_of=as_of))
+        return seq
+
+    async def untag(self, name: str, tag: str) -> int:
+        """Mirrors ``Client.untag``: deletes tag ``tag`` of ``name``; the seq.
+
+        Raises:
+            UnknownHold: no such tag. ReadOnly: a replica.
+        """
+        seq: int = await asyncio.wrap_future(self.sync.untag(name, tag))
+        return seq
+
     async def stop(self) -> None:
         """Mirrors ``Client.stop`` (commit or fail what is queued, stop, release the lock), run
         in a worker thread. Idempotent."""

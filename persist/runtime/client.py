@@ -33,11 +33,13 @@ from persist.indexed.format.columnar import Codec
 from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import CollectionMeta, PartMeta, State
 from persist.indexed.format.transfer import StagedPart, Token, check_inline
+from persist.indexed.maintenance import restore as restoring
 from persist.indexed.read.filter import Filter, col
 from persist.indexed.read.prune import PruneCounts
 from persist.indexed.read.scan import Address, CollectionInfo, SnapshotRead, read_task, retrying
-from persist.indexed.state import history
+from persist.indexed.state import history, holds, refs
 from persist.indexed.state.transitions import check_time, collection, effective_since
+from persist.runtime import branches
 from persist.runtime import commands as cmd
 from persist.runtime.commands import PersistFuture, forbid_in_event_loop
 from persist.runtime.notify import Notifier
@@ -274,6 +276,121 @@ class Client:
         """
         last: int | None = TOKENS.get(self, token_id)
         return last
+
+    # -- forks, tags, named holds, restore -------------------------------------------------------
+
+    def fork(self, name: str, *, into: str, as_of: int | None = None) -> PersistFuture:
+        """Forks collection ``name`` as of ``as_of`` (default: its latest sealed time) into a
+        new writable collection ``into``, in one metadata commit and without copying data:
+        its parts reference the blobs of ``name``'s (rows past ``as_of`` hidden), so its
+        contents as of every time in ``[since, as_of]`` are ``name``'s, and its upper is
+        ``as_of + 1``. The two then evolve independently; a shared blob is deleted only once
+        neither reads it (DESIGN.md §9). For a fork into another location of the same store
+        see :func:`persist.fork`.
+
+        Returns:
+            A future resolved with the commit's seq; it fails with ``InvalidUsage`` if
+            ``into`` exists or ``as_of`` is not in ``[since, upper)``, ``UnknownCollection``
+            if ``name`` does not exist (nothing changes).
+
+        Raises:
+            ReadOnly: a replica. InvalidUsage: a name that is not a non-empty string.
+        """
+        return self._writer().submit(cmd.Plan(branches.fork_plan(name, into, as_of), alone=True))
+
+    def register_fork(self, planned: CollectionMeta, *, into: str,
+                      pinned_at: float) -> PersistFuture:
+        """Registers ``planned``, a fork of another location's collection whose blobs it
+        references (:func:`persist.fork` plans it and pins those blobs first), as ``into``.
+        It commits within this writer's commit deadline of ``pinned_at`` (a
+        ``time.monotonic()`` taken before the pins were made) or not at all: the source's GC
+        releases an unread pin only after twice that deadline.
+
+        Returns:
+            A future resolved with the commit's seq; it fails with ``CommitDeadline`` (too
+            late, nothing committed), or ``InvalidUsage`` if ``into`` exists.
+        """
+        return self._writer().submit(cmd.Plan(branches.adopt_plan(planned, into),
+                                              written_at=pinned_at, alone=True))
+
+    def tag(self, name: str, tag: str, *, as_of: int) -> PersistFuture:
+        """Tags time ``as_of`` of collection ``name``: reads as of it stay definite for as
+        long as the tag exists, whatever ``allow_compaction`` says (a tag is a named hold with
+        no lease: compaction forwards no time past it). Read it with
+        ``read.snapshot(read.tag(tag))``; delete it with :meth:`untag`.
+
+        Returns:
+            A future resolved with the commit's seq; it fails with ``InvalidUsage`` if
+            ``as_of`` is below since or not below upper, or ``tag`` names another tag or
+            hold; ``UnknownCollection`` if ``name`` does not exist (nothing changes).
+        """
+        return self._writer().submit(cmd.Plan(branches.hold_plan(name, "tag", tag, as_of)))
+
+    def untag(self, name: str, tag: str) -> PersistFuture:
+        """Deletes tag ``tag`` of ``name`` (its history may then be compacted). The future
+        fails with ``UnknownHold`` if there is no such tag."""
+        return self._writer().submit(cmd.Plan(branches.hold_plan(name, "untag", tag)))
+
+    def hold(self, name: str, hold_id: str, at: int, *,
+             lease: datetime.timedelta | float) -> branches.HoldHandle:
+        """Takes (or takes again) the named consumer hold ``hold_id`` on ``name`` at time
+        ``at``, with ``lease`` (a ``timedelta`` or seconds), and waits until it is durable:
+        from then on ``since`` never passes the hold while it lives. The consumer advances it
+        as it reads (:meth:`HoldHandle.advance`, which renews it) or renews it
+        (:meth:`HoldHandle.renew`) at least once per lease; if it does not, the writer
+        commits its lapse, and its next advance fails with ``HoldLapsed``.
+
+        Raises:
+            InvalidUsage: ``at`` is below the collection's since, ``lease`` is not positive,
+                ``hold_id`` names a tag.
+            UnknownCollection: no collection ``name``.
+            ReadOnly: a replica (a consumer in another process uses
+                ``persist.distributed.ConsumerHold``).
+        """
+        lease_ms = holds.lease_ms_of(lease)
+        forbid_in_event_loop("hold()")
+        runtime = self._writer()
+        runtime.submit(cmd.Plan(branches.hold_plan(name, "take", hold_id, at,
+                                                   lease_ms=lease_ms))).result()
+        return branches.HoldHandle(runtime.submit,
+                                   lambda: collection(self.state.collections, name), name,
+                                   hold_id)
+
+    def holds(self, name: str | None = None) -> list[holds.HoldInfo]:
+        """Every hold (tags, consumer holds, plain read holds; lapsed ones too) of collection
+        ``name``, or of every collection, as of this client's newest state.
+
+        Raises:
+            UnknownCollection: no collection ``name``.
+        """
+        state = self.state
+        names = sorted(state.collections) if name is None else [name]
+        return [h for n in names for h in holds.listing(collection(state.collections, n))]
+
+    def restore(self, seq: int) -> restoring.RestorePlan:
+        """Puts the location's collections back as they were at commit ``seq``, in one new
+        commit (an undo: **frontiers may move backwards**, collections registered since then
+        disappear, holds and tags return to what they were; listeners of a rewound
+        collection fail, streams must restart). Blobs only the current state reads are
+        retired, those the restored one reads un-retired; the GC is paused meanwhile.
+
+        Returns:
+            The plan it carried out (what changed).
+
+        Raises:
+            InvalidUsage: ``seq`` is not restorable (its log was trimmed, or blobs it reads
+                were deleted: the message says which), or not before the current seq.
+            ReadOnly: a replica.
+        """
+        forbid_in_event_loop("restore()")
+        runtime = self._writer()
+        with runtime.exclusive():
+            plan = restoring.plan(self._ix.blob, self.state, seq, url=self.url)
+            if plan.op is None:
+                raise InvalidUsage(f"cannot restore {self.url} to seq {seq}: "
+                                   + "; ".join(plan.problems))
+            runtime.submit(cmd.Restore(plan.op)).result()
+        return plan
 
     def info(self, name: str) -> CollectionInfo:
         """Collection ``name`` as this client's newest state shows it, from which distributed
@@ -640,7 +757,10 @@ class WriteHandle(_Handle):
         setting it below the collection's effective since fails (that history is gone).
 
         The returned future fails with InvalidUsage if ``frontier`` is below the effective since
-        when the hold is applied.
+        when the hold is applied, or if ``hold_id`` is a tag or a named consumer hold (those
+        move through :meth:`Client.tag` and :meth:`Client.hold`'s handle; ``None`` releases
+        any hold). A consumer that needs its hold kept only while it lives takes a named one
+        with a lease (:meth:`Client.hold`).
         """
         return self.client.apply(holds={self.name: {hold_id: frontier}})
 
@@ -687,6 +807,19 @@ class ReadHandle(_Handle):
         """The Arrow schema of the collection's updates as this handle's schema version reads
         them: ``key, value, time, diff``."""
         return Types.of(self._meta(), self._schema_id).schema
+
+    @property
+    def tags(self) -> dict[str, int]:
+        """The collection's tags: name -> the time each pins (see :meth:`Client.tag`)."""
+        return holds.tags(self._meta())
+
+    def tag(self, name: str) -> int:
+        """The time tag ``name`` pins: ``read.snapshot(read.tag("q3-close"))`` reads as of it.
+
+        Raises:
+            UnknownHold: no such tag (the message lists the collection's tags).
+        """
+        return holds.tag_time(self._meta(), name)
 
     def history(self) -> list[history.Seal]:
         """The collection's recent seals, oldest first: each one's upper, commit time (the
@@ -847,6 +980,8 @@ class Listener(Iterator[ListenEvent]):
         # plans on, so either it sees this hold or this check sees its newer since.
         self._token = self._holds.add(read.name, as_of) if self._holds is not None else None
         c = read._meta()
+        #: A restore that rewinds the collection after this (an undo) ends the stream.
+        self._restored = refs.restored_at(c)
         if as_of < effective_since(c):
             if self._holds is not None and self._token is not None:
                 self._holds.remove(self._token)
@@ -897,6 +1032,13 @@ class Listener(Iterator[ListenEvent]):
             raise
         if state is None:
             return
+        if refs.restored_at(collection(state.collections, name)) != self._restored:
+            self._failed = InvalidUsage(
+                f"listener on {name!r} cannot continue from {lo}: the location was restored to "
+                f"an earlier state (an undo; its frontiers may have moved backwards), so the "
+                f"history it was following was rewritten; restart it from a snapshot")
+            self.close()
+            raise self._failed
         client = self._read.client
         held = self._token is not None
 

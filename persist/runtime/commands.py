@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from persist.errors import InvalidUsage
 from persist.indexed.engine import Options
+from persist.indexed.format import meta
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.meta import Op, PartMeta
+
+if TYPE_CHECKING:
+    from persist.indexed.engine import Txn
 
 
 class PersistFuture(concurrent.futures.Future[Any]):
@@ -123,6 +128,32 @@ class Maintenance:
 
 
 @dataclass(frozen=True, eq=False)
+class Plan:
+    """Ops that ``plan`` decides against the working copy when the command is staged (a fork,
+    a change to a named hold, a lapse): decided where they are checked, so what they decide on
+    is what they commit on. Staged all or nothing; ``plan`` may raise to refuse (the command
+    alone fails). ``written_at``: as :class:`Maintenance`'s (a fork across locations counts
+    the commit deadline from before its pins)."""
+
+    plan: Callable[[Txn], Sequence[Op]]
+    written_at: float | None = None
+    #: Commit alone, like a schema evolution (a fork: its ``Register`` reads what the ops
+    #: staged before it left, and a commit lists registrations first).
+    alone: bool = False
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
+class Restore:
+    """Put the collections back as ``op`` has them (an undo). Commits alone, like a schema
+    evolution: what was queued before it commits first, what comes after is staged on the
+    restored state."""
+
+    op: meta.Restore
+    future: PersistFuture = field(default_factory=PersistFuture)
+
+
+@dataclass(frozen=True, eq=False)
 class SetOptions:
     """Replaces the engine's options (``Client.set_options``). Ordered like any command:
     everything queued before it commits under the old options, everything after under the new."""
@@ -138,4 +169,4 @@ class Stop:
     future: PersistFuture = field(default_factory=PersistFuture)
 
 
-Command = Apply | Register | EvolveSchema | Maintenance | SetOptions | Stop
+Command = Apply | Register | EvolveSchema | Maintenance | Plan | Restore | SetOptions | Stop

@@ -82,6 +82,14 @@ class CountingRead(BlobRead):
         return self._inner._external_url(key)
 
     @override
+    def locator(self) -> tuple[str, str] | None:
+        return self._inner.locator()
+
+    @override
+    def sibling(self, root: str) -> BlobRead:
+        return self._inner.sibling(root)
+
+    @override
     def close(self) -> None:
         self._inner.close()
 

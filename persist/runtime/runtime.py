@@ -38,6 +38,7 @@ from persist.errors import (
     Determinate,
     ExternalError,
     Fenced,
+    HoldLapsed,
     InvalidUsage,
     PersistError,
     RuntimeShutdown,
@@ -57,6 +58,7 @@ from persist.indexed.state import lease as staging
 from persist.indexed.state.transitions import collection, effective_since
 from persist.lock.base import Lease, WriterLock
 from persist.runtime import commands as cmd
+from persist.runtime.branches import HoldDesk
 
 log = logging.getLogger("persist.runtime")
 
@@ -161,6 +163,7 @@ class Runtime:
         self.lease = lease
         self.on_lock_lost = on_lock_lost
         self.published = Published(ix.state)
+        self._holds_desk = HoldDesk(poll_seconds=0.1 if ix.store.is_local else 1.0)
         self.holds = LocalHolds()
         self.max_group = max_group
         self.maintenance_linger = maintenance_linger
@@ -289,13 +292,15 @@ class Runtime:
                     self._maint_wake.set()  # a new policy may have merges to plan
                 txn = Txn(self.ix.state)
                 continue
-            if isinstance(c, cmd.EvolveSchema):
-                # NB: an evolution commits alone (see ``Txn.stage``): what was staged before it
-                # commits first, and what comes after it is staged against the new version.
+            if isinstance(c, (cmd.EvolveSchema, cmd.Restore)) or (
+                    isinstance(c, cmd.Plan) and c.alone):
+                # NB: an evolution (a restore, a fork) commits alone (see ``Txn.stage``): what
+                # was staged before it commits first, and what comes after it is staged
+                # against the new version (the restored state, the new collection).
                 accepted = self._commit_before(txn, accepted)
                 if self._refuse_if_poisoned(c):
                     continue
-                self._evolve(c)
+                self._alone(c)
                 txn = Txn(self.ix.state)
                 continue
             if self._poisoned is not None:  # a commit earlier in this group failed for good
@@ -304,7 +309,8 @@ class Runtime:
             try:
                 self._stage(txn, c)
                 accepted.append(c)
-            except (InvalidUsage, CommitDeadline, staging.LeaseRevoked, ExternalError) as e:
+            except (InvalidUsage, CommitDeadline, staging.LeaseRevoked, ExternalError,
+                    HoldLapsed) as e:
                 c.future.set_exception(e)
             except Exception as e:  # a bug in staging must not kill the loop silently
                 log.exception("staging a command failed")
@@ -319,26 +325,33 @@ class Runtime:
             self._commit(txn, accepted)
         return []
 
-    def _refuse_if_poisoned(self, c: cmd.SetOptions | cmd.EvolveSchema) -> bool:
+    def _refuse_if_poisoned(self, c: cmd.Command) -> bool:
         """Fails ``c`` if the runtime went fail-stop (True: skip it)."""
         if self._poisoned is None:
             return False
         c.future.set_exception(self._shutdown_error())
         return True
 
-    def _evolve(self, c: cmd.EvolveSchema) -> None:
-        """Stages and commits one schema evolution alone (its future: the new version)."""
+    def _alone(self, c: cmd.EvolveSchema | cmd.Restore | cmd.Plan) -> None:
+        """Stages and commits one schema evolution (restore, fork) alone; an evolution's
+        future gets the new version."""
         txn = Txn(self.ix.state)
         try:
-            staged = txn.evolve(c.name, c.key, c.value, c.expect)
-        except InvalidUsage as e:
+            if isinstance(c, cmd.EvolveSchema):
+                staged = txn.evolve(c.name, c.key, c.value, c.expect)
+            elif isinstance(c, cmd.Restore):
+                txn.stage(c.op)
+            else:
+                self._stage(txn, c)
+        except (InvalidUsage, CommitDeadline, ExternalError, HoldLapsed) as e:
             c.future.set_exception(e)
             return
         except Exception as e:  # a bug in staging must not kill the loop silently
-            log.exception("staging a schema evolution failed")
+            log.exception("staging a command failed")
             c.future.set_exception(e)
             return
-        if not staged:  # already the current schema: nothing to commit
+        if isinstance(c, cmd.EvolveSchema) and not staged:
+            # already the current schema: nothing to commit
             c.future.set_result(evolve.version(collection(txn.collections, c.name)))
             return
         self._commit(txn, [c])
@@ -365,8 +378,15 @@ class Runtime:
                     txn.stage(Seal(name=name, upper=upper))
                 for name, since in c.sinces:
                     txn.stage(AllowCompaction(name=name, since=since))
-        elif isinstance(c, cmd.EvolveSchema):
-            raise AssertionError("schema evolutions are committed alone, by _evolve")
+        elif isinstance(c, cmd.Plan):
+            if c.written_at is not None:
+                self.ix.check_deadline(c.written_at, fraction=0.5)
+                txn.wrote_blobs(c.written_at)
+            with txn.atomically():
+                for op in c.plan(txn):
+                    txn.stage(op)
+        elif isinstance(c, (cmd.EvolveSchema, cmd.Restore)):
+            raise AssertionError("schema evolutions and restores are committed alone")
         elif isinstance(c, cmd.Register):
             txn.register(c.name, c.key, c.value)
         elif isinstance(c, cmd.Maintenance):
@@ -519,18 +539,41 @@ class Runtime:
             return self._maintain_round(background)
 
     def _maintain_round(self, background: bool) -> bool:
-        did = self.ix.maintain_round(
-            lambda: self.published.state, self._commit_maintenance, held=self.holds.frontier,
-            compaction=not background or self.ix.options.background_compaction,
-            budgeted=background, idle=self._queue.empty)
+        # NB: the engine's round (its steps independent; it raises the first error after all
+        # had their turn), then the named holds' desk, whatever the round raised.
+        first: BaseException | None = None
+        try:
+            did = self.ix.maintain_round(
+                lambda: self.published.state, self._commit_maintenance,
+                held=self.holds.frontier,
+                compaction=not background or self.ix.options.background_compaction,
+                budgeted=background, idle=self._queue.empty)
+        except (ExternalError, InvalidUsage) as e:
+            first, did = e, False
+        try:
+            did = self._serve_holds() or did
+        except (ExternalError, InvalidUsage) as e:
+            first = first or e
         if did:
             self._maint_wake.set()  # more may be ready (cascading merges)
+        if first is not None:
+            raise first
         return did
 
     def _commit_maintenance(self, ops: Sequence[Op], written_at: float | None) -> None:
         """A maintenance round's ops, committed through the queue (linearized like every
         command), waited for."""
         self.submit(cmd.Maintenance(tuple(ops), written_at=written_at)).result()
+
+    def _serve_holds(self) -> bool:
+        # NB: named holds: lapses the writer decides, requests other processes make.
+        return self._holds_desk.round(self.ix.blob, lambda: self.published.state,
+                                      self.submit)
+
+    def exclusive(self) -> threading.Lock:
+        """The lock a maintenance round holds: while it is held no round runs, so the GC
+        deletes nothing (a restore un-retires blobs under it)."""
+        return self._maint_lock
 
     # -- the lock heartbeat --------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """Smoke test of the benchmark suite: ``python -m bench.run --quick`` runs to the end and writes
-a complete results.json, in three runs (W1-W8, W9, W10) whose limits come from measured work
+a complete results.json, in four runs (W1-W8, W9, W10, W11) whose limits come from measured work
 (:data:`PARTS`). It asserts *nothing* about speed: absolute numbers on a shared CI machine mean
 nothing, and the ratios are for people to read.
 
@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SYSTEMS = {"persist", "floor", "delta", "iceberg"}
-WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10"}
+WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11"}
 #: Workloads that run only where optional packages are installed (else skipped with a reason).
 OPTIONAL = {"W8", "W9"}
 
@@ -54,6 +54,8 @@ PARTS: dict[str, tuple[tuple[str, ...], float]] = {
     "W1-W8": (("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"), 3 * 95),
     "W9": (("W9",), 3 * 235),
     "W10": (("W10",), 3 * 60),
+    # NB: W11 (a fork) took 6 s with --quick at load 7-8 (W11 alone).
+    "W11": (("W11",), 3 * 30),
 }
 #: Any other run of the bench CLI here: one quick workload, a few seconds idle.
 DEFAULT_LIMIT = 300.0
@@ -106,6 +108,10 @@ def test_quick_mode_covers_every_workload_and_system(tmp_path: Path, part: str) 
     if "W10" in wids:
         _check_w10(doc["workloads"]["W10"], spark=_can_run("W9"))
         assert any(t["id"].startswith("W10.") for t in doc["targets"])
+    if "W11" in wids:
+        w11 = doc["workloads"]["W11"]
+        assert w11["status"]["delta"].startswith("skipped: "), w11["status"]
+        assert "no shallow clone" in w11["status"]["delta"]
     assert doc["targets"], "the targets are reported (met or not: not asserted)"
     assert (out / "table.txt").read_text().strip()
     assert "Targets" in proc.stdout

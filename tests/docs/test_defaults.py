@@ -161,6 +161,7 @@ def expected_defaults(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         "`startingUpper`": f"`{stream.starting_upper}`",
         "`failOnDataLoss`": _bool(stream.fail_on_data_loss),
         "`readHoldLockTimeout`": f"{stream.read_hold_lock_timeout:g}",
+        "`readHoldLease`": f"{stream.read_hold_lease:g}",
         "`lockTimeout`": f"{write.lock_timeout:g}",
         "`writerIdleTimeout`": f"{write.writer_idle_timeout:g}",
         "`mergeSchema`": _bool(write.merge_schema),

@@ -150,3 +150,20 @@ def test_empty_and_unsealed_collections(spark: Any, tmp_path: Path) -> None:
         w.seal(3).result()
     assert read(spark, url, "e").count() == 0
     assert read(spark, url, "e", mode="raw").count() == 0
+
+
+def test_read_as_of_a_tag(spark: Any, tmp_path: Path) -> None:
+    url = location(tmp_path)
+    fill(url, "events", range(6))
+    with persist.open(url) as client:
+        client.tag("events", "q3-close", as_of=2).result()
+        w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        w.allow_compaction(5).result()
+        compact(client)
+    # definite as of the tag, whatever allow_compaction said after it
+    got = read(spark, url, "events", tag="q3-close").toArrow()
+    assert canon(got) == canon(snapshot(url, "events", 2))
+    with pytest.raises(Exception, match="no tag 'nope'"):
+        read(spark, url, "events", tag="nope").count()
+    with pytest.raises(Exception, match="give one"):
+        read(spark, url, "events", tag="q3-close", as_of=2).count()

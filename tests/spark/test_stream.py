@@ -135,12 +135,15 @@ def test_read_hold_keeps_since_behind_the_stream(spark: Any, tmp_path: Path) -> 
     url, ckpt = location(tmp_path), tmp_path / "ckpt"
     fill(url, "events", range(3))
     first = Collected()
-    run_available_now(spark, url, "events", ckpt, first, readHold="q1")
+    run_available_now(spark, url, "events", ckpt, first, readHold="q1", readHoldLease=3600)
     with persist.open(url) as client:
         w, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         # NB: Spark never commits the last batch of an availableNow run to the source, so the
         # hold stands at the start of that batch: behind the stream, never ahead of it
         assert 0 <= w.holds["q1"] <= 2
+        # a named consumer hold, with the query's lease
+        (h,) = client.holds("events")
+        assert (h.name, h.kind, h.lease_seconds, h.lapsed) == ("q1", "hold", 3600, False)
         for t in range(3, 8):
             w.append(updates_at(t, 40), upper=t + 1).result()
         w.allow_compaction(7).result()

@@ -45,6 +45,17 @@ that adds a version-4 part (``AddPart``, ``ReplaceParts``) and a rollup holding 
 4, refused by an older persist with ``IncompatibleFormat`` before it reads anything else of
 them. Every other record keeps its bytes (the new fields are ``UNSET`` on older parts and on
 inline parts, which stay Arrow IPC streams).
+
+Version 5 is references (:mod:`persist.indexed.state.refs`): a fork's parts reference blobs
+that another collection wrote, in this location or in another one of the same store, and may
+hide the rows past the time the fork was made at (``PartMeta.blob_key`` is then a reference,
+:func:`persist.layout.ref_key`). A persist that predates it would show the hidden rows, and its
+GC would delete a blob that another collection still references, so a commit that registers
+such a collection or restores a state (:class:`Restore`) and a rollup holding a collection
+that references a blob it does not own are version 5. Named holds (``CollectionMeta.terms``,
+``SetHold.kind``/``lease_ms``/``lapse``) and ``CollectionMeta.lineage`` need no version: an
+older persist ignores them and computes the same effective since (a lapsed hold is not in
+``holds``), it only lacks their names, leases and lapses.
 """
 
 from __future__ import annotations
@@ -60,8 +71,8 @@ from persist.indexed.format import columnar, records
 from persist.indexed.format.stats import PartStats
 
 #: The newest metadata format this persist reads (and writes for records referencing Parquet
-#: parts).
-FORMAT_VERSION = 4
+#: parts, forks and restores).
+FORMAT_VERSION = 5
 #: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
 #: The format of records carrying a collection of records (version-2 types).
@@ -70,6 +81,9 @@ RECORDS_FORMAT_VERSION = 2
 EVOLUTION_FORMAT_VERSION = 3
 #: The format of records referencing a Parquet part (part format 4).
 PARQUET_FORMAT_VERSION = 4
+#: The format of records carrying a reference to a blob another collection owns (a fork), or a
+#: restore of an earlier state.
+REFS_FORMAT_VERSION = 5
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -187,6 +201,42 @@ class SchemaVersion(msgspec.Struct, frozen=True, kw_only=True):
     value_codec: str | None = None
 
 
+class HoldTerms(msgspec.Struct, frozen=True, kw_only=True):
+    """What a *named* hold is, beside its frontier in ``CollectionMeta.holds``
+    (:mod:`persist.indexed.state.holds`).
+
+    A ``"tag"`` pins one time for as long as it exists. A ``"hold"`` is a consumer's: it has a
+    lease (``lease_ms``; 0 for none), and once the writer finds it not renewed for that long it
+    commits its lapse: the hold leaves ``holds`` (it no longer holds compaction back) and stays
+    here, ``lapsed_at`` its last frontier, until it is released, so its consumer's next advance
+    fails saying so.
+    """
+
+    kind: str
+    lease_ms: int = 0
+    #: The wall-clock time (ms) of the commit that last set or renewed it: the clock of the
+    #: writer that committed it, the only clock a lapse is judged by.
+    renewed_ms: int = 0
+    #: The frontier it held when the writer committed its lapse (None: live).
+    lapsed_at: int | None = None
+
+
+class Lineage(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a collection came from: a fork (``source`` and the rest set) and the last restore
+    that rewound it. Informational, except ``restored``, by which listeners notice an undo."""
+
+    #: The collection it was forked from, and the location (None: this one; else the source
+    #: location's root in the same store, as :meth:`persist.blob.base.BlobRead.locator` spells
+    #: it), the time and the source's seq it was forked as of.
+    source: str | None = None
+    location: str | None = None
+    as_of: int | None = None
+    seq: int | None = None
+    #: The seq of the restore that last put this collection back to an earlier state (its
+    #: frontiers may have moved backwards then).
+    restored: int | None = None
+
+
 class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
     """A registered collection and its frontiers.
 
@@ -218,6 +268,15 @@ class CollectionMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: drops them from the rollups it writes: history then restarts, nothing else changes).
     history: tuple[HistoryEntry, ...] | msgspec.UnsetType = msgspec.UNSET
     unsealed: HistoryEntry | msgspec.UnsetType = msgspec.UNSET
+    #: The named holds among ``holds`` (tags and consumer holds with leases) and the lapsed
+    #: ones (no longer in ``holds``): hold id -> terms. UNSET while there are none; an older
+    #: persist ignores it (its holds are then plain holds, its lapsed ones absent).
+    terms: dict[str, HoldTerms] | msgspec.UnsetType = msgspec.UNSET
+    #: Where the collection came from (a fork) and when it was last restored. UNSET: neither.
+    lineage: Lineage | msgspec.UnsetType = msgspec.UNSET
+    # NB: 15 fields. msgspec writes the map header of a struct with more as a map16 whatever
+    # is omitted, which would change the stored bytes of every collection (and the golden
+    # files): a 16th field goes into a nested struct.
 
 
 # -- the operations a commit carries --------------------------------------------------------
@@ -263,11 +322,21 @@ class ReplaceParts(msgspec.Struct, frozen=True, tag="replace"):
 
 
 class SetHold(msgspec.Struct, frozen=True, tag="hold"):
-    """Sets (or, with ``frontier`` None, releases) a durable read hold."""
+    """Sets (or, with ``frontier`` None, releases) a durable read hold.
+
+    With ``kind``, a named hold (:class:`HoldTerms`): a ``"tag"`` or a ``"hold"`` with a lease
+    of ``lease_ms`` (0: none), renewed by this commit. With ``lapse`` (and ``frontier`` None),
+    the writer's decision that the consumer hold last renewed at ``lapse`` (wall ms) lapsed:
+    it no longer holds compaction back. An older persist reads the first as a plain hold and
+    the second as a release: the same effective since either way.
+    """
 
     name: str
     hold_id: str
     frontier: int | None
+    kind: str | msgspec.UnsetType = msgspec.UNSET
+    lease_ms: int | msgspec.UnsetType = msgspec.UNSET
+    lapse: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Forget(msgspec.Struct, frozen=True, tag="forget"):
@@ -286,8 +355,18 @@ class EvolveSchema(msgspec.Struct, frozen=True, tag="evolve"):
     schema: SchemaVersion
 
 
+class Restore(msgspec.Struct, frozen=True, tag="restore"):
+    """Puts the collections back as they were at commit ``seq``: ``collections`` is that
+    state's (:mod:`persist.indexed.state.refs`). An undo: frontiers may move backwards, and
+    collections registered after ``seq`` are dropped. The blobs only the current state
+    references are retired, those the restored one needs are un-retired."""
+
+    seq: int
+    collections: dict[str, CollectionMeta]
+
+
 Op: TypeAlias = (Register | AddPart | Seal | AllowCompaction | ReplaceParts | SetHold | Forget
-                 | EvolveSchema)
+                 | EvolveSchema | Restore)
 
 
 class Commit(msgspec.Struct, frozen=True, kw_only=True):
@@ -340,7 +419,8 @@ _VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
 
 _OP_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {
     t: msgspec.msgpack.Decoder(t) for t in (Register, AddPart, Seal, AllowCompaction,
-                                            ReplaceParts, SetHold, Forget, EvolveSchema)
+                                            ReplaceParts, SetHold, Forget, EvolveSchema,
+                                            Restore)
 }
 
 
@@ -354,17 +434,20 @@ def encode(record: Commit | State) -> bytes:
 
 
 def required_version(record: Commit | State) -> int:
-    """The lowest format version that can carry ``record``: 4 if it adds (a commit) or holds
-    (a rollup) a Parquet part, else 3 if it evolves a schema (a commit) or registers or holds
-    an evolved collection, else 2 if it registers (a commit) or holds (a rollup) a collection
-    of version-2 types, else 1."""
+    """The lowest format version that can carry ``record``: 5 if it restores a state (a
+    commit) or registers or holds a collection referencing a blob it does not own (a fork),
+    else 4 if it adds (a commit) or holds (a rollup) a Parquet part, else 3 if it evolves a
+    schema (a commit) or registers or holds an evolved collection, else 2 if it registers (a
+    commit) or holds (a rollup) a collection of version-2 types, else 1."""
     if isinstance(record, Commit):
+        if any(isinstance(op, Restore) for op in record.ops):
+            return REFS_FORMAT_VERSION
+        colls: Any = [op.collection for op in record.ops if isinstance(op, Register)]
         parts: Any = (p for op in record.ops for p in _parts_of(op))
         if any(p.parquet for p in parts):
-            return PARQUET_FORMAT_VERSION
+            return max([PARQUET_FORMAT_VERSION, *(collection_version(c) for c in colls)])
         if any(isinstance(op, EvolveSchema) for op in record.ops):
-            return EVOLUTION_FORMAT_VERSION
-        colls: Any = (op.collection for op in record.ops if isinstance(op, Register))
+            return max([EVOLUTION_FORMAT_VERSION, *(collection_version(c) for c in colls)])
     else:
         colls = record.collections.values()
     return max((collection_version(c) for c in colls), default=BASE_FORMAT_VERSION)
@@ -381,9 +464,20 @@ def _parts_of(op: Op) -> tuple[PartMeta, ...]:
     return ()
 
 
+def borrows(c: CollectionMeta) -> bool:
+    """Whether ``c`` references a blob it does not own: one of another collection (its key is
+    outside ``c``'s data prefix), of another location, or with rows hidden past a time cut (a
+    fork's part, :func:`persist.layout.ref_key`)."""
+    own = layout.data_prefix(c.id)
+    return any(p.blob_key is not None and not p.blob_key.startswith(own) for p in c.parts)
+
+
 def collection_version(c: CollectionMeta) -> int:
-    """4 for a collection holding a Parquet part, 3 for an evolved collection, 2 for one of
-    version-2 types (see the module docstring), else 1."""
+    """5 for a collection that references a blob it does not own (a fork), 4 for a collection
+    holding a Parquet part, 3 for an evolved collection, 2 for one of version-2 types (see the
+    module docstring), else 1."""
+    if borrows(c):
+        return REFS_FORMAT_VERSION
     if any(p.parquet for p in c.parts):
         return PARQUET_FORMAT_VERSION
     if c.schemas is not msgspec.UNSET:

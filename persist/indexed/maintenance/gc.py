@@ -12,17 +12,27 @@ Three kinds of garbage, each with its own rule:
   are found by listing (``leaked``) and deleted only once they stayed unreferenced for a grace
   period longer than any commit may take to claim them: by the writer's maintenance thread
   (:class:`LeakSweeper`) and by the operator command ``persist verify --delete-leaked``.
+
+A blob may be read by several collections (forks, :mod:`persist.indexed.state.refs`): the state
+retires it only once none reads it, and every path here counts every collection's references.
+A fork in *another* location reads this location's blobs under a pin
+(:mod:`persist.indexed.state.pins`): the retired-blob GC asks :class:`PinGuard` right before it
+deletes, and the sweeps count a pinned blob as referenced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Sequence
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import ExternalError
+from persist.errors import ExternalError, MissingResource, PersistError
 from persist.indexed.format.meta import Forget, State
-from persist.indexed.state import lease
+from persist.indexed.state import lease, pins, refs
+from persist.indexed.state.machine import Machine
+
+log = logging.getLogger("persist.gc")
 
 
 def collectable(state: State, *, now_ms: int, grace_ms: int) -> tuple[str, ...]:
@@ -76,10 +86,97 @@ def trim_metadata(blob: Blob, rollup_seq: int) -> int:
 
 
 def referenced(state: State) -> set[str]:
-    """Every data blob ``state`` references: live parts and retired ones awaiting GC."""
-    keys = {p.blob_key for c in state.collections.values() for p in c.parts if p.blob_key}
+    """Every data blob of this location ``state`` references: read by a live part of any
+    collection (a fork's included), or retired and awaiting GC."""
+    keys = refs.referenced(state.collections.values())
     keys.update(r.key for r in state.retired)
     return keys
+
+
+class PinGuard:
+    """Which of this location's retired blobs a fork in another location still reads, asked
+    right before the GC deletes them (rule 2 of :mod:`persist.indexed.state.pins`), and the
+    releaser of pins nothing reads any more (rule 3).
+
+    Each judgement LISTs the pins and, for each, loads its destination's newest state. A pin is *dead* when that state reads none of its keys; it is released
+    (deleted) once it was seen dead at two judgements at least ``release_grace_seconds`` apart
+    (longer than any fork's commit deadline), and until then it protects its keys. Judgements
+    are reused for ``recheck_seconds`` while the candidates stay the same: a pin protects only
+    keys that were live when it was verified, so no new pin can protect a key a judgement found
+    unprotected.
+    """
+
+    def __init__(self, release_grace_seconds: float, recheck_seconds: float = 5.0,
+                 tidy_seconds: float = 60.0) -> None:
+        """A guard releasing dead pins after ``release_grace_seconds``, judging again at most
+        every ``recheck_seconds`` for the same candidates, and every ``tidy_seconds`` when
+        there are none (a pin of blobs its source still reads is released too, once dead)."""
+        self.release_grace_seconds = release_grace_seconds
+        self.recheck_seconds = recheck_seconds
+        self.tidy_seconds = tidy_seconds
+        self._dead_since: dict[str, float] = {}
+        self._judged: frozenset[str] = frozenset()
+        self._protected: set[str] = set()
+        self._next = float("-inf")
+        self._next_tidy = float("-inf")
+
+    def protected(self, blob: Blob, keys: Sequence[str], now: float) -> set[str]:
+        """The keys of ``keys`` (retired blobs about to be deleted) that a pin still protects;
+        releases the pins found dead for the release grace on the way.
+
+        Args:
+            blob: this location's store.
+            keys: the candidates (may be empty: then pins are only tidied, now and then).
+            now: the current time on a monotonic clock, in seconds.
+
+        Raises:
+            ExternalError: listing or reading the pins failed (delete nothing then).
+        """
+        want = frozenset(keys)
+        if not want and now < self._next_tidy:
+            return set()
+        if want and now < self._next and want <= self._judged:
+            return self._protected & want
+        me = blob.locator()
+        protected: set[str] = set()
+        seen: set[str] = set()
+        for p in pins.listing(blob):
+            seen.add(p.id)
+            if me is None or self._read_by(blob, me[1], p):
+                self._dead_since.pop(p.id, None)
+                protected.update(want.intersection(p.keys))
+                continue
+            first = self._dead_since.setdefault(p.id, now)
+            if now - first < self.release_grace_seconds:
+                protected.update(want.intersection(p.keys))
+                continue
+            log.info("releasing pin %s of location %s (%d blobs): it has read none of them "
+                     "for %.3gs", p.id, p.location, len(p.keys), now - first)
+            pins.delete(blob, p.id)
+            del self._dead_since[p.id]
+        self._dead_since = {k: v for k, v in self._dead_since.items() if k in seen}
+        self._judged, self._protected = want, protected
+        self._next = now + self.recheck_seconds
+        self._next_tidy = now + max(self.tidy_seconds, self.recheck_seconds)
+        return protected & want
+
+    @staticmethod
+    def _read_by(blob: Blob, me: str, p: pins.Pin) -> bool:
+        """Whether pin ``p``'s destination's newest state reads one of its keys (a blob of
+        the location at root ``me``). Unknown (storage failed) counts as read."""
+        try:
+            # NB: scan (LIST the log), never probe: a probe trusts a missing entry for half
+            # of this process's grace, and a destination writer with a shorter one may have
+            # trimmed it, which would make its state look empty and the pin dead.
+            state = Machine(blob.sibling(p.location).read_only()).load(scan=True)
+        except MissingResource:
+            return False
+        except PersistError as e:
+            log.warning("pin %s: cannot read its destination %s (%s); it keeps protecting "
+                        "its blobs", p.id, p.location, e)
+            return True
+        return bool(refs.foreign(state.collections.values()).get(me, set())
+                    .intersection(p.keys))
 
 
 def leaked(blob: BlobRead, state: State) -> list[str]:
@@ -129,11 +226,13 @@ class LeakSweeper:
                 a later failed delete ends the sweep, keeping what it did.
         """
         listed = blob.list_keys(layout.DATA_PREFIX)
-        refs = referenced(newest_state())
+        # NB: a pinned blob is referenced (a fork elsewhere reads it): listed after the data,
+        # so a pin made in between counts too.
+        held = referenced(newest_state()) | pins.pinned(blob).keys()
         # NB: a staged part counts only once its lease is revoked (this revokes a lapsed one):
         # its grace then starts at the revocation, which no commit can come after.
         judge = lease.Judge(blob, skew_seconds=self.lease_skew_seconds)
-        leaked_now = {k for k in listed if k not in refs
+        leaked_now = {k for k in listed if k not in held
                       and (not layout.is_staged(k) or judge.reclaimable(k))}
         self._first_seen = {k: t for k, t in self._first_seen.items() if k in leaked_now}
         for key in leaked_now:

@@ -17,6 +17,7 @@ from typing import Protocol
 
 import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
@@ -24,7 +25,7 @@ from persist.errors import Corruption, IncompatibleFormat, MissingResource, Pers
 from persist.indexed.format import columnar, evolve, meta, parquet, sorting
 from persist.indexed.format.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.maintenance import gc
-from persist.indexed.state import lease
+from persist.indexed.state import lease, pins, refs
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import apply
 
@@ -78,11 +79,18 @@ class VerifyReport:
     data_blobs: int = 0
     inline_parts: int = 0
     bytes_read: int = 0
+    #: The seqs ``persist restore --to-seq`` can put the location back to, as ``[lo, hi]``
+    #: ranges: replayable from a rollup and the log, with every blob of this location their
+    #: parts read still stored (blobs of other locations are checked when restoring).
+    restorable: list[tuple[int, int]] = field(default_factory=list)
+    #: Seqs still replayable from the metadata whose blobs GC already deleted.
+    blobs_gone: list[tuple[int, int]] = field(default_factory=list)
 
 
 def check_state(state: State, where: str) -> list[str]:
     """Returns the problems of the metadata's internal consistency (frontiers, ids, parts,
-    retired list) of ``state``, each prefixed with ``where``; empty when consistent."""
+    references, retired list) of ``state``, each prefixed with ``where``; empty when
+    consistent."""
     problems: list[str] = []
     ids: dict[int, str] = {}
     blob_keys: dict[str, str] = {}
@@ -100,8 +108,9 @@ def check_state(state: State, where: str) -> list[str]:
         if c.since > c.upper:
             problems.append(f"{here} has since {c.since} beyond upper {c.upper}")
         part_ids: set[str] = set()
+        blobs: set[tuple[str | None, str]] = set()
         for p in c.parts:
-            problems.extend(_check_part_meta(here, c, p, part_ids, blob_keys))
+            problems.extend(_check_part_meta(here, c, p, part_ids, blobs, blob_keys))
     retired = [r.key for r in state.retired]
     if len(set(retired)) != len(retired):
         problems.append(f"{where}: a blob is retired twice")
@@ -114,6 +123,7 @@ def check_state(state: State, where: str) -> list[str]:
 
 
 def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[str],
+                     blobs: set[tuple[str | None, str]],
                      blob_keys: dict[str, str]) -> Iterator[str]:
     if p.id in part_ids:
         yield f"{here}: part id {p.id} appears twice"
@@ -127,28 +137,44 @@ def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[st
     if p.inline is not None and len(p.inline) != p.nbytes:
         yield f"{here}: inline part {p.id} says {p.nbytes} bytes but holds {len(p.inline)}"
     if p.blob_key is not None:
-        if not p.blob_key.startswith(layout.data_prefix(c.id)):
+        try:
+            root, key, _ = layout.parse_ref(p.blob_key)
+        except ValueError as e:
+            yield f"{here}: part {p.id} has a malformed reference: {e}"
+            return
+        # NB: only a fork reads blobs it does not own (the state transitions refuse others).
+        if (root is not None or not key.startswith(layout.data_prefix(c.id))) and \
+                not refs.is_fork(c):
             yield f"{here}: part {p.id} is stored outside its collection: {p.blob_key!r}"
-        if p.blob_key in blob_keys:
+        if (root, key) in blobs:
             yield f"{here}: blob {p.blob_key!r} is referenced twice"
-        blob_keys[p.blob_key] = c.name
+        blobs.add((root, key))
+        if root is None:
+            blob_keys.setdefault(key, c.name)
 
 
 class _Data:
-    """The stored bytes of one part (verified already), read as an ``evolve.PartSource``."""
+    """The stored bytes of one part (verified already), read as an ``evolve.PartSource`` (a
+    fork's cut applied)."""
 
     def __init__(self, data: bytes | memoryview) -> None:
         self.data = data
 
     def read(self, part: PartMeta, schema: pa.Schema) -> pa.Table:
         """Decodes the bytes as ``part``, checked against ``schema``."""
-        where = part.blob_key or f"inline part {part.id}"
-        if part.parquet and part.inline is None:
+        if part.blob_key is None:
+            return columnar.decode_part(f"inline part {part.id}", self.data, schema)
+        _, key, upto = layout.parse_ref(part.blob_key)
+        if part.parquet:
             s = part.stats
             rows = s.batch_rows if not isinstance(s, msgspec.UnsetType) and s.batch_rows \
                 else None
-            return parquet.decode(where, self.data, schema, rows=rows).table
-        return columnar.decode_part(where, self.data, schema)
+            table = parquet.decode(key, self.data, schema, rows=rows).table
+        else:
+            table = columnar.decode_part(key, self.data, schema)
+        if upto is None:
+            return table
+        return table.filter(pc.less_equal(table.column("time"), pa.scalar(upto, pa.uint64())))
 
 
 def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
@@ -161,7 +187,9 @@ def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
         table = evolve.View.of(c).stored(_Data(data), p)
     except Corruption as e:
         return [*problems, f"{name}: {e}"]
-    if len(table) != p.rows:
+    cut = p.blob_key is not None and layout.parse_ref(p.blob_key)[2] is not None
+    # NB: a fork's cut part counts the rows its blob holds; it shows at most that many.
+    if len(table) > p.rows or (len(table) != p.rows and not cut):
         problems.append(f"{name}: {where} holds {len(table)} rows, metadata says {p.rows}")
     if len(table):
         lo, hi = columnar.time_range(table)
@@ -176,11 +204,20 @@ def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
 
 
 def _replay_problems(
-    commits: dict[int, Commit], rollups: dict[int, State]
+    commits: dict[int, Commit], rollups: dict[int, State],
+    listed: set[str] | None = None, report: VerifyReport | None = None,
 ) -> list[str]:
     """Replays every connected stretch of the log and checks each rollup it reaches equals
-    the replayed state (a rollup is a cache of the log; they must agree)."""
+    the replayed state (a rollup is a cache of the log; they must agree). With ``listed``
+    (the data blobs stored), records in ``report`` which seqs are restorable."""
     problems: list[str] = []
+    ok: set[int] = set()
+    gone: set[int] = set()
+
+    def note(st: State) -> None:
+        if listed is not None:
+            (ok if refs.referenced(st.collections.values()) <= listed else gone).add(st.seq)
+
     bases = dict(rollups)
     if 1 in commits:
         bases.setdefault(0, State())
@@ -190,6 +227,8 @@ def _replay_problems(
             continue
         state = bases[base_seq]
         seq = base_seq
+        if base_seq in rollups:
+            note(state)
         while seq + 1 in commits:
             try:
                 state = apply(state, commits[seq + 1])
@@ -197,6 +236,7 @@ def _replay_problems(
                 problems.append(f"replaying the log from seq {base_seq}: {e}")
                 break
             seq += 1
+            note(state)
             if seq in rollups:
                 done.add(seq)
                 # NB: a record's version is stamped when it is encoded (the lowest that can
@@ -205,10 +245,24 @@ def _replay_problems(
                 if msgspec.structs.replace(rollups[seq], version=state.version) != state:
                     problems.append(f"rollup {seq} disagrees with the log replayed from "
                                     f"seq {base_seq}")
+    if report is not None:
+        report.restorable = _ranges(ok)
+        report.blobs_gone = _ranges(gone - ok)
     return problems
 
 
 _Got = bytes | memoryview | PersistError | None
+
+
+def _ranges(seqs: set[int]) -> list[tuple[int, int]]:
+    """``seqs`` as sorted ``(lo, hi)`` runs of consecutive numbers."""
+    out: list[tuple[int, int]] = []
+    for s in sorted(seqs):
+        if out and out[-1][1] == s - 1:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
 
 
 def _fetch_all(blob: BlobRead, keys: Iterable[str], jobs: int, progress: Progress,
@@ -289,29 +343,42 @@ def verify(blob: BlobRead, *, url: str = "", jobs: int = 4,
     parts = [(name, c, p) for name, c in (state.collections.items() if state else ())
              for p in c.parts]
     referenced = gc.referenced(state) if state else set()
-    blob_parts = {p.blob_key: (name, c, p) for name, c, p in parts if p.blob_key}
+    # NB: a blob may be read by several parts (a fork and its source), possibly in another
+    # location of the store (a fork across locations): fetched once, checked for each.
+    blob_parts: dict[tuple[str | None, str], list[tuple[str, CollectionMeta, PartMeta]]] = {}
+    for name, c, p in parts:
+        b = refs.blob_of(p) if p.blob_key is not None else None
+        if b is not None:
+            blob_parts.setdefault(b, []).append((name, c, p))
     listed = set(data_keys)
     # NB: a retired blob is only counted as present, not read: nothing references it any
     # more, and a retired Parquet part cannot be verified (its checksum left with its part).
     retired_present = [r.key for r in (state.retired if state else ()) if r.key in listed]
-    missing: list[str] = []
+    missing: list[tuple[str | None, str]] = []
     bar = progress or _NoProgress()
+    roots = sorted({r for r, _ in blob_parts if r is not None})
     bar.start(len(log_keys) + len(rollup_keys) + len(parts))
     report.data_blobs += len(retired_present)
-    plain = {k: p for k, (_, _, p) in blob_parts.items() if p.parquet}
     try:
         commits, rollups = _verify_metadata(blob, log_keys, rollup_keys, jobs, bar, report)
-        for key, got in _fetch_all(blob, list(blob_parts), jobs, bar, plain):
-            if isinstance(got, PersistError):
-                report.problems.append(f"{key}: {got}")
-                continue
-            if got is None:
-                missing.append(key)
-                continue
-            report.data_blobs += 1
-            report.bytes_read += len(got)
-            name, c, p = blob_parts[key]
-            report.problems.extend(_check_part_data(name, c, p, got))
+        fetches: list[tuple[str | None, BlobRead]] = [(None, blob)]
+        fetches.extend((r, blob.sibling(r)) for r in roots)
+        for root, store in fetches:
+            keys = [k for r, k in blob_parts if r == root]
+            plain = {k: ps[0][2] for (r, k), ps in blob_parts.items()
+                     if r == root and ps[0][2].parquet}
+            for key, got in _fetch_all(store, keys, jobs, bar, plain):
+                where = key if root is None else f"{key} (of location {root})"
+                if isinstance(got, PersistError):
+                    report.problems.append(f"{where}: {got}")
+                    continue
+                if got is None:
+                    missing.append((root, key))
+                    continue
+                report.data_blobs += 1
+                report.bytes_read += len(got)
+                for name, c, p in blob_parts[(root, key)]:
+                    report.problems.extend(_check_part_data(name, c, p, got))
         for name, c, p in parts:
             if p.inline is not None:
                 report.inline_parts += 1
@@ -319,19 +386,25 @@ def verify(blob: BlobRead, *, url: str = "", jobs: int = 4,
                 bar.update()
     finally:
         bar.close()
-    report.problems.extend(_replay_problems(commits, rollups))
+    report.problems.extend(_replay_problems(commits, rollups, listed, report))
     if missing:
         # NB: a part that vanished while we read is only a problem if it is still a live part
         # of the newest state: a live writer's compaction may have retired it and its GC
         # deleted it meanwhile, and a retired key stays in the state (in ``retired``) until
         # the GC's Forget commits, which a failed delete or commit can put off for a while.
-        newest = {p.blob_key for c in Machine(blob).load().collections.values()
-                  for p in c.parts if p.blob_key}
-        report.problems.extend(f"{key}: referenced by {blob_parts[key][0]!r} but missing"
-                               for key in missing if key in newest)
+        newest = Machine(blob).load().collections.values()
+        now: set[tuple[str | None, str]] = {(None, k) for k in refs.referenced(newest)}
+        now.update((r, k) for r, ks in refs.foreign(newest).items() for k in ks)
+        report.problems.extend(
+            f"{key if root is None else f'{key} (of location {root})'}: referenced by "
+            f"{blob_parts[(root, key)][0][0]!r} but missing"
+            for root, key in missing if (root, key) in now)
     # NB: without a state nothing is known to be referenced; calling everything leaked would
-    # invite deleting the whole location.
-    report.leaked = [k for k in data_keys if k not in referenced] if state is not None else []
+    # invite deleting the whole location. A blob a fork in another location pins is not
+    # leaked either.
+    if state is not None:
+        pinned = pins.pinned(blob)
+        report.leaked = [k for k in data_keys if k not in referenced and k not in pinned]
     return report
 
 
@@ -414,7 +487,7 @@ def delete_leaked(blob: Blob, first: list[str], grace: float,
     time.sleep(grace)
     # NB: list again before reloading the state, as in verify (see there).
     still_listed = set(blob.list_keys(layout.DATA_PREFIX))
-    referenced = gc.referenced(Machine(blob).load())
+    referenced = gc.referenced(Machine(blob).load()) | pins.pinned(blob).keys()
     doomed = [k for k in first if k in still_listed and k not in referenced]
     for key in doomed:
         blob.delete(key)

@@ -14,7 +14,9 @@ import threading
 from collections import OrderedDict
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from persist import layout
 from persist.blob.base import BlobRead
 from persist.errors import Corruption, PartMissing
 from persist.indexed.format import columnar, parquet
@@ -68,25 +70,26 @@ class PartReader:
         self._lock = threading.Lock()
         #: What this reader decoded (:class:`DecodeCount`).
         self.decoded = DecodeCount()
+        self._siblings: dict[str, BlobRead] = {}
 
     def _count(self, n: int) -> None:
         self.decoded.add(n)
         DECODED.add(n)
 
-    def _fetch(self, part: PartMeta) -> memoryview:
-        """The verified stored bytes of blob part ``part``.
+    def _fetch(self, part: PartMeta, root: str | None, key: str) -> memoryview:
+        """The verified stored bytes of blob part ``part``, stored at ``key`` of the location
+        at ``root`` (None: this one).
 
         Raises:
             PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`.
         """
-        key = part.blob_key
-        assert key is not None
+        store = self._store(root)
         if part.parquet:
             if not isinstance(part.checksum, int):
                 raise Corruption(key, "a Parquet part without a checksum in its metadata")
-            data = self.blob.get_plain(key, part.checksum, size=part.nbytes)
+            data = store.get_plain(key, part.checksum, size=part.nbytes)
         else:
-            data = self.blob.get_view(key)
+            data = store.get_view(key)
         if data is None:
             raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
         return data
@@ -113,7 +116,9 @@ class PartReader:
         """Returns ``part``'s decoded table, from the cache when it holds it. Thread-safe.
 
         Inline parts are decoded from the metadata and never cached; a blob part is cached
-        after the read if its decoded size is at most a quarter of ``cache_bytes``.
+        after the read if its decoded size is at most a quarter of ``cache_bytes``. A fork's
+        part (a reference, :func:`persist.layout.ref_key`) is read from the blob it names, in
+        whichever location of the store holds it, without the rows its cut hides.
 
         Raises:
             PartMissing: the part's blob is gone (GC); retry on a newer state.
@@ -123,40 +128,58 @@ class PartReader:
         """
         if part.inline is not None:
             return self._decode(part, f"inline part {part.id}", part.inline, schema)[0]
-        key = part.blob_key
-        assert key is not None
+        assert part.blob_key is not None
+        root, key, upto = layout.parse_ref(part.blob_key)
+        # NB: cached under the blob, not the reference: a fork and its source share the entry
+        # (the cut is applied on the way out).
+        ck = key if root is None else f"{root}\0{key}"
         with self._lock:
-            hit = self._cache.get(key)
+            hit = self._cache.get(ck)
             if hit is not None:
-                self._cache.move_to_end(key)
-                return hit[0]
-        table, groups = self._decode(part, key, self._fetch(part), schema)
+                self._cache.move_to_end(ck)
+                return _cut(hit[0], upto)
+        table, groups = self._decode(part, key, self._fetch(part, root, key), schema)
         # NB: the decoded size, which is what the cache holds: a zstd part decodes to ~3x its
         # stored bytes, so counting those would let the cache grow to ~3x its budget.
         size = table.nbytes
         if size <= self.cache_bytes // 4:
             with self._lock:
-                if key not in self._cache:
-                    self._cache[key] = (table, size, groups)
+                if ck not in self._cache:
+                    self._cache[ck] = (table, size, groups)
                     self._cached += size
                 while self._cached > self.cache_bytes:
                     _, (_, s, _) = self._cache.popitem(last=False)
                     self._cached -= s
-        return table
+        return _cut(table, upto)
+
+    def _store(self, root: str | None) -> BlobRead:
+        """The store holding a blob of the location at ``root`` (None: this one)."""
+        if root is None:
+            return self.blob
+        with self._lock:
+            store = self._siblings.get(root)
+        if store is None:
+            store = self.blob.sibling(root)
+            with self._lock:
+                store = self._siblings.setdefault(root, store)
+        return store
 
     def read_batches(self, part: PartMeta, schema: pa.Schema, keep: list[bool],
                      batch_rows: tuple[int, ...]) -> pa.Table:
         """Only the record batches ``i`` of ``part`` with ``keep[i]`` (``batch_rows`` rows
         each, as its stats record): sliced from the cache when it holds the part, else decoded
-        alone (the others are not decompressed; nothing is cached). Thread-safe.
+        alone (the others are not decompressed; nothing is cached). Thread-safe. A fork's
+        part's cut applies as in :meth:`read`.
 
         Raises:
             PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`;
             Corruption also when the part does not have ``len(keep)`` batches.
         """
-        key = part.blob_key
+        root, key, upto = (None, None, None) if part.blob_key is None else \
+            layout.parse_ref(part.blob_key)
+        ck = key if root is None else f"{root}\0{key}"
         with self._lock:
-            hit = self._cache.get(key) if key is not None else None
+            hit = self._cache.get(ck) if ck is not None else None
         if hit is not None:
             # NB: the stats must describe the part's record batches (row groups) as stored.
             have = [n for n in hit[2] if n]
@@ -168,12 +191,20 @@ class PartReader:
                 if k:
                     pieces.append(hit[0].slice(at, n))
                 at += n
-            return pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0)
+            return _cut(pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0), upto)
         if part.inline is not None:
             return self._decode(part, f"inline part {part.id}", part.inline, schema, keep,
                                 batch_rows)[0]
         assert key is not None
-        return self._decode(part, key, self._fetch(part), schema, keep, batch_rows)[0]
+        return _cut(self._decode(part, key, self._fetch(part, root, key), schema, keep,
+                                 batch_rows)[0], upto)
+
+
+def _cut(t: pa.Table, upto: int | None) -> pa.Table:
+    """``t`` without its rows at times past ``upto`` (a fork's cut; None: all of it)."""
+    if upto is None or not len(t):
+        return t
+    return t.filter(pc.less_equal(t.column("time"), pa.scalar(upto, pa.uint64())))
 
 
 def _kept_share(nbytes: int, keep: list[bool], rows: tuple[int, ...] | None) -> int:

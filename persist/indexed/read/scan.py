@@ -65,6 +65,8 @@ from persist.indexed.read.filter import AnyFilter, Bound, Filter, bind
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.prune import PruneCounts, Pruner
 from persist.indexed.state import history
+from persist.indexed.state import holds as named
+from persist.indexed.state.holds import HoldInfo
 from persist.indexed.state.transitions import check_time, collection, effective_since
 
 #: Consolidated reads split by key range: one range (task) per this many rows, by default.
@@ -290,6 +292,23 @@ class CollectionInfo:
     def holds(self) -> dict[str, int]:
         """Durable read holds: hold id -> frontier."""
         return dict(self.meta.holds)
+
+    def hold(self, name: str) -> HoldInfo | None:
+        """Hold (or tag) ``name``, live or lapsed, with its kind and lease (None: none)."""
+        return next((h for h in named.listing(self.meta) if h.name == name), None)
+
+    @property
+    def tags(self) -> dict[str, int]:
+        """The collection's tags: name -> the time each pins."""
+        return named.tags(self.meta)
+
+    def tag(self, name: str) -> int:
+        """The time tag ``name`` pins (read as of it: ``snapshot(info.tag(name))``).
+
+        Raises:
+            UnknownHold: no such tag.
+        """
+        return named.tag_time(self.meta, name)
 
     @property
     def schema_version(self) -> int:

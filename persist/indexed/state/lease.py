@@ -48,7 +48,8 @@ import msgspec
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, LeaseRevoked
+from persist.errors import InvalidUsage, LeaseRevoked
+from persist.indexed.state import stored
 
 #: The format of a lease record.
 LEASE_FORMAT_VERSION = 1
@@ -155,18 +156,8 @@ def read(blob: BlobRead, lease_id: str) -> LeaseRecord | None:
         IncompatibleFormat: a newer lease format.
         ExternalError: storage failed.
     """
-    key = layout.lease_key(_check_id(lease_id))
-    data = blob.get(key)
-    if data is None:
-        return None
-    try:
-        rec = _DEC.decode(data)
-    except msgspec.DecodeError as e:
-        raise Corruption(key, f"undecodable staging lease: {e}") from e
-    if rec.version > LEASE_FORMAT_VERSION:
-        raise IncompatibleFormat(f"{key!r} has lease format version {rec.version}; this "
-                                 f"persist reads up to {LEASE_FORMAT_VERSION}")
-    return rec
+    return stored.read(blob, layout.lease_key(_check_id(lease_id)), _DEC,
+                       what="staging lease", newest=LEASE_FORMAT_VERSION)
 
 
 def _revoked(blob: BlobRead, lease_id: str) -> bool:

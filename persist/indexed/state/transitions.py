@@ -28,18 +28,17 @@ from persist.indexed.format.meta import (
     PartMeta,
     Register,
     ReplaceParts,
+    Restore,
     Retired,
     Seal,
     SetHold,
     State,
 )
+from persist.indexed.state import holds as named
+from persist.indexed.state import refs
+from persist.indexed.state.holds import effective_since as effective_since
 
 replace = msgspec.structs.replace
-
-
-def effective_since(c: CollectionMeta) -> int:
-    """The frontier compaction may forward times to: ``since``, held back by read holds."""
-    return min(c.since, *c.holds.values()) if c.holds else c.since
 
 
 def collection(collections: Mapping[str, CollectionMeta], name: str) -> CollectionMeta:
@@ -66,12 +65,15 @@ def check_time(what: str, t: object) -> None:
         raise InvalidUsage(f"{what} {t!r} is not an integer time in [0, 2**64)")
 
 
-def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
-    """Raises InvalidUsage (and changes nothing) if ``op`` may not follow ``collections``."""
+def check(collections: Mapping[str, CollectionMeta], op: Op,
+          retired: Iterable[Retired] = ()) -> None:
+    """Raises InvalidUsage (and changes nothing) if ``op`` may not follow ``collections``
+    (and the ``retired`` blobs, which a restore may still take back)."""
     match op:
         case Register(collection=c):
             if c.name in collections:
                 raise InvalidUsage(f"collection {c.name!r} is already registered")
+            refs.check_register(collections, c)
         case AddPart(name=name, part=p):
             c = collection(collections, name)
             if p.rows and p.min_time < c.upper:
@@ -121,10 +123,13 @@ def check(collections: Mapping[str, CollectionMeta], op: Op) -> None:
                 raise InvalidUsage(
                     f"read hold on {name!r} at {f} is below its since {effective_since(c)}"
                 )
+            named.check(c, op)
         case Forget():
             pass
         case EvolveSchema(name=name):
             evolve.check(collection(collections, name), op)
+        case Restore():
+            refs.check_restore(collections, retired, op)
 
 
 def apply_op(
@@ -152,25 +157,19 @@ def apply_op(
             c = collections[name]
             gone = set(removed)
             keep = tuple(p for p in c.parts if p.id not in gone)
-            retired.extend(
-                Retired(p.blob_key, seq, wall_ms)
-                for p in c.parts
-                if p.id in gone and p.blob_key is not None
-            )
             collections[name] = replace(c, parts=keep + tuple(added))
-        case SetHold(name=name, hold_id=h, frontier=f):
-            c = collections[name]
-            holds = dict(c.holds)
-            if f is None:
-                holds.pop(h, None)
-            else:
-                holds[h] = f
-            collections[name] = replace(c, holds=holds)
+            # NB: a blob is retired only once no collection reads it (a fork may still).
+            retired.extend(refs.retired_of(collections, (p for p in c.parts if p.id in gone),
+                                           seq=seq, wall_ms=wall_ms))
+        case SetHold(name=name):
+            collections[name] = named.applied(collections[name], op, wall_ms=wall_ms)
         case Forget(keys=keys):
             drop = set(keys)
             retired[:] = [r for r in retired if r.key not in drop]
         case EvolveSchema(name=name, schema=schema):
             collections[name] = evolve.evolved(collections[name], schema)
+        case Restore():
+            refs.apply_restore(collections, retired, op, seq=seq, wall_ms=wall_ms)
 
 
 #: A collection's history keeps its most recent seals, this many (bounded so that a rollup of
@@ -218,7 +217,7 @@ def apply(state: State, commit: Commit) -> State:
     retired = list(state.retired)
     for op in commit.ops:
         try:
-            check(collections, op)
+            check(collections, op, retired)
         except InvalidUsage as e:
             raise Corruption(layout.log_key(commit.seq), f"invalid op {op!r}: {e}") from e
         apply_op(collections, retired, op, seq=commit.seq, wall_ms=commit.wall_ms)
