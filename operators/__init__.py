@@ -1,5 +1,9 @@
-"""Spark operators for persist: ``PersistedSource`` (batch as-of and streaming by frontier) and
-the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
+"""Spark operators for persist: the native read path (``PersistTable``: Spark's own Parquet
+reader over the collection's part files), and ``PersistedSource`` (batch as-of and streaming by
+frontier) and the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
+
+    from operators import PersistTable
+    df = PersistTable.forPath(spark, "file:///data/loc", "events").toDF(as_of=41)
 
     import operators
     operators.register(spark)
@@ -8,7 +12,7 @@ the ``persist`` sink, through PySpark's Python Data Source API (pyspark >= 4.0).
          .writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start())
     df.write.format("persist").mode("append").option("collection", "out").save(url)
 
-Modules: :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers),
+Modules: :mod:`operators.native` (the native read path), :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers),
 :mod:`operators.sink` (writers), :mod:`operators.partitions` (what a Spark task reads),
 :mod:`operators.schema` (types across the boundary), :mod:`operators.options` (option
 parsing), :mod:`operators.filters` (Spark's pushed filters as persist filters). See
@@ -24,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from operators.datasource import PersistDataSource, check_workers
+from operators.native import PersistTable
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"
@@ -50,4 +55,4 @@ def register(spark: Any, *, check: bool = True) -> None:
     spark.dataSource.register(PersistDataSource)
 
 
-__all__ = ["FORMAT", "PersistDataSource", "register"]
+__all__ = ["FORMAT", "PersistDataSource", "PersistTable", "register"]

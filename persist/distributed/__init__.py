@@ -11,6 +11,8 @@ Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
         for table in pd.read_task(task): ...
     for handle in scan.parts:                                   # or part by part
         pd.read_part(handle, filter=...)
+    urls, rest = pd.parquet_files(scan)    # or let another engine's Parquet reader read
+                                          # the Parquet parts (persist.distributed.native)
 
 Writing: stage anywhere, commit once (:mod:`persist.distributed.stage`,
 :mod:`persist.distributed.commit`)::
@@ -40,6 +42,7 @@ request it answers (or, with no writer running, the consumer commits it under th
 
 from persist.distributed.commit import WRITERS, Committer, Writers
 from persist.distributed.holds import ConsumerHold
+from persist.distributed.native import consolidate, parquet_files, parquet_task
 from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
 from persist.distributed.stage import Stager, check_type
 from persist.indexed.format.transfer import StagedPart, Token
@@ -63,7 +66,10 @@ __all__ = [
     "Watch",
     "Writers",
     "check_type",
+    "consolidate",
     "describe",
+    "parquet_files",
+    "parquet_task",
     "read_part",
     "read_task",
     "set_read_hold",
