@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.results import Metric, WorkloadResult
+from bench.workloads import w9_spark as w9s
 
 PEER_ORDER = ("floor", "delta", "iceberg")
 
@@ -188,6 +189,20 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
         add("W9.lookup/parquet", "W9 Spark point lookup ms, persist pushed / Parquet pushed",
             "<=", 2.0, _div(w9("point lookup on the key (ms)"),
                             w9("point lookup on the key (ms)", "floor")))
+        # issue 22: the native read path (PersistTable) against spark.read.parquet
+        add("W9.native-raw/parquet", "W9 native raw read records/s, PersistTable/spark.read.parquet",
+            ">=", 0.9, _div(w9(w9s.NATIVE_RAW), w9(w9s.NATIVE_RAW, "floor")))
+        add("W9.native-one-column/parquet",
+            "W9 native one-column read records/s, PersistTable/spark.read.parquet", ">=", 0.9,
+            _div(w9(w9s.NATIVE_ONE_COLUMN), w9(w9s.NATIVE_ONE_COLUMN, "floor")))
+        add("W9.native-consolidated/parquet",
+            "W9 native consolidated read records/s / spark.read.parquet raw", ">=", 0.6,
+            _div(w9(w9s.NATIVE_CONSOLIDATED), w9(w9s.NATIVE_CONSOLIDATED, "floor")))
+        add("W9.native-lookup/parquet",
+            "W9 native point lookup ms (raw, sorted runs) / Parquet pushed", "<=", 0.5,
+            _div(w9(w9s.NATIVE_LOOKUP), w9(w9s.NATIVE_LOOKUP, "floor")))
+        add("W9.native-decoded", "W9 native consolidated read: bytes decoded / stored", "<=",
+            1.5, w9(w9s.NATIVE_DECODED))
         add("W9.first-batch", "W9 first micro-batch of the first stream in a fresh session (s)",
             "<=", 3.0, w9("first micro-batch, first stream of a fresh session (s; target <= 3)"))
         add("W9.sink-overhead", "W9 persist sink ms per micro-batch over the noop sink", "<=",

@@ -3,9 +3,11 @@ same rows, and seal -> micro-batch latency.
 
 1. **Reads.** The same ``--w9-rows`` records (``bench.common.make_batch``, one persist append and
    one zstd Parquet file per ``--w9-part-rows``) are read in one ``local[2]`` SparkSession
-   through ``spark.read.parquet`` and through the persist source (``mode=raw``,
-   ``mode=consolidated``, and consolidated with ``numPartitions=2``), each fully materialized by
-   the ``noop`` sink. One warm-up read of Parquet and of persist raw (JIT, codegen, the Python
+   through ``spark.read.parquet``, through the persist source (``mode=raw``,
+   ``mode=consolidated``, and consolidated with ``numPartitions=2``) and through the native
+   path (``operators.PersistTable``: raw, consolidated, one column, point lookups raw and
+   consolidated), each fully materialized by the ``noop`` sink; plus the bytes a native
+   consolidated read decodes over those stored (from the part files' row-group statistics). One warm-up read of Parquet and of persist raw (JIT, codegen, the Python
    workers), then ``--w9-repeats`` rounds, the order of the cases rotated every round.
    Parquet is reported in the *floor* column: plain files read by Spark's own vectorized
    reader, no table format in between, are the floor of a Spark read.
@@ -62,8 +64,18 @@ CONSOLIDATED_2 = "consolidated read records/s, numPartitions=2"
 #: One key's rows: persist consolidated with its filter pushed (filterPushdown=true), Parquet
 #: with Spark's own pushdown (row-group stats), the same key.
 LOOKUP = "point lookup on the key (ms)"
+#: The native read path (``operators.PersistTable``: Spark's own Parquet reader over the part
+#: files), each against ``spark.read.parquet`` of the same rows in the floor column.
+NATIVE_RAW = "native raw read records/s (PersistTable, consolidated=False)"
+NATIVE_CONSOLIDATED = "native consolidated read records/s (floor: Parquet raw)"
+NATIVE_ONE_COLUMN = "native one-column read records/s (value; floor: Parquet's one column)"
+NATIVE_LOOKUP = "native point lookup, raw (ms)"
+NATIVE_LOOKUP_CONSOLIDATED = "native point lookup, consolidated (ms)"
+NATIVE_DECODED = "native consolidated read: bytes decoded / stored"
 NO_READER = {
-    "delta": "not measured: reading Delta from Spark needs the delta-spark JARs (not installed)",
+    "delta": "not measured: no delta-spark runs on pyspark 4.3 (every version tried fails at "
+             "the first read; the versions and errors are in docs/spark.md, 'The native path "
+             "on S3')",
     "iceberg": "not measured: reading Iceberg from Spark needs the iceberg-spark-runtime JAR "
                "(not installed)",
 }
@@ -236,41 +248,99 @@ def _memory_source(rows: int, partitions: int) -> type:
 
 def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str, *,
           rows: int, repeats: int, with_parquet: bool) -> None:
+    from operators import PersistTable
+
     def persist_df(**opts: Any) -> Any:
         r = spark.read.format("persist").option("collection", "bench")
         for k, v in opts.items():
             r = r.option(k, v)
         return r.load(url)
 
-    cases: list[tuple[str, str, Callable[[], Any]]] = [
-        ("persist", RAW, lambda: persist_df(mode="raw")),
-        ("persist", CONSOLIDATED, lambda: persist_df(mode="consolidated")),
-        ("persist", CONSOLIDATED_2, lambda: persist_df(mode="consolidated", numPartitions=2)),
+    table = PersistTable.forPath(spark, url, "bench")
+    # NB: (where each measurement is reported: (column, metric) pairs, what reads): one
+    # Parquet read is the floor of several rows (the native rows' ratios), measured once
+    cases: list[tuple[tuple[tuple[str, str], ...], Callable[[], Any]]] = [
+        ((("persist", RAW),), lambda: persist_df(mode="raw")),
+        ((("persist", CONSOLIDATED),), lambda: persist_df(mode="consolidated")),
+        ((("persist", CONSOLIDATED_2),),
+         lambda: persist_df(mode="consolidated", numPartitions=2)),
+        ((("persist", NATIVE_RAW),), lambda: table.toDF(consolidated=False)),
+        ((("persist", NATIVE_CONSOLIDATED),), lambda: table.toDF()),
+        ((("persist", NATIVE_ONE_COLUMN),),
+         lambda: table.toDF(consolidated=False).select("value")),
     ]
     # NB: the same number of tasks as persist's raw read by default (one per 4 M rows)
     spark.dataSource.register(_memory_source(rows, max(1, -(-rows // 4_000_000))))
     if PYSOURCE not in res.extra:
         res.extra.append(PYSOURCE)
         res.columns[PYSOURCE] = "python source (stores nothing)"
-    cases.append((PYSOURCE, RAW, lambda: spark.read.format("bench_memory").load()))
+    cases.append((((PYSOURCE, RAW), (PYSOURCE, NATIVE_RAW)),
+                  lambda: spark.read.format("bench_memory").load()))
     if with_parquet:
-        cases.insert(0, ("floor", RAW, lambda: spark.read.parquet(parquet)))
+        cases.insert(0, ((("floor", RAW), ("floor", NATIVE_RAW), ("floor", NATIVE_CONSOLIDATED)),
+                         lambda: spark.read.parquet(parquet)))
         key = int(spark.read.parquet(parquet).select("key").first()[0])
         cases += [
-            ("persist", LOOKUP, lambda: persist_df(mode="consolidated", filterPushdown="true")
+            ((("floor", NATIVE_ONE_COLUMN),), lambda: spark.read.parquet(parquet).select("value")),
+            ((("persist", LOOKUP),), lambda: persist_df(mode="consolidated",
+                                                        filterPushdown="true")
              .where(f"key = {key}")),
-            ("floor", LOOKUP, lambda: spark.read.parquet(parquet).where(f"key = {key}")),
+            ((("persist", NATIVE_LOOKUP),),
+             lambda: table.toDF(consolidated=False).where(f"key = {key}")),
+            ((("persist", NATIVE_LOOKUP_CONSOLIDATED),),
+             lambda: table.toDF().where(f"key = {key}")),
+            ((("floor", LOOKUP), ("floor", NATIVE_LOOKUP), ("floor", NATIVE_LOOKUP_CONSOLIDATED)),
+             lambda: spark.read.parquet(parquet).where(f"key = {key}")),
         ]
-    for _, _, factory in cases[:2]:  # warm the JVM (JIT, codegen) and the Python workers
+    warm = [cases[0][1], cases[1][1], table.toDF]
+    for factory in warm:  # warm the JVM (JIT, codegen) and the Python workers
         _materialize(factory)
     for r in range(repeats):
-        for column, metric, factory in rotate(cases, r):
-            ctx.log(f"W9 read round {r + 1}/{repeats}: {column}, {metric}")
+        for targets, factory in rotate(cases, r):
+            ctx.log(f"W9 read round {r + 1}/{repeats}: {targets[0][0]}, {targets[0][1]}")
             settle()
-            if metric == LOOKUP:
-                res.add(metric, "ms", "lower", column, 1000 * _materialize(factory))
-            else:
-                res.add(metric, "rec/s", "higher", column, rows / _materialize(factory))
+            seconds = _materialize(factory)
+            for column, metric in targets:
+                if metric in (LOOKUP, NATIVE_LOOKUP, NATIVE_LOOKUP_CONSOLIDATED):
+                    res.add(metric, "ms", "lower", column, 1000 * seconds)
+                else:
+                    res.add(metric, "rec/s", "higher", column, rows / seconds)
+    amplification, planned = native_decoded(table)
+    res.add(NATIVE_DECODED, "x", "lower", "persist", amplification)
+    res.notes.append(
+        f"native consolidated bytes decoded / stored: the compressed bytes of the row groups "
+        f"that Spark's pushed key range and time filters keep (by the Parquet footers' "
+        f"min/max, as Parquet's row-group filter decides; the page index may skip more) in "
+        f"the {planned} key range(s) toDF() planned, over the bytes of the part files")
+
+
+def native_decoded(table: Any) -> tuple[float, int]:
+    """The bytes a native consolidated read (``table.toDF()``) decodes over those stored:
+    each key range's files' row groups whose key and time statistics its pushed filters do
+    not rule out. Returns (that ratio, the ranges planned)."""
+    import persist.distributed as pd
+
+    info = table.info()
+    scan = info.snapshot()
+    tasks = scan.tasks(consolidated=True)
+    stored = decoded = 0
+    seen: set[str] = set()
+    for task in tasks:
+        urls, _ = pd.parquet_task(task)
+        r = task.key_range
+        for u in urls:
+            meta = pq.ParquetFile(u.removeprefix("file://")).metadata
+            if u not in seen:
+                seen.add(u)
+                stored += sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+            for i in range(meta.num_row_groups):
+                rg = meta.row_group(i)
+                st = rg.column(0).statistics  # key
+                lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
+                keep = r is None or lo is None or (
+                    (r.hi is None or lo < r.hi) and (r.lo is None or hi >= r.lo))
+                decoded += rg.total_byte_size if keep else 0
+    return (decoded / stored if stored else 0.0), len(tasks)
 
 
 def latency(spark: Any, root: Path, seals: int, gap: float) -> tuple[list[float], list[float]]:
@@ -595,7 +665,14 @@ def run(ctx: Context) -> list[WorkloadResult]:
                      "for the micro-batch holding that time; committed: to Spark's commit-log "
                      "entry for it (default trigger); persist only (Parquet has no change feed)")
     res.notes.append(f"reads: {repeats} round(s) (--w9-repeats) after one warm-up read each of "
-                     "Parquet and persist raw; the noop sink materializes every row")
+                     "Parquet, persist raw and the native consolidated read; the noop sink "
+                     "materializes every row; the native rows read through operators.PersistTable "
+                     "(Spark's own Parquet reader over the v4 part files, page checksums "
+                     "verified), each against spark.read.parquet of the same rows in the floor "
+                     "column (consolidated: against Parquet's raw read); native point lookup, "
+                     "raw: the key filter pushed into the part files' scan (sorted by key, page "
+                     "index); consolidated: the key filter after persist's per-range "
+                     "consolidation")
     res.notes.append("python source on the raw row: a Python data source handing the same "
                      "number of int64 rows to Spark from Arrow arrays already in memory, in as "
                      "many tasks as persist's raw read: the most any Python source reaches "
