@@ -183,6 +183,23 @@ def native_types(types: CollectionTypes) -> bool:
     return ok(types.key) and ok(types.value)
 
 
+def sql_groups(types: CollectionTypes) -> bool:
+    """Whether Spark's ``groupBy("key", "value")`` groups rows of ``types`` as persist's
+    consolidation does: when no float is anywhere in them. Spark normalizes floats in grouping
+    keys (``-0.0`` groups with ``0.0``); persist keeps them two records (every NaN is one)."""
+
+    def ok(t: pa.DataType) -> bool:
+        if pa.types.is_floating(t):
+            return False
+        if pa.types.is_struct(t):
+            return all(ok(t.field(i).type) for i in range(t.num_fields))
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return ok(t.value_type)
+        return True
+
+    return ok(types.key) and ok(types.value)
+
+
 def _spark_url(url: str) -> str:
     """Hadoop's name for the store of ``url`` (``s3://`` is S3A's ``s3a://``)."""
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
@@ -197,6 +214,7 @@ class _Plan:
         self.schema = types.spark_schema
         self.options = {**options, **READER_OPTIONS}
         self.native = native_types(types)
+        self.sql_sum = sql_groups(types)
 
     def read(self, scan: persist.distributed.Scan, *, consolidated: bool,
              partitions: int | None) -> Any:
@@ -231,8 +249,13 @@ class _Plan:
             if not urls:
                 python.append(rest)
                 continue
-            df = self._files(urls).where(self._in_range(task, scan.as_of)).coalesce(1)
-            frames.append(df.mapInArrow(_Consolidate(rest, self.types), self.schema))
+            cond, exact = self._in_range(task, scan.as_of)
+            df = self._files(urls).where(cond)
+            if self.sql_sum and exact:
+                frames.append(self._summed(df, rest, scan.as_of))
+            else:
+                frames.append(df.coalesce(1).mapInArrow(_Consolidate(rest, self.types),
+                                                        self.schema))
         # NB: always a Python-path child, empty or not. Each range above is one partition
         # (SinglePartition), and Spark >= 4.1 unions children that all report the same
         # partitioning partition by partition (spark.sql.unionOutputPartitioning, SPARK-52921):
@@ -270,19 +293,40 @@ class _Plan:
             raise
         return df.select("key", "value", "time", "diff")
 
-    def _in_range(self, task: persist.distributed.ReadTask, as_of: int) -> Any:
+    def _summed(self, files: Any, rest: persist.distributed.ReadTask, as_of: int) -> Any:
+        """One key range consolidated by Spark's own aggregation, in one partition: the
+        range's rows of ``files`` (filtered exactly) and the contents of its other parts
+        (``rest``, consolidated by persist), summed per ``(key, value)``.
+
+        NB: ``coalesce(1)`` makes the range one partition (no shuffle), which satisfies the
+        aggregation's clustering: Spark plans no exchange, and the partial and final
+        aggregation run in that partition's task. Exact where Spark's grouping is persist's
+        (:func:`sql_groups`).
+        """
+        from pyspark.sql import functions as F
+
+        rows = files
+        if rest.parts:
+            rows = rows.unionByName(self._python([rest], partial=True))
+        return (rows.coalesce(1).groupBy("key", "value").agg(F.sum("diff").alias("diff"))
+                .where(F.col("diff") != 0)
+                .select("key", "value", F.lit(as_of).alias("time"), "diff"))
+
+    def _in_range(self, task: persist.distributed.ReadTask, as_of: int) -> tuple[Any, bool]:
         """``time <= as_of`` and, where it can say it exactly or more loosely, the task's key
-        range: pushed to Spark's reader so row groups and pages of other ranges are skipped
-        (the rows are then cut exactly by the engine)."""
+        range: pushed to Spark's reader so row groups and pages of other ranges are skipped.
+        Also whether the condition is exactly the range (else the rows are cut exactly by the
+        engine, :func:`persist.distributed.consolidate`)."""
         from pyspark.sql import functions as F
 
         cond = F.col("time") <= as_of
         r = task.key_range
         if r is None:
-            return cond
+            return cond, True
         key = F.col("key")
         kind = self.schema["key"].dataType.typeName()
         lo, hi = _bound(r.lo, kind), _bound(r.hi, kind)
+        exact = (lo is None) == (r.lo is None) and (hi is None) == (r.hi is None)
         if hi is not None:
             # NB: Spark sorts NaN above every number, as persist's ranges do; nulls and NaN
             # belong to the last range (hi None) only.
@@ -290,14 +334,16 @@ class _Plan:
         if lo is not None:
             above = key >= F.lit(lo)
             cond = cond & (above | key.isNull() if r.hi is None else above)
-        return cond
+        return cond, exact
 
-    def _python(self, tasks: list[persist.distributed.ReadTask]) -> Any:
-        """The engine's tasks read by persist in Spark tasks (one each)."""
+    def _python(self, tasks: list[persist.distributed.ReadTask], *, partial: bool = False
+                ) -> Any:
+        """The engine's tasks read by persist in Spark tasks (one each); ``partial``:
+        consolidated tasks that hold only some parts of their range (see :class:`_ReadTasks`)."""
         rows = [(t.to_bytes(),) for t in tasks]
         seed = self.spark.createDataFrame(
             self.spark.sparkContext.parallelize(rows, max(1, len(rows))), "task binary")
-        return seed.mapInArrow(_ReadTasks(self.types), self.schema)
+        return seed.mapInArrow(_ReadTasks(self.types, partial=partial), self.schema)
 
     @staticmethod
     def _union(frames: list[Any]) -> Any:
@@ -322,16 +368,28 @@ def _bound(v: Any, kind: str) -> Any:
 
 
 class _ReadTasks:
-    """``mapInArrow``: engine tasks (their bytes) read by persist, in Spark's layout."""
+    """``mapInArrow``: engine tasks (their bytes) read by persist, in Spark's layout.
 
-    def __init__(self, types: CollectionTypes) -> None:
+    ``partial``: consolidated tasks holding only the parts of their key range that Spark's
+    reader does not read (:func:`persist.distributed.parquet_task`), read without re-planning:
+    ``read_task`` re-plans a consolidated task whose part GC removed over every part of its
+    range, which here would count the files Spark reads twice.
+    """
+
+    def __init__(self, types: CollectionTypes, *, partial: bool = False) -> None:
         self.types = types
+        self.partial = partial
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for b in batches:
             for raw in b.column("task").to_pylist():
                 task = persist.distributed.ReadTask.from_bytes(raw)
-                yield from read_partition(TaskPartition(task, self.types))
+                if not self.partial:
+                    yield from read_partition(TaskPartition(task, self.types))
+                    continue
+                out = persist.distributed.consolidate(task, task.schema.empty_table())
+                yield from to_spark(out, self.types.arrow_schema, time=task.as_of).to_batches(
+                    max_chunksize=BATCH_ROWS)
 
 
 class _Consolidate:

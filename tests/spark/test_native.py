@@ -428,3 +428,42 @@ def test_key_ranges_of_floats_and_strings(spark: Any, tmp_path: Path, kind: str)
     assert table.toDF(partitions=6).rdd.getNumPartitions() > 2  # ranges, and the Python child
     want = _client(tmp_path, 3, consolidated=True)
     assert canon(table.toDF(partitions=6).toArrow()) == want
+
+
+def test_uint64_collections_read_through_persist(spark: Any, tmp_path: Path) -> None:
+    """Spark's reader makes a uint64 ``decimal(20, 0)``, the Python source a checked long: such
+    a collection's parts are all read by persist, with the Python source's answer."""
+    ix = _engine(tmp_path)
+    ix.register("c", pa.int64(), pa.struct([pa.field("n", pa.uint64())]))
+    for t in range(2):
+        ix.write({"c": [((k, {"n": k * 3 + t}), t, 1) for k in range(100)]})
+    ix.seal("c", 2)
+    table = PersistTable.forPath(spark, str(tmp_path), "c")
+    assert table.toDF().inputFiles() == []
+    for consolidated in (True, False):
+        assert _native(spark, str(tmp_path), 1, consolidated=consolidated) == \
+            _python(spark, str(tmp_path), 1, consolidated=consolidated) == \
+            _client(tmp_path, 1, consolidated=consolidated)
+
+
+def test_one_consolidated_part_at_one_time_is_read_without_consolidating(
+        spark: Any, tmp_path: Path) -> None:
+    rng = np.random.default_rng(13)
+    ix = _engine(tmp_path)
+    ix.register("c", pa.int64(), pa.int64())
+    for t in range(3):
+        ix.write({"c": _updates(rng, 2000, t)})
+    ix.seal("c", 3)
+    ix.allow_compaction("c", 2)
+    ix.set_options(Options(inline_threshold=0, batch_rows=500, stats_bytes=1024,
+                           background_compaction=False,
+                           compaction=CompactionPolicy(final_rows=1 << 30, fanin=2,
+                                                       inline_flush_bytes=1 << 62)))
+    ix.maintain()
+    parts = ix.state.collections["c"].parts
+    assert len(parts) == 1
+    assert parts[0].consolidated
+    assert parts[0].min_time == parts[0].max_time == 2
+    df = PersistTable.forPath(spark, str(tmp_path), "c").toDF()
+    assert "MapInArrow" not in df._jdf.queryExecution().executedPlan().toString()
+    assert canon(df.toArrow()) == _client(tmp_path, 2, consolidated=True)
