@@ -20,8 +20,10 @@ Spark tasks, so the answer is the Python source's:
 * **consolidated**: one DataFrame per key range of the engine's plan (disjoint ranges of the
   sorted runs): that range's files, filtered to the range and to ``time <= as_of`` (pushed
   down, so Parquet's statistics and page index skip what other ranges need), coalesced into
-  one Spark partition (no shuffle), then ``mapInArrow`` sums it with the range's other parts
-  (:func:`persist.distributed.consolidate`). The ranges are unioned: each key lives in one.
+  one Spark partition (no shuffle), then summed there with the range's other parts: by Spark's
+  own aggregation where it groups as persist does (:func:`sql_groups`; one partition needs no
+  exchange), else by ``mapInArrow`` through :func:`persist.distributed.consolidate`. The
+  ranges are unioned: each key lives in one.
   A read whose only part is already consolidated at one time skips that step.
 
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
