@@ -33,6 +33,8 @@ import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from persist import layout
+from persist.blob.base import BlobRead
 from persist.distributed.stores import read_half
 from persist.errors import InvalidUsage, SchemaMismatch
 from persist.indexed.format import evolve
@@ -44,9 +46,20 @@ from persist.indexed.read.scan import ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
 
 
-def _readable(address_url: Callable[[str], str | None], target: int
-              ) -> Callable[[PartMeta], str | None]:
-    """The URL another program reads part ``p`` at as version ``target``'s types, or None."""
+def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], str | None]:
+    """The URL another program reads part ``p`` at, for a snapshot as of ``as_of`` as version
+    ``target``'s types, or None."""
+    siblings: dict[str, BlobRead | None] = {}
+
+    def store(root: str | None) -> BlobRead | None:
+        if root is None:
+            return blob
+        if root not in siblings:
+            try:
+                siblings[root] = blob.sibling(root)
+            except InvalidUsage:
+                siblings[root] = None  # a store that cannot name other locations
+        return siblings[root]
 
     def url(p: PartMeta) -> str | None:
         # NB: a part of another schema version holds that version's types: migrating it
@@ -55,7 +68,14 @@ def _readable(address_url: Callable[[str], str | None], target: int
         if (not p.parquet or p.blob_key is None or evolve.part_version(p) != target
                 or p.max_time > MAX_SIGNED_TIME):
             return None
-        return address_url(p.blob_key)
+        # NB: a fork's part may live in another location (its root) and hide rows past a
+        # time cut (upto) that the file still holds: the other reader keeps only rows at or
+        # before as_of, which hides them too when upto >= as_of; else persist reads it.
+        root, key, upto = layout.parse_ref(p.blob_key)
+        where = store(root)
+        if where is None or (upto is not None and upto < as_of):
+            return None
+        return where.external_url(key)
 
     return url
 
@@ -79,9 +99,8 @@ def parquet_files(scan: Scan) -> tuple[tuple[str, ...], Scan]:
     :func:`persist.distributed.read_task`).
 
     A file's rows are the part's raw updates with their own times: a snapshot as of ``t``
-    keeps those with ``time <= t`` and forwards their time to ``t`` (as a raw task does); a
-    range of changes keeps ``lo <= time < hi``. The scan's filter (if any) is not applied to
-    the files: apply it in the other engine.
+    keeps those with ``time <= t`` and forwards their time to ``t`` (as a raw task does). The
+    scan's filter (if any) is not applied to the files: apply it in the other engine.
 
     Why here: only the engine knows which parts are such files (format 4, the read's schema
     version, times that fit a signed long) and where a store serves them
@@ -89,14 +108,20 @@ def parquet_files(scan: Scan) -> tuple[tuple[str, ...], Scan]:
 
     Returns:
         The URLs (``file://`` paths, ``s3://bucket/key``) and the scan of the other parts
-        (inline parts, parts of formats 1-3, of other schema versions, or of a store no other
-        process can reach).
+        (inline parts, parts of formats 1-3, of other schema versions, of a store no other
+        process can reach, or a fork's parts whose cut hides rows at or before the as-of time).
+
+    Raises:
+        InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
     """
     if not isinstance(scan, Scan):
         raise InvalidUsage(f"parquet_files takes a persist.distributed.Scan, not "
                            f"{type(scan).__name__}")
-    blob = read_half(scan.info.address)
-    urls, rest = _split(scan.kept, _readable(blob.external_url, scan.schema_version))
+    if scan.kind != "snapshot":
+        raise InvalidUsage("parquet_files plans a snapshot's files; a range of changes is read "
+                           "with read_task")
+    urls, rest = _split(scan.kept, _readable(read_half(scan.info.address), scan.schema_version,
+                                             scan.as_of))
     return urls, dataclasses.replace(scan, kept=rest)
 
 
@@ -114,8 +139,8 @@ def parquet_task(task: ReadTask) -> tuple[tuple[str, ...], ReadTask]:
     if not isinstance(task, ReadTask) or task.kind != "consolidated":
         raise InvalidUsage(f"parquet_task takes a consolidated persist.distributed.ReadTask, "
                            f"not {task!r:.80}")
-    blob = read_half(task.address)
-    urls, rest = _split(task.parts, _readable(blob.external_url, task.view.target))
+    urls, rest = _split(task.parts, _readable(read_half(task.address), task.view.target,
+                                              task.as_of))
     return urls, msgspec.structs.replace(task, parts=rest)
 
 

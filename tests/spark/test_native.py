@@ -472,3 +472,42 @@ def test_one_consolidated_part_at_one_time_is_read_without_consolidating(
     df = PersistTable.forPath(spark, str(tmp_path), "c").toDF()
     assert "MapInArrow" not in df._jdf.queryExecution().executedPlan().toString()
     assert canon(df.toArrow()) == _client(tmp_path, 2, consolidated=True)
+
+
+def test_forks_read_their_cut_through_the_files_or_persist(spark: Any, tmp_path: Path) -> None:
+    """A fork's parts reference its source's files, hiding rows past the fork's time: Spark
+    reads such a file only where the as-of time hides them anyway (else persist reads it); a
+    fork into another location reads the source location's files."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    opts = persist.Options(inline_threshold=0, background_compaction=False)
+    rng = np.random.default_rng(17)
+
+    def rows(t: int) -> list[Any]:
+        u = _updates(rng, 500, t, keys=60)
+        return [((k, v), t, d) for k, v, d in zip(u.column("key").to_pylist(),
+                                                  u.column("value").to_pylist(),
+                                                  u.column("diff").to_pylist(), strict=True)]
+
+    with persist.open(src, options=opts) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w.append(rows(0) + rows(1), upper=2).result()  # one part of times 0 and 1
+        w.append(rows(2) + rows(3), upper=4).result()
+        client.fork("c", into="f", as_of=0).result()   # its part: c's first, cut at 0
+        f, _ = client.create_or_load("f", key_type=pa.int64(), value_type=pa.int64())
+        f.append(rows(1), upper=2).result()
+    persist.fork(src, "c", dst, into="g", as_of=2)
+    # (location, collection, as_of, part files Spark reads)
+    for url, name, as_of, n in ((src, "f", 0, 1), (src, "f", 1, 1), (dst, "g", 2, 2),
+                                (dst, "g", 1, 1)):
+        with persist.open(url, read_only=True) as client:
+            _, r = client.create_or_load(name, key_type=pa.int64(), value_type=pa.int64())
+            want = canon(r.snapshot(as_of).to_arrow())
+        df = PersistTable.forPath(spark, str(url), name).toDF(as_of=as_of)
+        assert canon(df.toArrow()) == want, (url, name, as_of)
+        python = (spark.read.format("persist").option("collection", name)
+                  .option("as_of", as_of).load(str(url)))
+        assert canon(python.toArrow()) == want
+        files = df.inputFiles()
+        assert len(files) == n, (url, name, as_of, files)
+        if name == "g":  # the source location's files
+            assert all("/src/" in f for f in files)
