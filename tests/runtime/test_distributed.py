@@ -371,3 +371,57 @@ def test_a_stager_refuses_rows_below_the_upper_it_started_at(tmp_path: Path) -> 
         stager.stage(pa.table({"key": ["a"], "value": [1], "time": [0], "diff": [1]}))
     assert blob.list_keys("data/") == before
     assert stager.stage([(("a", 1), 5, 1)], at=7).max_time == 7
+
+
+# -- reads shared with another engine's Parquet reader (persist.distributed.native) ----------
+
+
+def test_parquet_files_and_consolidate_give_the_snapshot(tmp_path: Path) -> None:
+    """The files another reader reads (here pyarrow, as a stand-in for Spark) plus the other
+    parts, consolidated per key range by ``consolidate``, are the snapshot; raw, the files plus
+    the other scan are every update."""
+    import pyarrow.parquet as pq
+
+    url = str(tmp_path)
+    with persist.open(url, options=persist.Options(inline_threshold=0, batch_rows=100,
+                                                   background_compaction=False)) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(4):
+            w.append([((k * 7 % 1000, t % 2), t, 1 if k % 5 else -1) for k in range(t, 1000, 3)],
+                     upper=t + 1).result()
+        client.set_options(persist.Options(inline_threshold=1 << 20, batch_rows=100,
+                                           background_compaction=False))
+        w.append([((5, 0), 4, 1), ((3, 1), 4, -1)], upper=5).result()  # inline
+        want = _sums([r.snapshot(3).to_arrow()])
+    scan = distributed.describe(url, "c").snapshot(3)
+    urls, rest = distributed.parquet_files(scan)
+    assert len(urls) == 4
+    assert not rest.kept  # the inline part is after as_of 3
+
+    def files(us: tuple[str, ...]) -> pa.Table:
+        return pa.concat_tables([pq.read_table(u.removeprefix("file://")) for u in us]) \
+            if us else distributed.describe(url, "c").schema().empty_table()
+
+    got = []
+    tasks = scan.tasks(consolidated=True, n=4)
+    assert len(tasks) > 1
+    for task in tasks:
+        task_urls, other = distributed.parquet_task(task)
+        # the reader's rows unfiltered: consolidate cuts the range and the as-of time
+        got.append(distributed.consolidate(other, files(task_urls)))
+    assert _sums(got) == want
+    # raw as of 4: the files and the other scan's tasks hold every update once
+    scan4 = distributed.describe(url, "c").snapshot(4)
+    urls4, rest4 = distributed.parquet_files(scan4)
+    assert len(rest4.kept) == 1
+    others = [t for task in rest4.tasks() for t in distributed.read_task(task)]
+    assert sum(len(t) for t in [files(urls4), *others]) == scan4.rows == 1335
+    with pytest.raises(InvalidUsage):
+        distributed.parquet_files(distributed.describe(url, "c").changes(0, 2))
+    with pytest.raises(InvalidUsage):
+        distributed.parquet_task(scan.task())  # not consolidated
+    with pytest.raises(InvalidUsage):
+        distributed.consolidate(scan.task(), files(urls))
+    with pytest.raises(SchemaMismatch):
+        distributed.consolidate(tasks[0], pa.table({"key": ["x"], "value": [1], "time": [0],
+                                                   "diff": [1]}))
