@@ -40,7 +40,7 @@ made is planned again (up to :data:`PLAN_ATTEMPTS` times); one removed after fai
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -169,37 +169,29 @@ class _Gone(Exception):
     """A file of the plan was not found when Spark listed it (GC removed it): plan again."""
 
 
+def _nowhere(t: pa.DataType, bad: Callable[[pa.DataType], bool]) -> bool:
+    """Whether no type in ``t`` (itself, or a field or item of a record or list, at any
+    depth) is ``bad``."""
+    if bad(t):
+        return False
+    if pa.types.is_struct(t):
+        return all(_nowhere(t.field(i).type, bad) for i in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _nowhere(t.value_type, bad)
+    return True
+
+
 def native_types(types: CollectionTypes) -> bool:
     """Whether Spark's Parquet reader reads parts of ``types`` as the Python source's schema:
     not with a ``uint64`` anywhere (Spark reads it as ``decimal(20, 0)``)."""
-
-    def ok(t: pa.DataType) -> bool:
-        if pa.types.is_uint64(t):
-            return False
-        if pa.types.is_struct(t):
-            return all(ok(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            return ok(t.value_type)
-        return True
-
-    return ok(types.key) and ok(types.value)
+    return all(_nowhere(t, pa.types.is_uint64) for t in (types.key, types.value))
 
 
 def sql_groups(types: CollectionTypes) -> bool:
     """Whether Spark's ``groupBy("key", "value")`` groups rows of ``types`` as persist's
     consolidation does: when no float is anywhere in them. Spark normalizes floats in grouping
     keys (``-0.0`` groups with ``0.0``); persist keeps them two records (every NaN is one)."""
-
-    def ok(t: pa.DataType) -> bool:
-        if pa.types.is_floating(t):
-            return False
-        if pa.types.is_struct(t):
-            return all(ok(t.field(i).type) for i in range(t.num_fields))
-        if pa.types.is_list(t) or pa.types.is_large_list(t):
-            return ok(t.value_type)
-        return True
-
-    return ok(types.key) and ok(types.value)
+    return all(_nowhere(t, pa.types.is_floating) for t in (types.key, types.value))
 
 
 def _spark_url(url: str) -> str:
