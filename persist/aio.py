@@ -7,7 +7,13 @@ import os
 from typing import Any
 
 from persist import location
-from persist.runtime.aio import AsyncClient, AsyncReadHandle, AsyncSnapshot, AsyncWriteHandle
+from persist.runtime.aio import (
+    AsyncClient,
+    AsyncHoldHandle,
+    AsyncReadHandle,
+    AsyncSnapshot,
+    AsyncWriteHandle,
+)
 
 
 async def open(url: str | os.PathLike[str], **kwargs: Any) -> AsyncClient:
@@ -16,4 +22,5 @@ async def open(url: str | os.PathLike[str], **kwargs: Any) -> AsyncClient:
     return AsyncClient(await asyncio.to_thread(location.open, url, **kwargs))
 
 
-__all__ = ["AsyncClient", "AsyncReadHandle", "AsyncSnapshot", "AsyncWriteHandle", "open"]
+__all__ = ["AsyncClient", "AsyncHoldHandle", "AsyncReadHandle", "AsyncSnapshot", "AsyncWriteHandle",
+           "open"]

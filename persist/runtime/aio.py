@@ -16,8 +16,11 @@ import pyarrow as pa
 
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.transfer import StagedPart, Token
+from persist.indexed.maintenance.restore import RestorePlan
 from persist.indexed.read.filter import Filter
 from persist.indexed.state.history import Seal
+from persist.indexed.state.holds import HoldInfo
+from persist.runtime import branches
 from persist.runtime import client as sync
 from persist.runtime.client import ListenEvent
 
@@ -27,7 +30,8 @@ class AsyncClient:
 
     Each method mirrors the sync one of the same name and raises what it raises; where they
     differ, the method says so. What this face lacks (``state``, ``stats``, ``lock_lost``,
-    ``set_options``, ``maintain``, ``token``, ``landed``, ``info``) is on ``sync``.
+    ``set_options``, ``maintain``, ``token``, ``landed``, ``info``: reads of the state in
+    memory or calls made by the distributed plumbing, not by a service) is on ``sync``.
     Thread-safe, as the sync client is. An async context manager: leaving it awaits
     :meth:`stop`.
     """
@@ -153,6 +157,36 @@ class AsyncClient:
         seq: int = await asyncio.wrap_future(self.sync.untag(name, tag))
         return seq
 
+    async def hold(self, name: str, hold_id: str, at: int, *,
+                   lease: datetime.timedelta | float) -> AsyncHoldHandle:
+        """Mirrors ``Client.hold``: takes (or takes again) the named consumer hold ``hold_id``
+        on ``name`` at ``at`` with ``lease``, and returns its handle once the hold is durable.
+
+        Raises:
+            InvalidUsage: ``at`` is below since, ``lease`` is not positive, ``hold_id`` names a
+                tag. UnknownCollection: no collection ``name``. ReadOnly: a replica.
+        """
+        handle = await asyncio.to_thread(self.sync.hold, name, hold_id, at, lease=lease)
+        return AsyncHoldHandle(handle)
+
+    def holds(self, name: str | None = None) -> list[HoldInfo]:
+        """Mirrors ``Client.holds``: every hold of ``name`` (or of every collection) as of the
+        newest state in memory (no storage read).
+
+        Raises:
+            UnknownCollection: no collection ``name``.
+        """
+        return self.sync.holds(name)
+
+    async def restore(self, seq: int) -> RestorePlan:
+        """Mirrors ``Client.restore`` (in a worker thread): the location's collections put
+        back as they were at commit ``seq`` in one new commit; the plan it carried out.
+
+        Raises:
+            InvalidUsage: ``seq`` is not restorable (the message says why). ReadOnly: a replica.
+        """
+        return await asyncio.to_thread(self.sync.restore, seq)
+
     async def stop(self) -> None:
         """Mirrors ``Client.stop`` (commit or fail what is queued, stop, release the lock), run
         in a worker thread. Idempotent."""
@@ -171,7 +205,7 @@ class AsyncWriteHandle:
     Every method returns the commit's sequence number once durable and raises what the sync
     future fails with (InvalidUsage, Fenced, RuntimeShutdown, ExternalError; ReadOnly and
     SchemaMismatch before anything is submitted). Cancelling an await does not cancel the
-    write. ``hold`` and ``holds`` are only on ``sync``.
+    write.
     """
 
     def __init__(self, handle: sync.WriteHandle) -> None:
@@ -204,6 +238,64 @@ class AsyncWriteHandle:
         seq: int = await asyncio.wrap_future(self.sync.allow_compaction(since))
         return seq
 
+    async def hold(self, hold_id: str, frontier: int | None) -> int:
+        """Mirrors ``WriteHandle.hold``: sets (``frontier`` None: releases) the durable read
+        hold ``hold_id``."""
+        seq: int = await asyncio.wrap_future(self.sync.hold(hold_id, frontier))
+        return seq
+
+    @property
+    def holds(self) -> dict[str, int]:
+        """Mirrors ``WriteHandle.holds``: the durable read holds, hold id -> frontier."""
+        return self.sync.holds
+
+
+class AsyncHoldHandle:
+    """The asyncio face of a consumer's named hold (``Client.hold``'s ``HoldHandle``,
+    ``sync``): advanced and renewed by the consumer, released when done. Each method awaits
+    the sync one's future and raises what it fails with (``HoldLapsed`` once the lease
+    lapsed or the hold was released, ``InvalidUsage`` for an advance backwards).
+    """
+
+    def __init__(self, handle: branches.HoldHandle) -> None:
+        self.sync = handle
+        self.collection = handle.collection
+        self.name = handle.name
+
+    @property
+    def info(self) -> HoldInfo:
+        """Mirrors ``HoldHandle.info``: the hold as the newest state in memory shows it."""
+        return self.sync.info
+
+    @property
+    def frontier(self) -> int:
+        """Mirrors ``HoldHandle.frontier``: the time it holds at."""
+        return self.sync.frontier
+
+    @property
+    def lapsed(self) -> bool:
+        """Mirrors ``HoldHandle.lapsed``: True once its lapse (or release) is committed."""
+        return self.sync.lapsed
+
+    async def advance(self, frontier: int) -> int:
+        """Mirrors ``HoldHandle.advance``: moves the hold to ``frontier`` and renews its
+        lease; the commit's seq."""
+        seq: int = await asyncio.wrap_future(self.sync.advance(frontier))
+        return seq
+
+    async def renew(self) -> int:
+        """Mirrors ``HoldHandle.renew``: renews the lease where the hold is."""
+        seq: int = await asyncio.wrap_future(self.sync.renew())
+        return seq
+
+    async def release(self) -> int | None:
+        """Mirrors ``HoldHandle.release``: releases the hold (idempotent)."""
+        seq: int | None = await asyncio.wrap_future(self.sync.release())
+        return seq
+
+    def __repr__(self) -> str:
+        return f"<AsyncHoldHandle {self.name!r} on {self.collection!r}>"
+
 
 class AsyncReadHandle:
     """The asyncio face of ``ReadHandle`` (``sync``): frontiers, snapshots and listen.
@@ -229,6 +321,19 @@ class AsyncReadHandle:
     def upper(self) -> int:
         """Mirrors ``ReadHandle.upper``, as of the newest state this client knows."""
         return self.sync.upper
+
+    @property
+    def tags(self) -> dict[str, int]:
+        """Mirrors ``ReadHandle.tags``: tag name -> the time it pins."""
+        return self.sync.tags
+
+    def tag(self, name: str) -> int:
+        """Mirrors ``ReadHandle.tag``: the time tag ``name`` pins.
+
+        Raises:
+            UnknownHold: no such tag.
+        """
+        return self.sync.tag(name)
 
     def history(self) -> list[Seal]:
         """Mirrors ``ReadHandle.history``: the recent seals (from the state in memory)."""

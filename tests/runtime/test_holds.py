@@ -229,3 +229,57 @@ def test_a_paused_consumer_gets_hold_lapsed_and_never_a_wrong_read(tmp_path: Pat
     assert "lapsed" in out["message"]
     assert out["read"] == "InvalidUsage"
     assert "rows" not in out
+
+
+def test_the_async_client_takes_holds_reads_tags_and_restores(tmp_path: Path) -> None:
+    """``persist.aio`` has the same surface for holds, tags and restore as the sync client:
+    taken, advanced, renewed and released without blocking the event loop, with the same
+    errors and the same effect on since."""
+    import asyncio
+
+    async def main() -> None:
+        async with await persist.aio.open(tmp_path / "loc", options=OPTIONS) as client:
+            w, r = await client.create_or_load("c", key_type=pa.string(),
+                                               value_type=pa.int64())
+            for t in range(6):
+                await w.append([((f"k{t}", t), t, 1)], upper=t + 1)
+            snap1 = await r.snapshot(1).to_python()
+            h = await client.hold("c", "billing-export", 1,
+                                  lease=datetime.timedelta(hours=6))
+            assert isinstance(h, persist.aio.AsyncHoldHandle)
+            await w.allow_compaction(5)
+            assert (r.since, h.frontier, h.lapsed) == (1, 1, False)
+            assert await r.snapshot(1).to_python() == snap1
+            assert [i.name for i in client.holds("c")] == ["billing-export"]
+            assert await h.renew() > 0
+            await h.advance(3)
+            assert (h.frontier, r.since) == (3, 3)
+            with pytest.raises(InvalidUsage, match="backwards"):
+                await h.advance(2)
+            await h.release()
+            assert r.since == 5
+            with pytest.raises(HoldLapsed, match="no longer exists"):
+                await h.advance(5)
+            with pytest.raises(UnknownCollection):
+                await client.hold("nope", "x", 0, lease=60)
+
+            await w.hold("reader", 5)
+            assert w.holds == {"reader": 5}
+            await w.hold("reader", None)
+            assert w.holds == {}
+
+            await client.tag("c", "q3-close", as_of=5)
+            assert r.tags == {"q3-close": 5}
+            assert r.tag("q3-close") == 5
+            with pytest.raises(UnknownHold):
+                r.tag("q4-close")
+
+            before = client.sync.state.seq
+            await w.append([(("late", 9), 6, 1)], upper=7)
+            plan = await client.restore(before)
+            assert r.upper == 6
+            assert plan.op is not None
+            with pytest.raises(InvalidUsage):
+                await client.restore(10**9)
+
+    asyncio.run(main())
