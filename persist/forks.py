@@ -76,14 +76,16 @@ def fork(src_url: str | os.PathLike[str], name: str, dst_url: str | os.PathLike[
             seq: int = dst.fork(name, into=into, as_of=as_of).result()
             return seq
         for attempt in range(ATTEMPTS):
-            prepared = prepare(src.blob, here[1], dst_loc[1], name, into=into, as_of=as_of)
+            prepared = prepare(src.blob, here[1], dst_loc[1], name, into=into, as_of=as_of,
+                               commit_within=dst.options.commit_deadline_seconds)
             if prepared is None:
                 log.info("fork of %r: the source retired a blob it pinned; planning again "
                          "(attempt %d)", name, attempt + 1)
                 continue
             try:
                 seq = dst.register_fork(prepared.planned, into=into,
-                                        pinned_at=prepared.started).result()
+                                        pinned_at=prepared.started,
+                                        within=prepared.commit_within).result()
             except (InvalidUsage, Determinate):
                 prepared.unpin()  # definitely not committed: nothing reads what they pin
                 raise
@@ -102,6 +104,8 @@ class Prepared:
     pins: list[tuple[Blob, pins.Pin]]
     #: ``time.monotonic()`` before the pins were made.
     started: float
+    #: Seconds from :attr:`started` within which to commit or not at all (the pins say so).
+    commit_within: float
 
     def unpin(self) -> None:
         """Releases the pins (the fork will not be committed)."""
@@ -109,12 +113,14 @@ class Prepared:
 
 
 def prepare(src: Blob, src_root: str, dst_root: str, name: str, *, into: str,
-            as_of: int | None) -> Prepared | None:
+            as_of: int | None, commit_within: float) -> Prepared | None:
     """Steps 1 of the pin protocol (:mod:`persist.indexed.state.pins`): plans the fork of
     ``name`` of the location ``src`` (at root ``src_root``) into the location at
     ``dst_root`` on the source's newest state, pins what it reads, and verifies on a newer
     state that the source still reads all of it. None if it does not (the pins are deleted
-    again: plan again).
+    again: plan again). The pins promise a commit within ``commit_within`` seconds of now
+    (the destination writer's commit deadline; ``Client.register_fork(within=...)`` keeps the
+    promise).
 
     Raises:
         UnknownCollection, InvalidUsage: no such collection; ``as_of`` not readable.
@@ -127,7 +133,8 @@ def prepare(src: Blob, src_root: str, dst_root: str, name: str, *, into: str,
     state = Machine(src.read_only()).load(scan=True)
     planned = refs.forked(collection(state.collections, name), name=into, cid=0, as_of=as_of,
                           src_seq=state.seq, root=src_root, location=src_root)
-    made = _pin(src, src_root, dst_root, planned, f"fork of {name!r} into {into!r}")
+    made = _pin(src, src_root, dst_root, planned, f"fork of {name!r} into {into!r}",
+                commit_within)
     crashpoints.hit("fork.pinned")
     try:
         fresh = Machine(src.read_only()).load(scan=True)
@@ -137,7 +144,7 @@ def prepare(src: Blob, src_root: str, dst_root: str, name: str, *, into: str,
     if not _still_read(fresh, src_root, planned):
         _unpin(made)
         return None
-    return Prepared(planned, made, started)
+    return Prepared(planned, made, started, commit_within)
 
 
 @contextlib.contextmanager
@@ -154,14 +161,15 @@ def _destination(url: str | os.PathLike[str], client: Client | None,
 
 
 def _pin(src: Blob, src_root: str, dst_root: str, planned: CollectionMeta,
-         note: str) -> list[tuple[Blob, pins.Pin]]:
+         note: str, commit_within: float) -> list[tuple[Blob, pins.Pin]]:
     """Pins what ``planned`` reads in every location it reads from (the source's, and those
     the source itself borrows from)."""
     made: list[tuple[Blob, pins.Pin]] = []
     try:
         for root, keys in sorted(refs.foreign([planned]).items()):
             store = src if root == src_root else src.sibling(root)
-            made.append((store, pins.create(store, location=dst_root, keys=keys, note=note)))
+            made.append((store, pins.create(store, location=dst_root, keys=keys,
+                                                  commit_within=commit_within, note=note)))
     except BaseException:
         _unpin(made)
         raise

@@ -788,7 +788,7 @@ class Indexed:
     def unpinned(self, keys: tuple[str, ...]) -> tuple[str, ...]:
         """Of the retired ``keys`` the GC is about to delete, those no fork in another location
         reads (:class:`persist.indexed.maintenance.gc.PinGuard`; its pins are released once
-        unread for ``max(gc grace, twice the commit deadline)``).
+        unread for ``max(gc grace, twice the commit deadline, twice the pin's recorded bound)``).
 
         With no ``keys``, now and then releases the pins nothing reads any more (a fork that
         never committed, or let go of the blobs before its source did).

@@ -298,20 +298,25 @@ class Client:
         """
         return self._writer().submit(cmd.Plan(branches.fork_plan(name, into, as_of), alone=True))
 
-    def register_fork(self, planned: CollectionMeta, *, into: str,
-                      pinned_at: float) -> PersistFuture:
+    def register_fork(self, planned: CollectionMeta, *, into: str, pinned_at: float,
+                      within: float | None = None) -> PersistFuture:
         """Registers ``planned``, a fork of another location's collection whose blobs it
         references (:func:`persist.fork` plans it and pins those blobs first), as ``into``.
         It commits within this writer's commit deadline of ``pinned_at`` (a
-        ``time.monotonic()`` taken before the pins were made) or not at all: the source's GC
-        releases an unread pin only after twice that deadline.
+        ``time.monotonic()`` taken before the pins were made), and within ``within`` seconds
+        of it if that is shorter (the bound the pins recorded: this writer's options may have
+        changed since), or not at all: the source's GC releases an unread pin only after
+        twice that bound.
 
         Returns:
             A future resolved with the commit's seq; it fails with ``CommitDeadline`` (too
             late, nothing committed), or ``InvalidUsage`` if ``into`` exists.
         """
+        if within is not None and not (isinstance(within, (int, float)) and within >= 0):
+            raise InvalidUsage(f"within must be a number of seconds >= 0, not {within!r}")
         return self._writer().submit(cmd.Plan(branches.adopt_plan(planned, into),
-                                              written_at=pinned_at, alone=True))
+                                              written_at=pinned_at, within=within,
+                                              alone=True))
 
     def tag(self, name: str, tag: str, *, as_of: int) -> PersistFuture:
         """Tags time ``as_of`` of collection ``name``: reads as of it stay definite for as

@@ -137,6 +137,9 @@ class Plan:
 
     plan: Callable[[Txn], Sequence[Op]]
     written_at: float | None = None
+    #: Seconds from ``written_at`` to commit within, if shorter than the commit deadline (a
+    #: fork across locations: the bound its pins promised the source).
+    within: float | None = None
     #: Commit alone, like a schema evolution (a fork: its ``Register`` reads what the ops
     #: staged before it left, and a commit lists registrations first).
     alone: bool = False

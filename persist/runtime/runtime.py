@@ -381,7 +381,18 @@ class Runtime:
         elif isinstance(c, cmd.Plan):
             if c.written_at is not None:
                 self.ix.check_deadline(c.written_at, fraction=0.5)
-                txn.wrote_blobs(c.written_at)
+                written_at = c.written_at
+                if c.within is not None:
+                    age = time.monotonic() - c.written_at
+                    if age > c.within:
+                        raise CommitDeadline(
+                            f"not committing: the fork's pins were made {age:.3g}s ago, past "
+                            f"the {c.within:g}s they promised the source to commit within; "
+                            f"nothing was committed, retry")
+                    # NB: a bound shorter than the deadline counts as blobs written that much
+                    # earlier, so the commit's own check holds it to the bound too
+                    written_at -= max(0.0, self.ix.options.commit_deadline_seconds - c.within)
+                txn.wrote_blobs(written_at)
             with txn.atomically():
                 for op in c.plan(txn):
                     txn.stage(op)

@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -38,10 +38,11 @@ from persist.runtime.branches import adopt_plan, fork_plan
 from tests.support.engine import Engine
 
 LOCS = ("a", "b")
-#: The destination writer's commit deadline, and the pins' release grace (twice it), in the
-#: fake clock's seconds.
-DEADLINE = 1.0
-RELEASE = 2 * DEADLINE
+#: Each location's writer's commit deadline, in the fake clock's seconds: different, so that a
+#: fork from the hasty location into the patient one commits later than the source's own
+#: release grace (twice its deadline) and is kept only by the bound its pins record.
+DEADLINE = {"a": 0.5, "b": 3.0}
+RELEASE = {loc: 2 * d for loc, d in DEADLINE.items()}
 
 OPTIONS = Options(inline_threshold=64, rollup_every=4, gc_grace_seconds=0.0,
                   leak_grace_seconds=None,
@@ -83,9 +84,9 @@ class ForkGC(RuleBasedStateMachine):
             self.ix[loc] = ix
         self.models: dict[tuple[str, str], Model] = {}
         self.clock = 0.0
-        self.guards = {loc: gc.PinGuard(RELEASE, recheck_seconds=0.5, tidy_seconds=0.5)
+        self.guards = {loc: gc.PinGuard(RELEASE[loc], recheck_seconds=0.5, tidy_seconds=0.5)
                        for loc in LOCS}
-        self.sweepers = {loc: gc.LeakSweeper(RELEASE) for loc in LOCS}
+        self.sweepers = {loc: gc.LeakSweeper(RELEASE[loc]) for loc in LOCS}
         self.pending: list[tuple[str, forks.Prepared, str, Model, float]] = []
         self.names = 0
         for loc in LOCS:
@@ -216,7 +217,7 @@ class ForkGC(RuleBasedStateMachine):
         t = data.draw(st.integers(since, c.upper - 1))
         into = self._fresh()
         prepared = forks.prepare(self.blobs[src], self.roots[src], self.roots[dst], name,
-                                 into=into, as_of=t)
+                                 into=into, as_of=t, commit_within=DEADLINE[dst])
         assert prepared is not None  # nothing changes the source between plan and verify here
         m = self.models[(src, name)]
         self.pending.append((dst, prepared, into, Model([r for r in m.rows if r[1] <= t],
@@ -236,7 +237,7 @@ class ForkGC(RuleBasedStateMachine):
 
     def _commit_pending(self, i: int) -> None:
         dst, prepared, into, model, made = self.pending.pop(i)
-        if self.clock - made > DEADLINE:
+        if self.clock - made > DEADLINE[dst]:
             return  # the destination's commit deadline refuses it: never committed
         ix = self.ix[dst]
         txn = Txn(ix.state)
@@ -286,7 +287,7 @@ class ForkGC(RuleBasedStateMachine):
                 if refs.is_fork(c):
                     self._merge(loc, name)
         for _ in range(4):
-            self.clock += RELEASE + 0.1
+            self.clock += max(RELEASE.values()) + 0.1
             for loc in LOCS:
                 self._gc(loc)
         for loc in LOCS:
@@ -301,3 +302,27 @@ class ForkGC(RuleBasedStateMachine):
 ForkGC.TestCase.settings = settings(max_examples=100, stateful_step_count=30, deadline=None,
                                     suppress_health_check=[HealthCheck.too_slow])
 TestForkGC = ForkGC.TestCase
+
+
+@settings(max_examples=3, deadline=None)
+@given(data=st.data())
+def test_a_patient_destinations_fork_outlives_a_hasty_sources_grace(data: st.DataObject) -> None:
+    """The sequence the random search does not reach on its own (a fork from the location with
+    the short deadline, committed after the source's own release grace but within the
+    destination's): the source merges the pinned blobs away and collects past its grace, and
+    the fork still commits and reads them, because its pin records the destination's bound."""
+    m = ForkGC()
+    for _ in range(3):
+        m.write(data, "a", [("x", 0, 1), ("y", 1, 1)])
+    m.fork_prepare(data, "a")
+    assert len(m.pending) == 1
+    m.allow_compaction(data, "a", 0)
+    m._merge("a", "c")
+    m._gc("a")
+    m.tick(1.1)  # past a's release grace (1.0), within b's deadline (3.0)
+    m._gc("a")
+    m.fork_commit(data)
+    assert any(refs.is_fork(c) for c in m.ix["b"].state.collections.values())
+    m.every_blob_read_exists()
+    m.reads_as_the_model()
+    m.teardown()

@@ -9,6 +9,7 @@ here, through the state's references; across locations, through pins the source'
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -28,9 +29,11 @@ from persist.indexed.maintenance.verify import verify
 from persist.indexed.state import pins, refs
 
 # NB: small parts are blobs here (inline 0) unless a test says otherwise, and GC runs with no
-# grace, so every shared blob meets the GC right away.
+# grace, so every shared blob meets the GC right away. The commit deadline is long enough for a
+# busy machine (it also bounds how long an unread pin lives: twice the deadline); the one test
+# of a late commit shortens it for its destination only.
 OPTIONS = persist.Options(inline_threshold=0, gc_grace_seconds=0.0,
-                          commit_deadline_seconds=0.2, leak_grace_seconds=None,
+                          commit_deadline_seconds=2.0, leak_grace_seconds=None,
                           background_compaction=False,
                           compaction=CompactionPolicy(fanin=2))
 
@@ -198,7 +201,10 @@ def test_fork_across_locations_pins_the_source(tmp_path: Path) -> None:
         _, sr = src.create_or_load("e", key_type=pa.string(), value_type=pa.int64())
         want = contents(sr, 3)
         before = data_keys(a)
-        persist.fork(str(a), "e", str(b), into="copy", as_of=3)
+        # NB: through a destination writer with this test's options: the pin records its
+        # commit deadline, and the source releases it only after twice that
+        with persist.open(b, options=OPTIONS) as dst:
+            persist.fork(str(a), "e", str(b), into="copy", as_of=3, client=dst)
         assert data_keys(a) == before
         assert not (b / "data").exists()
         (pin,) = pins.listing(FileBlob(a))
@@ -287,18 +293,68 @@ def test_prepare_then_a_late_commit_is_refused(tmp_path: Path) -> None:
     is refused (so the source's GC, which releases an unread pin only after twice that
     deadline, can never delete what a fork commit will still reference)."""
     a, b = tmp_path / "a", tmp_path / "b"
-    with persist.open(a, options=OPTIONS) as src, persist.open(b, options=OPTIONS) as dst:
+    hasty = dataclasses.replace(OPTIONS, commit_deadline_seconds=0.2)
+    with persist.open(a, options=OPTIONS) as src, persist.open(b, options=hasty) as dst:
         fill(src, "e", range(2))
         here, there = FileBlob(a).locator(), FileBlob(b).locator()
         assert here is not None
         assert there is not None
-        prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into="late", as_of=1)
+        prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into="late", as_of=1,
+                                 commit_within=hasty.commit_deadline_seconds)
         assert prepared is not None
-        time.sleep(OPTIONS.commit_deadline_seconds * 1.5)
+        assert pins.listing(FileBlob(a))[0].commit_within == hasty.commit_deadline_seconds
+        time.sleep(hasty.commit_deadline_seconds * 1.5)
         with pytest.raises(persist.CommitDeadline):
             dst.register_fork(prepared.planned, into="late",
                               pinned_at=prepared.started).result()
         assert "late" not in dst.collections
+
+
+def test_the_pins_bound_holds_whatever_the_two_deadlines(tmp_path: Path) -> None:
+    """A source and a destination with different commit deadlines: the pin records the bound
+    the forker commits within, so a source with a short deadline (a short release grace)
+    keeps what a patient destination's fork will read until twice that bound, not its own;
+    and a destination whose deadline grew after the pins were made still commits within the
+    bound they promised."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    hasty = dataclasses.replace(OPTIONS, commit_deadline_seconds=0.2)  # releases after 0.4 s
+    patient = dataclasses.replace(OPTIONS, commit_deadline_seconds=3.0)
+    with persist.open(a, options=hasty) as src, persist.open(b, options=patient) as dst:
+        fill(src, "e", range(4))
+        _, sr = src.create_or_load("e", key_type=pa.string(), value_type=pa.int64())
+        want = contents(sr, 2)
+        here, there = FileBlob(a).locator(), FileBlob(b).locator()
+        assert here is not None
+        assert there is not None
+        prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into="slow", as_of=2,
+                                 commit_within=patient.commit_deadline_seconds)
+        assert prepared is not None
+        pinned = set(prepared.pins[0][1].keys)
+        # the source merges the pinned blobs away and collects for well past its own grace
+        w, _ = src.create_or_load("e", key_type=pa.string(), value_type=pa.int64())
+        w.allow_compaction(3).result()
+        until = time.monotonic() + 4 * hasty.commit_deadline_seconds + 0.5
+        while time.monotonic() < until:
+            src.maintain()
+            time.sleep(0.05)
+        assert pinned <= data_keys(a)
+        assert len(pins.listing(FileBlob(a))) == 1
+        seq = dst.register_fork(prepared.planned, into="slow", pinned_at=prepared.started,
+                                within=prepared.commit_within).result()
+        assert seq == dst.state.seq
+        _, fr = dst.create_or_load("slow", key_type=pa.string(), value_type=pa.int64())
+        assert contents(fr, 2) == want
+        # a bound shorter than the destination's deadline is the one that counts
+        again = forks.prepare(FileBlob(a), here[1], there[1], "e", into="late", as_of=3,
+                              commit_within=0.1)
+        assert again is not None
+        time.sleep(0.3)
+        with pytest.raises(persist.CommitDeadline, match="promised the source"):
+            dst.register_fork(again.planned, into="late", pinned_at=again.started,
+                              within=again.commit_within).result()
+        assert "late" not in dst.collections
+        with pytest.raises(persist.InvalidUsage, match="within"):
+            dst.register_fork(again.planned, into="late", pinned_at=again.started, within=-1)
 
 
 def test_async_fork_and_tag(tmp_path: Path) -> None:
@@ -318,3 +374,20 @@ def test_async_fork_and_tag(tmp_path: Path) -> None:
                 await client.fork("e", into="f")
 
     asyncio.run(main())
+
+
+def test_a_format_1_pin_still_reads_and_a_newer_one_is_refused(tmp_path: Path) -> None:
+    """A pin stored before the bound travelled in it (format 1, no ``commit_within_ms``) still
+    decodes, with no bound of its own (the source's grace applies); a pin of a format newer
+    than this persist knows is refused, so a GC deletes nothing it cannot judge."""
+    blob = FileBlob(tmp_path / "loc")
+    v1 = {"version": 1, "id": "old", "location": "/elsewhere", "keys": ["data/1/x"],
+          "holder": "h:1", "note": "fork of 'e' into 'e'", "created_ms": 1}
+    blob.set_if_absent(layout.pin_key("old"), msgspec.msgpack.encode(v1))
+    old = pins.read(blob, layout.pin_key("old"))
+    assert old is not None
+    assert (old.version, old.keys, old.commit_within) == (1, ("data/1/x",), None)
+    newer = {**v1, "id": "new", "version": pins.PIN_FORMAT_VERSION + 1}
+    blob.set_if_absent(layout.pin_key("new"), msgspec.msgpack.encode(newer))
+    with pytest.raises(persist.IncompatibleFormat):
+        pins.read(blob, layout.pin_key("new"))

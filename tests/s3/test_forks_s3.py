@@ -17,8 +17,10 @@ from persist.location import resolve
 
 pytestmark = pytest.mark.s3
 
+# The commit deadline leaves room for a busy machine and a slow S3 round trip (0.2 s did not:
+# a write's commit was refused as late under load); it also bounds an unread pin's life.
 OPTIONS = persist.Options(inline_threshold=0, gc_grace_seconds=0.0,
-                          commit_deadline_seconds=0.2, leak_grace_seconds=None,
+                          commit_deadline_seconds=5.0, leak_grace_seconds=None,
                           background_compaction=False)
 
 
@@ -29,7 +31,11 @@ def test_fork_across_prefixes_of_one_bucket(aws_options: dict[str, Any], bucket:
         for t in range(4):
             w.append([((f"k{t}", t), t, 1)], upper=t + 1).result()
         want = r.snapshot(2).to_python()
-        persist.fork(src_url, "e", dst_url, into="e", as_of=2, storage_options=aws_options)
+        # NB: through a destination writer with these options: the pin records its commit
+        # deadline, and the source releases it only after twice that
+        with persist.open(dst_url, storage_options=aws_options, options=OPTIONS) as dst:
+            persist.fork(src_url, "e", dst_url, into="e", as_of=2, client=dst,
+                         storage_options=aws_options)
         src_blob = resolve(src_url, storage_options=aws_options).blob
         assert len(pins.listing(src_blob)) == 1
         # the source merges everything away and collects: what the fork reads stays

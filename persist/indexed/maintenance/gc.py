@@ -100,7 +100,8 @@ class PinGuard:
 
     Each judgement LISTs the pins and, for each, loads its destination's newest state. A pin is *dead* when that state reads none of its keys; it is released
     (deleted) once it was seen dead at two judgements at least ``release_grace_seconds`` apart
-    (longer than any fork's commit deadline), and until then it protects its keys. Judgements
+    (twice this location's commit deadline), and at least twice the commit bound the pin
+    records (its forker's), and until then it protects its keys. Judgements
     are reused for ``recheck_seconds`` while the candidates stay the same: a pin protects only
     keys that were live when it was verified, so no new pin can protect a key a judgement found
     unprotected.
@@ -147,7 +148,11 @@ class PinGuard:
                 protected.update(want.intersection(p.keys))
                 continue
             first = self._dead_since.setdefault(p.id, now)
-            if now - first < self.release_grace_seconds:
+            # NB: the forker's own bound, if longer than ours (a destination with a longer
+            # commit deadline): its commit may still land until then.
+            bound = p.commit_within
+            grace = max(self.release_grace_seconds, 0.0 if bound is None else 2 * bound)
+            if now - first < grace:
                 protected.update(want.intersection(p.keys))
                 continue
             log.info("releasing pin %s of location %s (%d blobs): it has read none of them "

@@ -18,8 +18,9 @@ The protocol (DESIGN.md §9, "References and GC"):
    through :class:`persist.indexed.maintenance.gc.PinGuard`; the leaked-blob sweeps count a
    pinned key as referenced).
 3. *A pin is released by the source's GC* once it has seen, twice a release grace apart (at
-   least twice the commit deadline), that the destination's newest state reads none of its
-   keys; and a pin that still protects something is never released.
+   least twice the commit bound the pin records, and the source's own grace), that the
+   destination's newest state reads none of its keys; and a pin that still protects something
+   is never released.
 
 Why a blob is never deleted while a fork reads it: storage is linearizable (S3 and the file
 store are). The GC deletes only a blob its own state retired, and a retired blob is never read
@@ -43,6 +44,7 @@ machine's monotonic clock, as the leaked-blob sweeps do.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import time
@@ -55,8 +57,9 @@ from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.indexed.state import stored
 
-#: The format of a pin record.
-PIN_FORMAT_VERSION = 1
+#: The format of a pin record. 2: ``commit_within_ms`` (a reader of format 1 would not know
+#: that a pin asks for a longer release grace than its own, so it must refuse these).
+PIN_FORMAT_VERSION = 2
 
 
 class Pin(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,14 +76,27 @@ class Pin(msgspec.Struct, frozen=True, kw_only=True):
     note: str
     #: Wall-clock milliseconds (the forker's clock) when it was made; informational.
     created_ms: int
+    #: The bound, in milliseconds from before the pin was made, within which the forker
+    #: commits the fork in the destination or not at all (the destination writer's commit
+    #: deadline when it pinned). The source releases the pin only after twice this (and
+    #: never sooner than its own grace): a source and a destination with different commit
+    #: deadlines must not rely on each other's. None in format-1 pins: the source's own.
+    commit_within_ms: int | None = None
+
+    @property
+    def commit_within(self) -> float | None:
+        """:attr:`commit_within_ms` in seconds."""
+        return None if self.commit_within_ms is None else self.commit_within_ms / 1000
 
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(Pin)
 
 
-def create(blob: Blob, *, location: str, keys: Iterable[str], note: str = "") -> Pin:
-    """Creates a pin in ``blob``'s location for a fork at ``location`` reading ``keys``.
+def create(blob: Blob, *, location: str, keys: Iterable[str], commit_within: float,
+           note: str = "") -> Pin:
+    """Creates a pin in ``blob``'s location for a fork at ``location`` reading ``keys``, whose
+    commit lands within ``commit_within`` seconds of a time before this call or never.
 
     Raises:
         ExternalError: storage failed (the pin may exist: a source GC releases it once it sees
@@ -88,7 +104,9 @@ def create(blob: Blob, *, location: str, keys: Iterable[str], note: str = "") ->
     """
     pin = Pin(id=uuid.uuid4().hex, location=location, keys=tuple(sorted(set(keys))),
               holder=f"{socket.gethostname()}:{os.getpid()}", note=note,
-              created_ms=int(time.time() * 1000))
+              created_ms=int(time.time() * 1000),
+              # NB: rounded up: the source's grace must not come out shorter than the bound
+              commit_within_ms=math.ceil(commit_within * 1000))
     if not blob.set_if_absent(layout.pin_key(pin.id), _ENC.encode(pin)):
         raise AssertionError(f"pin {pin.id} exists already")  # a fresh uuid: never
     return pin
