@@ -380,7 +380,9 @@ class Runtime:
                     txn.stage(AllowCompaction(name=name, since=since))
         elif isinstance(c, cmd.Plan):
             if c.written_at is not None:
-                self.ix.check_deadline(c.written_at, fraction=0.5)
+                # NB: half the deadline only for a plan that joins a group (as a merge does,
+                # below); one committed alone writes no other data blobs after this check
+                self.ix.check_deadline(c.written_at, fraction=1.0 if c.alone else 0.5)
                 written_at = c.written_at
                 if c.within is not None:
                     age = time.monotonic() - c.written_at

@@ -25,7 +25,7 @@ from tests import knobs
 knobs.activate_from_env()
 
 OPTIONS = persist.Options(
-    inline_threshold=512, rollup_every=8, gc_grace_seconds=0.0, commit_deadline_seconds=0.5,
+    inline_threshold=512, rollup_every=8, gc_grace_seconds=0.0, commit_deadline_seconds=2.0,
     compaction=CompactionPolicy(final_rows=4096, inline_flush_bytes=2048))
 
 

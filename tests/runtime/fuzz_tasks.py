@@ -31,6 +31,9 @@ import pyarrow as pa
 import persist
 from persist import distributed
 
+#: Parts that stay inline (this fuzzer damages inline payloads).
+INLINE = persist.Options(inline_threshold=64 << 10, background_compaction=False)
+
 #: Bit flips per encoding, and truncations.
 FLIPS = 300
 TRUNCATIONS = 60
@@ -38,7 +41,9 @@ TRUNCATIONS = 60
 
 def fill(url: str) -> None:
     """Small appends (inline parts) to ``c``, some retracted."""
-    with persist.open(url) as client:
+    # NB: inline parts whatever the knob set (a small inline threshold, or a compaction that
+    # flushes inline parts at once, would leave no inline payload to damage)
+    with persist.open(url, options=INLINE) as client:
         w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
         for t in range(4):
             rows = [((f"k{i}", i * t), t, 1) for i in range(t * 5, t * 5 + 8)]
