@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,6 +82,9 @@ def fork(src_url: str | os.PathLike[str], name: str, dst_url: str | os.PathLike[
             if prepared is None:
                 log.info("fork of %r: the source retired a blob it pinned; planning again "
                          "(attempt %d)", name, attempt + 1)
+                # NB: a short random pause, growing: a source compacting in bursts (after each
+                # of its writes) lets a plan through between them, not in lockstep with them
+                time.sleep(random.uniform(0.0, 0.02 * 2 ** attempt))
                 continue
             try:
                 seq = dst.register_fork(prepared.planned, into=into,

@@ -62,13 +62,23 @@ def test_forks_survive_the_sources_gc_in_other_processes(tmp_path: Path) -> None
         sweeper.start()
         forks: dict[str, int] = {}
         reads = 0
-        with persist.open(b, options=persist.Options(commit_deadline_seconds=0.5)) as dst:
+        retried = 0
+        with persist.open(b, options=persist.Options(commit_deadline_seconds=2.0)) as dst:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline or len(forks) < 5:
                 name = f"f{len(forks)}"
                 # NB: as of the latest sealed time when it plans (the source's since moves
                 # too fast to name one ahead)
-                persist.fork(str(a), "c", str(b), into=name, client=dst)
+                try:
+                    persist.fork(str(a), "c", str(b), into=name, client=dst)
+                except persist.Determinate:
+                    # the documented answer when the source's compaction keeps retiring what
+                    # the fork pinned (tiny parts merged at fanin 2 on a busy machine): try
+                    # again; nothing was committed, and the pins it made are gone
+                    assert name not in dst.collections
+                    retried += 1
+                    assert retried <= 50, "a fork never got through the source's compaction"
+                    continue
                 as_of = forks[name] = dst.state.collections[name].upper - 1
                 for fork, at in forks.items():
                     assert _contents(dst, fork, at) == expected(at), fork
@@ -85,8 +95,8 @@ def test_forks_survive_the_sources_gc_in_other_processes(tmp_path: Path) -> None
         sweeper.join(timeout=120)
         assert sweeps, "the operator's sweep never ran"
         assert set(sweeps) <= {0}, problems[:2]  # verify never found a problem
-        print(f"{len(forks)} forks, {reads} reads of them, {len(sweeps)} sweeps from another "
-              f"process, while the source compacted and collected")
+        print(f"{len(forks)} forks ({retried} retried), {reads} reads of them, {len(sweeps)} "
+              f"sweeps from another process, while the source compacted and collected")
         pinned = {k for p in pins.listing(FileBlob(a)) for k in p.keys}
         assert pinned
         # the forks go away: the source's GC (in the writer process) releases the pins and
