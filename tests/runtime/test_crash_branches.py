@@ -78,6 +78,7 @@ def test_sigkill_during_forks_tags_and_renewals(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     attempts: dict[str, dict[str, Any]] = {}
     acked: set[str] = set()
+    refused: set[str] = set()  # a Determinate error: definitely not committed
     renewed = -1
     kills = int(os.environ.get("PERSIST_BRANCH_KILLS", "14"))
     for round_ in range(kills):
@@ -90,6 +91,8 @@ def test_sigkill_during_forks_tags_and_renewals(tmp_path: Path) -> None:
                 attempts[rec["name"]] = rec
             elif rec.get("ack") in ("fork", "xfork", "tag"):
                 acked.add(rec["name"])
+            elif rec.get("refused") == "xfork":
+                refused.add(rec["name"])
             elif rec.get("ack") == "renew":
                 renewed = max(renewed, rec["frontier"])
         with persist.open(a, reentrance_id="branches-writer", options=OPTIONS) as client, \
@@ -104,6 +107,9 @@ def test_sigkill_during_forks_tags_and_renewals(tmp_path: Path) -> None:
                         assert have == rec["as_of"]
                         assert _digest_of(client, "c", have) == rec["digest"], (round_, name)
                     continue
+                if name in refused:
+                    assert name not in where.collections, (round_, name, "a refused fork is there")
+                    continue
                 if name not in where.collections:
                     assert name not in acked, (round_, name, "an acknowledged fork is gone")
                     continue
@@ -117,7 +123,7 @@ def test_sigkill_during_forks_tags_and_renewals(tmp_path: Path) -> None:
             report = verify(FileBlob(loc))
             assert report.problems == [], (round_, loc, report.problems)
     print(f"branch crash test: {kills} kills, {len(attempts)} forks and tags attempted, "
-          f"{len(acked)} acknowledged, hold renewed up to {renewed}")
+          f"{len(acked)} acknowledged, {len(refused)} refused, hold renewed up to {renewed}")
     assert len(acked) >= kills // 2, "the writer barely made progress; the test proves little"
     _release_and_check_nothing_leaks(a, b)
 
