@@ -71,7 +71,8 @@ class Proc:
                 if self.popen.poll() is not None and self.events.empty():
                     time.sleep(0.2)  # let the stderr reader finish
                     raise AssertionError(f"{self.role} exited ({self.popen.returncode}) "
-                                         f"without {ev!r}; stderr:\n{self.stderr}") from None
+                                         f"without {ev!r}; last events {self.seen[-5:]}; "
+                                         f"stderr:\n{self.stderr}") from None
                 continue
             self.seen.append(e)
             if e["ev"] == ev and pred(e):
