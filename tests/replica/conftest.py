@@ -68,8 +68,15 @@ class Proc:
             try:
                 e = self.events.get(timeout=min(remaining, 0.5))
             except queue.Empty:
-                if self.popen.poll() is not None and self.events.empty():
-                    time.sleep(0.2)  # let the stderr reader finish
+                if self.popen.poll() is not None:
+                    # NB: the process is gone, but its last lines may still be in the pipe: on
+                    # a loaded machine the readers lag behind the exit (a handover test once
+                    # failed "without 'done'" that way). Wait for both pipes' EOF, then look
+                    # at what arrived.
+                    for t in self._threads:
+                        t.join(timeout=PATIENCE)
+                    if not self.events.empty():
+                        continue
                     raise AssertionError(f"{self.role} exited ({self.popen.returncode}) "
                                          f"without {ev!r}; last events {self.seen[-5:]}; "
                                          f"stderr:\n{self.stderr}") from None
