@@ -288,6 +288,18 @@ def test_fork_plans_again_when_the_source_retires_what_it_pinned(
         assert len(pins.listing(FileBlob(a))) == 1  # the first attempt's pin was removed
 
 
+def _prepare(a: Path, b: Path, into: str, as_of: int, within: float) -> forks.Prepared:
+    """Steps 1 of a fork of ``e`` from file location ``a`` into ``b`` (planned, pinned,
+    verified), promising a commit within ``within`` seconds."""
+    here, there = FileBlob(a).locator(), FileBlob(b).locator()
+    assert here is not None
+    assert there is not None
+    prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into=into, as_of=as_of,
+                             commit_within=within)
+    assert prepared is not None
+    return prepared
+
+
 def test_prepare_then_a_late_commit_is_refused(tmp_path: Path) -> None:
     """A fork whose commit comes later than the destination's commit deadline after its pins
     is refused (so the source's GC, which releases an unread pin only after twice that
@@ -296,12 +308,7 @@ def test_prepare_then_a_late_commit_is_refused(tmp_path: Path) -> None:
     hasty = dataclasses.replace(OPTIONS, commit_deadline_seconds=0.2)
     with persist.open(a, options=OPTIONS) as src, persist.open(b, options=hasty) as dst:
         fill(src, "e", range(2))
-        here, there = FileBlob(a).locator(), FileBlob(b).locator()
-        assert here is not None
-        assert there is not None
-        prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into="late", as_of=1,
-                                 commit_within=hasty.commit_deadline_seconds)
-        assert prepared is not None
+        prepared = _prepare(a, b, "late", 1, hasty.commit_deadline_seconds)
         assert pins.listing(FileBlob(a))[0].commit_within == hasty.commit_deadline_seconds
         time.sleep(hasty.commit_deadline_seconds * 1.5)
         with pytest.raises(persist.CommitDeadline):
@@ -323,12 +330,7 @@ def test_the_pins_bound_holds_whatever_the_two_deadlines(tmp_path: Path) -> None
         fill(src, "e", range(4))
         _, sr = src.create_or_load("e", key_type=pa.string(), value_type=pa.int64())
         want = contents(sr, 2)
-        here, there = FileBlob(a).locator(), FileBlob(b).locator()
-        assert here is not None
-        assert there is not None
-        prepared = forks.prepare(FileBlob(a), here[1], there[1], "e", into="slow", as_of=2,
-                                 commit_within=patient.commit_deadline_seconds)
-        assert prepared is not None
+        prepared = _prepare(a, b, "slow", 2, patient.commit_deadline_seconds)
         pinned = set(prepared.pins[0][1].keys)
         # the source merges the pinned blobs away and collects for well past its own grace
         w, _ = src.create_or_load("e", key_type=pa.string(), value_type=pa.int64())
@@ -345,9 +347,7 @@ def test_the_pins_bound_holds_whatever_the_two_deadlines(tmp_path: Path) -> None
         _, fr = dst.create_or_load("slow", key_type=pa.string(), value_type=pa.int64())
         assert contents(fr, 2) == want
         # a bound shorter than the destination's deadline is the one that counts
-        again = forks.prepare(FileBlob(a), here[1], there[1], "e", into="late", as_of=3,
-                              commit_within=0.1)
-        assert again is not None
+        again = _prepare(a, b, "late", 3, 0.1)
         time.sleep(0.3)
         with pytest.raises(persist.CommitDeadline, match="promised the source"):
             dst.register_fork(again.planned, into="late", pinned_at=again.started,
