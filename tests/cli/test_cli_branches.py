@@ -144,3 +144,19 @@ def test_restore_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
     assert "not before the current seq" in bad.stderr
     with persist.open(loc, options=OPTIONS):  # the lock is held: restore --yes waits, fails
         run("restore", str(loc), "--to-seq", str(early), "--yes", expect=cli.EXIT_LOCK_HELD)
+
+
+def test_restore_dry_run_lists_a_hold_that_moves(tmp_path: Path) -> None:
+    loc = tmp_path / "loc"
+    with persist.open(loc, options=OPTIONS) as client:
+        w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        for t in range(4):
+            w.append([((f"k{t}", t), t, 1)], t + 1).result()
+        w.hold("export", 1).result()
+        before = client.state.seq
+        w.hold("export", 3).result()
+    dry = run("restore", str(loc), "--to-seq", str(before)).stdout
+    assert "    plain hold 'export' moves 3 -> 1" in dry.splitlines(), dry
+    data = json.loads(run("restore", str(loc), "--to-seq", str(before), "--json").stdout)
+    assert data["changes"][0]["holds"] == [{"name": "export", "kind": "plain", "now": 3,
+                                            "then": 1}]
