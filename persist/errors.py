@@ -73,6 +73,14 @@ class MissingResource(Determinate):
     ``persist.lock.dynamodb.create_table`` makes a table; buckets are created outside persist).
     """
 
+    @classmethod
+    def nothing_committed(cls, url: str, hint: str = "") -> MissingResource:
+        """The error for ``url`` where nothing was ever committed: one message on every face
+        (``persist.open(read_only=True)``, the ``persist`` command), since a mistyped URL
+        looks exactly like that. ``hint``: what to do instead, appended after a semicolon."""
+        return cls(f"no persist location at {url!r}: nothing was ever committed there (a "
+                   f"mistyped URL?)" + (f"; {hint}" if hint else ""))
+
 
 class CommitDeadline(Determinate):
     """A commit was not sent: data blobs it references were written longer ago than the

@@ -253,10 +253,9 @@ def open(
                                     poll_interval=poll_interval, notify=bool(notify))
         if ix.state.seq == 0 and not missing_ok:
             follower.stop()
-            raise MissingResource(
-                f"no persist location at {loc.url!r}: nothing was ever committed there (a "
-                f"mistyped URL?); pass missing_ok=True to open a replica that waits for its "
-                f"first writer")
+            raise MissingResource.nothing_committed(
+                loc.url, "pass missing_ok=True to open a replica that waits for its first "
+                         "writer")
         return Client(loc.url, ix, follower=follower, storage_options=storage_options)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     w = open_writer(loc, rid, lock_timeout=lock_timeout, options=options)

@@ -31,7 +31,10 @@ Errors are one line on stderr, ``persist: <message>``; ``--traceback`` shows the
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -72,6 +75,14 @@ class _Parser(argparse.ArgumentParser):
     """argparse, but usage errors are one line and exit code 2 through ``main``."""
 
     def error(self, message: str) -> NoReturn:
+        # NB: argparse says "argument COMMAND: invalid choice: 'x' (choose from ...)" for an
+        # unknown (sub)command; say it as the shortcuts of `lock` and `holds` do.
+        unknown = re.match(r"argument COMMAND: invalid choice: (.*) \(choose from (.*)\)$",
+                           message)
+        if unknown:
+            group = self.prog.removeprefix("persist").strip()
+            message = (f"unknown {group + ' ' if group else ''}command {unknown.group(1)} "
+                       f"(choose from {unknown.group(2)})")
         raise CliError(EXIT_USAGE, f"{message} (see `{self.prog} --help`)")
 
 
@@ -107,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
             name, parents=[common], help=summary, epilog=_EXIT_CODES, description=description,
             formatter_class=argparse.RawDescriptionHelpFormatter)
         for arg in args:
-            p.add_argument(arg)
+            p.add_argument(arg, metavar=arg.upper())
         p.set_defaults(func=func)
         return p
 
@@ -144,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("lock", help="show the writer lock, or release it by force",
                        usage="persist lock [show] URL | persist lock release --force URL")
-    lsub = p.add_subparsers(dest="lock_command", metavar="COMMAND", parser_class=_Parser)
+    lsub = p.add_subparsers(dest="lock_command", metavar="COMMAND", parser_class=_Parser,
+                            prog="persist lock")
     q = command(lsub, "show", cmd_lock_show, "show the lock (the default)", "url")
     q.add_argument("--json", action="store_true", help="print JSON")
     q = command(lsub, "release", cmd_lock_release, "mark the lock released", "url")
@@ -155,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_parser(sub, command)
 
     p = sub.add_parser("dynamodb", help="DynamoDB administration")
-    dsub = p.add_subparsers(dest="dynamodb_command", metavar="COMMAND", parser_class=_Parser)
+    dsub = p.add_subparsers(dest="dynamodb_command", metavar="COMMAND", parser_class=_Parser,
+                            prog="persist dynamodb")
     q = command(dsub, "create-table", cmd_dynamodb_create_table,
                 "create the lock/commit table (with TTL) if it does not exist", "name")
     q.add_argument("--endpoint-url", default=None)
@@ -178,15 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     traceback = "--traceback" in words
-    # NB: `persist lock URL` is short for `persist lock show URL`.
-    if len(words) >= 2 and words[0] == "lock" and words[1] not in ("show", "release", "-h",
-                                                                     "--help"):
-        words.insert(1, "show")
-    # NB: `persist holds URL` is short for `persist holds list URL`.
-    if len(words) >= 2 and words[0] == "holds" and words[1] not in ("list", "release", "-h",
-                                                                      "--help"):
-        words.insert(1, "list")
     try:
+        words = _with_default_subcommand(parser, words)
         args = parser.parse_args(words)
         if not getattr(args, "func", None):
             prog = " ".join(["persist", *words])
@@ -210,6 +216,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as e:  # a bug: still one line unless asked
         return _fail(EXIT_ERROR, f"internal error: {type(e).__name__}: {e} (rerun with "
                                  f"--traceback and report it)", traceback)
+
+
+#: The groups whose first subcommand may be left out: `persist lock URL` is short for `persist
+#: lock show URL`, `persist holds URL` for `persist holds list URL`.
+_DEFAULT_SUBCOMMAND = {"lock": "show", "holds": "list"}
+
+
+def _subcommands(parser: argparse.ArgumentParser, *path: str) -> dict[str, Any]:
+    """The subparsers below ``path`` (``()``: the top-level commands), by name."""
+    def below(p: argparse.ArgumentParser) -> dict[str, Any]:
+        actions = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        return dict(actions[0].choices) if actions else {}
+
+    choices = below(parser)
+    for name in path:
+        choices = below(choices[name])
+    return choices
+
+
+def _with_default_subcommand(parser: argparse.ArgumentParser, words: list[str]) -> list[str]:
+    """``words`` with a group's default subcommand inserted where it was left out.
+
+    NB: the word after ``lock`` or ``holds`` is a subcommand or the default's URL. A word that
+    is neither a subcommand nor usable as that URL is an unknown subcommand, never a URL: the
+    default takes one positional word, so a word followed by more positional words (``holds
+    relase URL C N``), or one that is not a URL and close to a subcommand's name (``holds
+    relase``), is refused naming the subcommands.
+
+    Raises:
+        CliError: an unknown subcommand (usage).
+    """
+    if len(words) < 2 or words[0] not in _DEFAULT_SUBCOMMAND:
+        return words
+    group, word = words[0], words[1]
+    default = _DEFAULT_SUBCOMMAND[group]
+    subs = _subcommands(parser, group)
+    if word in subs or word in ("-h", "--help"):
+        return words
+    if not word.startswith("-"):
+        takes_value = {opt for a in subs[default]._actions if a.nargs is None
+                       and a.option_strings for opt in a.option_strings}
+        rest, more = iter(words[2:]), []
+        for w in rest:
+            if w in takes_value:
+                next(rest, None)
+            elif not w.startswith("-"):
+                more.append(w)
+        close = difflib.get_close_matches(word, list(subs), n=1, cutoff=0.6)
+        looks_like_url = "://" in word or os.path.exists(word)
+        if more or (close and not looks_like_url):
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise CliError(EXIT_USAGE, f"unknown {group} command {word!r} (choose from "
+                           f"{', '.join(repr(n) for n in subs)}; `persist {group} URL` is short "
+                           f"for `persist {group} {default} URL`){hint}")
+    return [group, default, *words[1:]]
 
 
 def _fail(code: int, message: str, traceback: bool) -> int:

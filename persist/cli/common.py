@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlparse
 
+from persist.errors import MissingResource
+from persist.indexed.maintenance.verify import require_metadata
 from persist.location import Location, resolve
 
 EXIT_OK = 0
@@ -29,24 +31,34 @@ class CliError(Exception):
         self.code = code
 
 
-def open_location(url: str, storage_options: dict[str, Any]) -> Location:
-    """Resolves ``url`` without creating anything: a local path must already be a directory.
+def open_location(url: str, storage_options: dict[str, Any], *,
+                  must_exist: bool = True) -> Location:
+    """Resolves ``url`` without creating anything: a local path must already exist and, with
+    ``must_exist`` (all but the lock commands: a lock may be taken before the first commit),
+    hold a location's metadata.
 
     NB: ``resolve`` creates a file location's directory (a writer wants that); an operator
-    who mistypes a path must get an error instead of a fresh empty location.
+    who mistypes a path must get an error instead of a fresh empty location, and the same one
+    the API gives (``persist.open(url, read_only=True)``).
 
     Raises:
-        CliError: no such directory (usage), or a missing optional dependency.
+        MissingResource: no such path, or (``must_exist``) no metadata there: nothing was
+            ever committed there (usage).
+        InvalidUsage: the path is a file, or a malformed URL (usage).
+        CliError: a missing optional dependency.
     """
     parsed = urlparse(url)
     if parsed.scheme in ("", "file"):
         path = parsed.path if parsed.scheme == "file" else url
-        if not os.path.isdir(path):
-            raise CliError(EXIT_USAGE, f"no persist location at {url!r}: not a directory")
+        if path and not os.path.exists(path):
+            raise MissingResource.nothing_committed(url)
     try:
-        return resolve(url, storage_options=storage_options)
+        loc = resolve(url, storage_options=storage_options)
     except ImportError as e:
         raise CliError(EXIT_MISSING_DEPENDENCY, f"{url!r} needs an optional dependency: {e}") from e
+    if must_exist:
+        require_metadata(loc.read_half(), loc.url)
+    return loc
 
 
 def storage_options(pairs: Sequence[str]) -> dict[str, Any]:

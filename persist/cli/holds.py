@@ -96,7 +96,8 @@ def add_parser(sub: Any, command: Callable[..., argparse.ArgumentParser],
     p = sub.add_parser("holds", help="list every hold and tag (time, lease, last renewal), or "
                        "release one", usage="persist holds [list] URL | persist holds release "
                        "URL COLLECTION NAME [--yes]")
-    hsub = p.add_subparsers(dest="holds_command", metavar="COMMAND", parser_class=parser_class)
+    hsub = p.add_subparsers(dest="holds_command", metavar="COMMAND", parser_class=parser_class,
+                            prog="persist holds")
     q = command(hsub, "list", cmd_holds_list, "list every hold (the default)", "url",
                 description=wrap(
                     "List every hold of every collection: tags (a pinned time), consumer "

@@ -158,7 +158,7 @@ def _print_collections(collections: list[dict[str, Any]], live: bool, out: TextI
               "updates", *(("live rows",) if live else ()), "bytes")
     rows = [header] + [
         (c["name"], str(c["id"]), c["key_type"], c["value_type"],
-         str(c["since"]) + ("*" if c["holds"] else ""), str(c["upper"]), str(c["parts"]),
+         _since(c), str(c["upper"]), str(c["parts"]),
          str(c["inline_parts"]), str(c["blob_parts"]), str(c["updates"]),
          *((("-" if c["live_rows"] is None else str(c["live_rows"])),) if live else ()),
          human_bytes(c["bytes"]))
@@ -173,7 +173,19 @@ def _print_collections(collections: list[dict[str, Any]], live: bool, out: TextI
               "; live rows: (key, value) pairs with a nonzero sum as of upper - 1" if live else
               "; --live counts live rows (reads the data)"), file=out)
     if any(c["holds"] for c in collections):
-        print("  * durable read holds keep compaction behind since:", file=out)
+        print("  since: the lowest readable time (ReadHandle.since); 'E (S*)': the effective "
+              "since E, held back from S (where allow_compaction put it) by the durable read "
+              "holds and tags below; 'S*': holds and tags at or above S hold nothing back yet:",
+              file=out)
         for c in collections:
             for hold, frontier in sorted(c["holds"].items()):
                 print(f"    {c['name']}: {hold} at {frontier}", file=out)
+
+
+def _since(c: dict[str, Any]) -> str:
+    """The since column: the effective since, and the since it is held back from."""
+    if not c["holds"]:
+        return str(c["since"])
+    if c["effective_since"] == c["since"]:
+        return f"{c['since']}*"
+    return f"{c['effective_since']} ({c['since']}*)"

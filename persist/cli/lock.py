@@ -43,7 +43,7 @@ def print_lock(info: dict[str, Any] | None, out: TextIO) -> None:
 
 def cmd_lock_show(args: argparse.Namespace) -> int:
     """``lock show``: prints the writer lock record (``--json``); exit 0/2/3/5."""
-    loc = open_location(args.url, args.storage_options)
+    loc = open_location(args.url, args.storage_options, must_exist=False)
     lock = loc.lock()
     try:
         info = lock_dict(lock.current())
@@ -59,7 +59,7 @@ def cmd_lock_show(args: argparse.Namespace) -> int:
 
 def cmd_lock_release(args: argparse.Namespace) -> int:
     """``lock release``: marks a held lock released, only with ``--force``; exit 0/2/3/4/5."""
-    loc = open_location(args.url, args.storage_options)
+    loc = open_location(args.url, args.storage_options, must_exist=False)
     lock = loc.lock()
     try:
         rec = lock.current()

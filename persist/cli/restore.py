@@ -53,6 +53,8 @@ def _print_plan(plan: restore.RestorePlan, *, done: bool, as_json: bool, out: Te
         print(f"  {c.name}: {c.status}; since {c.since[0]} -> {c.since[1]}, upper {c.upper[0]} "
               f"-> {c.upper[1]}, parts {c.parts[0]} -> {c.parts[1]}"
               + ("   <- BACKWARDS" if c.backwards else ""), file=out)
+        for h in c.holds:
+            print(f"    {h}", file=out)
     print(f"  blobs: {plan.unretired} taken back from GC, {plan.retired} retired", file=out)
     if plan.backwards:
         print("WARNING: this is an UNDO. Frontiers move BACKWARDS: readers, listeners and "

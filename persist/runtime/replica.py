@@ -9,7 +9,8 @@ advance, snapshots see new data and listeners wake.
 When to poll:
 
 * Polling with backoff always works, on any store and across machines: after a poll that found
-  a commit the next comes ``min_poll`` later, then the interval doubles up to ``max_poll``.
+  a commit the next comes ``min_poll`` later, then the interval grows by half (``backoff``)
+  up to ``max_poll``.
 * Push (``notify=True``, see :mod:`persist.runtime.notify`): while subscribed to the current
   writer's notifier, every push makes the follower poll at once and the polls in between become
   a slow safety net (``push_poll``). A push is only a hint; every state still comes from the log.
@@ -113,6 +114,13 @@ class Follower:
 
     Thread-safe: ``sync`` may be called from reader threads while the follower thread runs.
     """
+
+    #: How much the polling interval grows after each poll that found nothing.
+    #: NB: 1.5, not 2: with writes 10-100 ms apart, a commit waits for the poll after it, and
+    #: doubling from 5 ms left gaps of 20-40 ms there (write -> listener p50 28-33 ms at load
+    #: 8-11; with 1.5, 22-24 ms, for 35-40 % more GETs while the writer is active). The idle
+    #: cost is max_poll's either way (docs/replicas.md, "Measured latency and cost").
+    backoff = 1.5
 
     def __init__(
         self,
@@ -241,7 +249,7 @@ class Follower:
             elif self.published.state.seq != before:
                 delay = self.min_poll
             else:
-                delay = min(delay * 2, self.max_poll)
+                delay = min(delay * self.backoff, self.max_poll)
             if self._wake.wait(delay):
                 self._wake.clear()
 

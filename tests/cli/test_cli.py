@@ -130,7 +130,8 @@ def test_missing_location_is_not_created(tmp_path: Path) -> None:
     assert "no persist location" in err
     assert not where.exists()
     (tmp_path / "empty").mkdir()
-    assert "no metadata" in run("verify", str(tmp_path / "empty"), expect=cli.EXIT_USAGE).stderr
+    assert "nothing was ever committed there" in run("verify", str(tmp_path / "empty"),
+                                                     expect=cli.EXIT_USAGE).stderr
 
 
 # -- inspect --------------------------------------------------------------------------------------

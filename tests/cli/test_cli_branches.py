@@ -54,8 +54,12 @@ def test_holds_list_and_release(tmp_path: Path) -> None:
     assert "would release" in out
     assert "--yes" in out
     assert len(json.loads(run("holds", str(loc), "--json").stdout)) == 3
+    before = json.loads(run("inspect", str(loc), "--json").stdout)["seq"]
     out = run("holds", "release", str(loc), "events", "q3-close", "--yes").stdout
     assert "released tag 'q3-close'" in out
+    # an undo of the release would bring the tag back: its dry run says so
+    assert "    tag 'q3-close' returns at 1" in run("restore", str(loc), "--to-seq",
+                                                   str(before)).stdout.splitlines()
     assert {r["name"] for r in json.loads(run("holds", str(loc), "--json").stdout)} == {
         "billing-export", "plain"}
     run("holds", "release", str(loc), "events", "nope", "--yes", expect=cli.EXIT_USAGE)
@@ -86,6 +90,16 @@ def test_inspect_shows_what_forks_tags_and_holds_keep(tmp_path: Path) -> None:
     assert "fork of 'events' as of 3" in text
     assert "held" in text
     assert "q3-close@1" in text
+    # since 3, held back to 1 by the tag: both shown, and what the column means
+    events = {c["name"]: c for c in info["collections"]}["events"]
+    assert (events["since"], events["effective_since"]) == (3, 1)
+    row = next(line.split() for line in text.splitlines() if line.split()[:1] == ["events"])
+    assert row[4:7] == ["1", "(3*)", "4"], row  # since, then upper
+    assert "'E (S*)': the effective since E, held back from S" in text
+    assert "events: q3-close at 1" in text
+    with persist.open(loc, read_only=True) as replica:
+        _, r = replica.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        assert r.since == 1  # the effective since is what the API calls since
 
 
 def test_restore_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
@@ -95,6 +109,12 @@ def test_restore_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
     assert "restorable seqs" in verify_out
     dry = run("restore", str(loc), "--to-seq", str(early)).stdout
     assert "would restore" in dry
+    # the holds and tags the undo takes away are listed under their collection
+    lines = dry.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  events: rewound"))
+    assert lines[at + 1:at + 4] == ["    hold 'billing-export' at 2 disappears",
+                                    "    plain hold 'plain' at 3 disappears",
+                                    "    tag 'q3-close' at 1 disappears"], dry
     assert "BACKWARDS" in dry
     assert "UNDO" in dry
     assert "--yes" in dry
@@ -104,6 +124,11 @@ def test_restore_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
     data = json.loads(run("restore", str(loc), "--to-seq", str(early), "--json").stdout)
     assert data["backwards"]
     assert not data["done"]
+    changes = {c["name"]: c for c in data["changes"]}
+    assert changes["events"]["holds"] == [
+        {"name": "billing-export", "kind": "hold", "now": 2, "then": None},
+        {"name": "plain", "kind": "plain", "now": 3, "then": None},
+        {"name": "q3-close", "kind": "tag", "now": 1, "then": None}]
     assert data["problems"] == []
     done = run("restore", str(loc), "--to-seq", str(early), "--yes").stdout
     assert done.startswith("restored")
@@ -119,3 +144,19 @@ def test_restore_is_a_dry_run_unless_yes(tmp_path: Path) -> None:
     assert "not before the current seq" in bad.stderr
     with persist.open(loc, options=OPTIONS):  # the lock is held: restore --yes waits, fails
         run("restore", str(loc), "--to-seq", str(early), "--yes", expect=cli.EXIT_LOCK_HELD)
+
+
+def test_restore_dry_run_lists_a_hold_that_moves(tmp_path: Path) -> None:
+    loc = tmp_path / "loc"
+    with persist.open(loc, options=OPTIONS) as client:
+        w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
+        for t in range(4):
+            w.append([((f"k{t}", t), t, 1)], t + 1).result()
+        w.hold("export", 1).result()
+        before = client.state.seq
+        w.hold("export", 3).result()
+    dry = run("restore", str(loc), "--to-seq", str(before)).stdout
+    assert "    plain hold 'export' moves 3 -> 1" in dry.splitlines(), dry
+    data = json.loads(run("restore", str(loc), "--to-seq", str(before), "--json").stdout)
+    assert data["changes"][0]["holds"] == [{"name": "export", "kind": "plain", "now": 3,
+                                            "then": 1}]

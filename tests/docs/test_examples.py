@@ -14,6 +14,11 @@ before its opening fence tells this harness to provide it:
     <!-- example: setup=spark -->
         a local SparkSession named ``spark`` (the fast settings of tests/spark/conftest.py),
         stopped afterwards. The prose must mention "`spark`". Marks the test ``spark``.
+    <!-- example: setup=pyspark -->
+        pyspark and Java are installed, nothing more: the block starts (and stops) its own
+        SparkSession, as a user's script does. ``PYSPARK_PYTHON`` is not set for it (the block
+        must point Spark's Python workers at its Python itself). The prose must mention
+        "`SparkSession`". Marks the test ``spark``.
     <!-- example: setup=s3 bucket=my-bucket dynamodb_table=persist-locks -->
         a fresh moto S3 + DynamoDB server (tests/support/moto_server.py), reached the way boto3
         reaches any endpoint from the environment: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
@@ -56,7 +61,7 @@ MOTO_SERVER = REPO / "tests" / "support" / "moto_server.py"
 
 DEFAULT_TIMEOUT = 60.0
 SPARK_TIMEOUT = 300.0
-SETUPS = {"spark", "s3"}
+SETUPS = {"spark", "pyspark", "s3"}
 KEYS = {"setup", "bucket", "dynamodb_table", "timeout", "skip", "reason"}
 
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
@@ -141,6 +146,12 @@ def make_block(path: Path, line: int, code: str, marker: dict[str, str], prose: 
     if "spark" in setups and "`spark`" not in prose:
         raise ValueError(f"{where}: setup=spark, but the prose before the block does not "
                          f"mention the SparkSession `spark`")
+    if "pyspark" in setups and "`SparkSession`" not in prose:
+        raise ValueError(f"{where}: setup=pyspark, but the prose before the block does not "
+                         f"say the block starts its own `SparkSession`")
+    if {"spark", "pyspark"} <= setups:
+        raise ValueError(f"{where}: setup=spark provides a session, pyspark makes the block "
+                         f"start its own: choose one")
     if "s3" in setups:
         if not buckets:
             raise ValueError(f"{where}: setup=s3 needs bucket=NAME")
@@ -152,7 +163,7 @@ def make_block(path: Path, line: int, code: str, marker: dict[str, str], prose: 
                              f"endpoint comes from (AWS_ENDPOINT_URL)")
     if "skip" in marker and not marker.get("reason"):
         raise ValueError(f"{where}: skip needs reason=\"...\"")
-    timeout = float(marker.get("timeout") or (SPARK_TIMEOUT if "spark" in setups
+    timeout = float(marker.get("timeout") or (SPARK_TIMEOUT if setups & {"spark", "pyspark"}
                                               else DEFAULT_TIMEOUT))
     return Block(path, line, code, setups, buckets, table, timeout,
                  marker.get("reason") if "skip" in marker else None)
@@ -165,7 +176,7 @@ def params() -> list[object]:
     out: list[object] = []
     for b in BLOCKS:
         marks: list[pytest.MarkDecorator] = [pytest.mark.timeout(b.timeout + 60)]
-        if "spark" in b.setups:
+        if b.setups & {"spark", "pyspark"}:
             marks.append(pytest.mark.spark)
         if "s3" in b.setups:
             marks.append(pytest.mark.s3)
@@ -268,6 +279,9 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     cwd.mkdir()
     tmp.mkdir()
     env = base_env(tmp)
+    if "pyspark" in block.setups:  # the block says which Python Spark's workers run
+        for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+            env.pop(name)
     if "s3" in block.setups:
         with moto_server() as endpoint:
             provide_s3(block, endpoint, env)
@@ -297,6 +311,10 @@ def test_every_python_block_is_collected() -> None:
     ("AWS_ENDPOINT_URL.\n<!-- example: setup=s3 bucket=b1 -->\n```python\npass\n```\n",
      "must name `b1`"),
     ("<!-- example: skip -->\n```python\npass\n```\n", "skip needs reason"),
+    ("Start one.\n<!-- example: setup=pyspark -->\n```python\npass\n```\n",
+     "starts its own `SparkSession`"),
+    ("`spark`, `SparkSession`\n<!-- example: setup=spark,pyspark -->\n```python\npass\n```\n",
+     "choose one"),
 ])
 def test_a_bad_marker_fails_collection(tmp_path: Path, markdown: str, error: str) -> None:
     doc = tmp_path / "doc.md"

@@ -12,7 +12,8 @@ locations, still read by the current state (its pin keeps it only while somethin
 This module plans and reports; the writer commits (``Client.restore``), with its GC paused so
 that nothing it un-retires is deleted meanwhile. **A restore is an undo**: frontiers may move
 backwards, collections registered since ``N`` disappear, holds and tags return to what they
-were. Listeners and streams that read past ``N`` must start again.
+were (the plan lists the holds and tags that disappear, return or move). Listeners and
+streams that read past ``N`` must start again.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from persist import layout
 from persist.blob.base import BlobRead
 from persist.errors import InvalidUsage
 from persist.indexed.format import meta
-from persist.indexed.format.meta import Restore, State
-from persist.indexed.state import refs
+from persist.indexed.format.meta import CollectionMeta, Restore, State
+from persist.indexed.state import holds, refs
 from persist.indexed.state.transitions import apply
 
 
@@ -72,6 +73,43 @@ def oldest(blob: BlobRead) -> int | None:
 
 
 @dataclass(frozen=True)
+class HoldChange:
+    """A hold or tag a restore removes, brings back or moves."""
+
+    name: str
+    #: ``"tag"``, ``"hold"`` or ``"plain"`` (:class:`~persist.indexed.state.holds.HoldInfo`).
+    kind: str
+    #: The time it holds at now (None: absent now, the restore brings it back).
+    now: int | None
+    #: The time it holds at after the restore (None: it disappears).
+    then: int | None
+
+    def __str__(self) -> str:
+        what = f"{'plain hold' if self.kind == 'plain' else self.kind} {self.name!r}"
+        if self.then is None:
+            return f"{what} at {self.now} disappears"
+        if self.now is None:
+            return f"{what} returns at {self.then}"
+        return f"{what} moves {self.now} -> {self.then}"
+
+
+def hold_changes(now: CollectionMeta | None, then: CollectionMeta | None) -> tuple[HoldChange, ...]:
+    """The holds and tags of a collection that differ between ``now`` and ``then`` (None: the
+    collection is absent), by name."""
+    a = {h.name: h for h in holds.listing(now)} if now is not None else {}
+    b = {h.name: h for h in holds.listing(then)} if then is not None else {}
+    out = []
+    for name in sorted(set(a) | set(b)):
+        x, y = a.get(name), b.get(name)
+        now_at, then_at = (None if x is None else x.frontier), (None if y is None else y.frontier)
+        kind = y.kind if y is not None else x.kind if x is not None else ""
+        if x is not None and y is not None and (now_at, x.kind) == (then_at, y.kind):
+            continue
+        out.append(HoldChange(name, kind, now_at, then_at))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
 class Change:
     """What a restore does to one collection."""
 
@@ -83,6 +121,8 @@ class Change:
     since: tuple[int | None, int | None]
     upper: tuple[int | None, int | None]
     parts: tuple[int, int]
+    #: Its holds and tags that disappear, return or move (a dropped collection's all go).
+    holds: tuple[HoldChange, ...] = ()
 
     @property
     def backwards(self) -> bool:
@@ -142,7 +182,8 @@ def plan(blob: BlobRead, current: State, seq: int, *, url: str = "") -> RestoreP
         out.changes.append(Change(
             name, status, (None if a is None else a.since, None if b is None else b.since),
             (None if a is None else a.upper, None if b is None else b.upper),
-            (0 if a is None else len(a.parts), 0 if b is None else len(b.parts))))
+            (0 if a is None else len(a.parts), 0 if b is None else len(b.parts)),
+            hold_changes(a, b)))
     need = refs.referenced(target.collections.values())
     live = refs.referenced(current.collections.values())
     retired = {r.key for r in current.retired}
@@ -164,4 +205,4 @@ def plan(blob: BlobRead, current: State, seq: int, *, url: str = "") -> RestoreP
     return out
 
 
-__all__ = ["Change", "RestorePlan", "oldest", "plan", "state_at"]
+__all__ = ["Change", "HoldChange", "RestorePlan", "hold_changes", "oldest", "plan", "state_at"]

@@ -60,10 +60,11 @@ def require_metadata(blob: BlobRead, url: str) -> None:
     """Checks that ``blob`` holds a persist location.
 
     Raises:
-        MissingResource: it holds no metadata at all.
+        MissingResource: it holds no metadata at all (the message
+            :meth:`MissingResource.nothing_committed`, as ``persist.open`` says it).
     """
     if not blob.list_keys(layout.META_PREFIX):
-        raise MissingResource(f"no persist location at {url!r}: it holds no metadata")
+        raise MissingResource.nothing_committed(url)
 
 
 @dataclass
