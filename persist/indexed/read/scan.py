@@ -124,9 +124,13 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
             f">= {c.upper} are not sealed yet"
         )
 
-#: The newest encoding of a read task and a part handle this persist decodes (and the one it
-#: encodes, :meth:`ReadTask.to_bytes`).
+#: The newest encoding of a part handle this persist decodes (and the one it encodes,
+#: :meth:`PartHandle.to_bytes`).
 READ_RECORD_VERSION = 1
+#: The newest encoding of a read task this persist decodes (and the one it encodes,
+#: :meth:`ReadTask.to_bytes`). 2: a filter's int literal outside msgpack's ints (a
+#: ``decimal128(38, 0)`` field's, say) travels as a ``"bigint"`` literal; 1 could not carry it.
+READ_TASK_VERSION = 2
 
 
 class Address(msgspec.Struct, frozen=True):
@@ -205,7 +209,7 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     """
 
     #: The format of this record (refused by a persist that predates it).
-    version: int = READ_RECORD_VERSION
+    version: int = READ_TASK_VERSION
     kind: TaskKind
     address: Address
     collection: CollectionMeta
@@ -249,7 +253,7 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
         return self.view.schema
 
     KIND: ClassVar[str] = "persist.ReadTask"
-    NEWEST: ClassVar[int] = READ_RECORD_VERSION
+    NEWEST: ClassVar[int] = READ_TASK_VERSION
     NEWER: ClassVar[str] = "plan and read with the same persist version"
 
 
