@@ -359,7 +359,9 @@ def deserialize_type(data: bytes) -> pa.DataType:
     """
     try:
         return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
-    except (pa.ArrowInvalid, KeyError, TypeError) as e:
+    # NB: damaged flatbuffers raise OSError ("Invalid flatbuffers message") or
+    # ArrowNotImplementedError (a 3-bit int) as well as ArrowInvalid
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError) as e:
         raise Corruption("metadata", f"a collection's type does not decode: {e}") from e
 
 

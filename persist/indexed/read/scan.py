@@ -186,6 +186,11 @@ class PartHandle(transfer.Travelling, msgspec.Struct, OfPart, frozen=True, kw_on
     NEWEST: ClassVar[int] = READ_RECORD_VERSION
     NEWER: ClassVar[str] = "plan and read with the same persist version"
 
+    def check_decoded(self) -> None:
+        """Its collection's types decode, it reads as one of their versions, and its part
+        holds together (see ``Travelling.check_decoded``)."""
+        _check_travelling(self.collection, self.schema_version, (self.part,), None)
+
 
 TaskKind = Literal["snapshot", "consolidated", "changes"]
 
@@ -255,6 +260,29 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "persist.ReadTask"
     NEWEST: ClassVar[int] = READ_TASK_VERSION
     NEWER: ClassVar[str] = "plan and read with the same persist version"
+
+    def check_decoded(self) -> None:
+        """Its collection's types decode, it reads as one of their versions, its parts hold
+        together and its filter applies to its types (see ``Travelling.check_decoded``)."""
+        _check_travelling(self.collection, self.schema_version, (*self.parts, *self.audit),
+                          self.filter)
+
+
+def _check_travelling(c: CollectionMeta, sid: int, parts: Sequence[PartMeta],
+                      f: Filter | None) -> None:
+    """What a read task or a part handle must hold, decoded from bytes (a buggy producer's
+    with a valid checksum): ``c``'s types decode, ``sid`` is one of its versions, every part
+    is stored in one place with one of its versions, and ``f`` binds to version ``sid``.
+
+    Raises:
+        Corruption, InvalidUsage, SchemaMismatch: it does not (``from_bytes`` reports each as
+            the record's ``Corruption``).
+    """
+    view = evolve.View.of(c, sid)
+    for p in parts:
+        transfer.check_part_record(p, view.schemas)
+    if f is not None:
+        _bound(f, c, sid)
 
 
 @dataclass(frozen=True)
