@@ -31,6 +31,7 @@ from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
     Determinate,
+    DiffOverflow,
     ExternalError,
     Fenced,
     Indeterminate,
@@ -357,6 +358,9 @@ class Indexed:
         self._next_rewrite = 0.0
         self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
                                      tuple[Any, ...]]] = {}
+        #: Merges (and rewrites) refused because a diff sum left int64, by collection: the ids
+        #: of their parts, not planned again (see _refused).
+        self._overflowed: dict[str, set[frozenset[str]]] = {}
         self._leaks: gc.LeakSweeper | None = None
         self._next_leak_sweep = 0.0
         self._pins = gc.PinGuard(0.0)
@@ -649,7 +653,11 @@ class Indexed:
         c = newest.collections[name]
         frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
         try:
-            op = self.run_compaction(newest, name, (part,), frontier)
+            try:
+                op = self.run_compaction(newest, name, (part,), frontier)
+            except DiffOverflow as e:
+                self._refused(name, (part,), e)
+                raise
             try:
                 commit((op,), started)
             except CommitDeadline:
@@ -669,8 +677,11 @@ class Indexed:
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
                 again; the next round plans it anew).
+            DiffOverflow: a merge would have summed diffs outside int64: it wrote nothing and
+                is not planned again until its collection's parts change; the others ran.
             ExternalError, InvalidUsage: as ``commit``.
         """
+        refused: DiffOverflow | None = None
         # NB: plan again after merging: a merge can fill the next level up (cascading), and a
         # round per interval must not leave those for later rounds, in which the lowest level
         # (refilled by new writes meanwhile) would always be chosen first.
@@ -685,7 +696,12 @@ class Indexed:
                 c = newest.collections[name]
                 frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
                 started = time.monotonic()
-                op = self.run_compaction(newest, name, parts, frontier)
+                try:
+                    op = self.run_compaction(newest, name, parts, frontier)
+                except DiffOverflow as e:
+                    self._refused(name, parts, e)
+                    refused = refused or e
+                    continue
                 try:
                     commit((op,), started)
                 except CommitDeadline:
@@ -696,7 +712,30 @@ class Indexed:
                     self._discard(op)
                     raise
                 did = True
+        if refused is not None:
+            raise refused
         return did
+
+    def _refused(self, name: str, parts: tuple[PartMeta, ...], e: DiffOverflow) -> None:
+        """Notes a merge of ``parts`` of ``name`` refused by ``e``, and logs it once.
+
+        NB: the merge consolidated before it wrote anything, so there is nothing to clean up
+        and nothing changed: the parts stay as they are, readable raw and as of times before
+        the overflow. Planning it again would fail the same way every round (reading its
+        parts each time), so it is skipped until the collection's parts change (an append
+        that brings the sum back, say), when the planner chooses anew. Not fail-stop: the
+        state is sound and every other collection, merge and write goes on.
+        """
+        ids = frozenset(p.id for p in parts)
+        refused = self._overflowed.setdefault(name, set())
+        if ids not in refused:
+            log.warning("compaction of %r refused a merge of %d parts: %s", name, len(parts), e)
+        refused.add(ids)
+
+    def _skipped(self, name: str, parts: tuple[PartMeta, ...]) -> bool:
+        """Whether ``parts`` are a merge of ``name`` refused by a diff sum (see ``_refused``)."""
+        refused = self._overflowed.get(name)
+        return refused is not None and frozenset(p.id for p in parts) in refused
 
     def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
         """The merges the compaction policy wants now: ``(collection, parts)`` pairs. Pure."""
@@ -716,7 +755,7 @@ class Indexed:
             else:
                 chosen = compact.plan(c, policy)
                 memo[name] = (c, policy, chosen)
-            if chosen:
+            if chosen and not self._skipped(name, chosen):
                 out.append((c.name, chosen))
         return out
 
@@ -725,7 +764,7 @@ class Indexed:
         collection's name; None if every part is current. Pure."""
         for name, c in state.collections.items():
             part = compact.plan_rewrite(c)
-            if part is not None:
+            if part is not None and not self._skipped(name, (part,)):
                 return name, part
         return None
 
