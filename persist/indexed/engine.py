@@ -326,6 +326,10 @@ def _always() -> bool:
     return True
 
 
+def _never() -> bool:
+    return False
+
+
 class Indexed:
     """Named, definite collections at one location. Not thread-safe for writing."""
 
@@ -579,7 +583,8 @@ class Indexed:
     def maintain_round(self, state: Callable[[], State], commit: Committer, *,
                        held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
                        now_ms: int | None = None, budgeted: bool = False,
-                       idle: Callable[[], bool] = _always) -> bool:
+                       idle: Callable[[], bool] = _always,
+                       stop: Callable[[], bool] = _never) -> bool:
         """Runs one maintenance round: compaction and the rewrite of one old part (unless
         ``compaction`` is False), GC of retired blobs, a rollup and the metadata trim, the
         leaked-blob sweep. Returns True if any of them did something (more may be ready:
@@ -595,6 +600,8 @@ class Indexed:
             budgeted: rewrite old parts within their budget (:meth:`rewrite`): a background
                 round's; an explicit one rewrites whatever the budget.
             idle: whether no command waits (a budgeted rewrite starts only then).
+            stop: whether the writer is stopping: no further step or merge starts (one under
+                way finishes and is committed, so that it leaves no blob behind).
 
         Raises:
             ExternalError, InvalidUsage: the first step that failed (a storage error, or a
@@ -610,12 +617,14 @@ class Indexed:
             lambda: self.rollup_and_trim(state()),
             lambda: self.reclaim_leaked(state)]
         if compaction:
-            steps[:0] = [lambda: self.compact(state, commit, held=held),
+            steps[:0] = [lambda: self.compact(state, commit, held=held, stop=stop),
                          lambda: self.rewrite(state, commit, held=held, budgeted=budgeted,
                                               idle=idle)]
         did = False
         first: BaseException | None = None
         for step in steps:
+            if stop():
+                break
             try:
                 did = step() or did
             except (ExternalError, InvalidUsage) as e:
@@ -670,9 +679,11 @@ class Indexed:
         return True
 
     def compact(self, state: Callable[[], State], commit: Committer, *,
-                held: Callable[[str], int | None] = _no_hold) -> bool:
+                held: Callable[[str], int | None] = _no_hold,
+                stop: Callable[[], bool] = _never) -> bool:
         """Plans and runs merges, each committed on its own, until nothing is planned (at
-        most :data:`MAX_CASCADE` plans); returns whether it merged anything.
+        most :data:`MAX_CASCADE` plans) or ``stop()`` says the writer is stopping; returns
+        whether it merged anything.
 
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
@@ -687,11 +698,15 @@ class Indexed:
         # (refilled by new writes meanwhile) would always be chosen first.
         did = False
         for _ in range(MAX_CASCADE):
+            if stop():
+                break
             newest = state()
             planned = self.plan_compaction(newest)
             if not planned:
                 break
             for name, parts in planned:
+                if stop():
+                    break
                 hold = held(name)
                 c = newest.collections[name]
                 frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
