@@ -799,7 +799,7 @@ def may_overflow(diffs: pa.Array | pa.ChunkedArray) -> bool:
         return False
     lo, hi = pc.min_max(diffs).values()
     m = max(abs(lo.as_py() or 0), abs(hi.as_py() or 0))
-    return n * m > _INT64[1]
+    return bool(n * m > _INT64[1])
 
 
 def _group_sums(table: pa.Table, keys: list[str], diff: str,
