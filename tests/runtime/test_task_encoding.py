@@ -11,6 +11,7 @@ import decimal
 import json
 import math
 import pickle
+import random
 import re
 import subprocess
 import sys
@@ -429,3 +430,29 @@ def test_stagers_tokens_and_staged_parts_travel_too(url: str) -> None:
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(token), type=distributed.Token) == token
     stager.release([staged])
 
+
+
+def test_a_staged_part_damaged_and_checksummed_again_is_corruption(url: str) -> None:
+    """Bytes a buggy stager damaged and then checksummed: decoding them (and checking the part
+    against the collection, as a commit does) is the record's ``Corruption``, or a record that
+    holds together, never an untyped error."""
+    stager = distributed.Stager.start(url, "c", job="flips")
+    staged = stager.stage([(("z", 1), 9, 1)])
+    payload = envelope.unpack(staged.KIND, staged.to_bytes())
+    rng = random.Random(27)
+    outcomes: Counter[str] = Counter()
+    collections = distributed.describe(url, "c")
+    for _ in range(300):
+        damaged = bytearray(payload)
+        for _ in range(rng.randrange(1, 3)):
+            damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+        try:
+            rec = distributed.StagedPart.from_bytes(envelope.pack(staged.KIND, bytes(damaged)))
+            rec.check("c", url, {"c": collections.meta})
+            outcomes["record"] += 1
+        except persist.PersistError as e:
+            outcomes[type(e).__name__] += 1
+    assert set(outcomes) <= {"Corruption", "IncompatibleFormat", "InvalidUsage",
+                             "SchemaMismatch", "UnknownCollection", "record"}, outcomes
+    assert outcomes["Corruption"] > 150, outcomes
+    stager.release([staged])
