@@ -5,11 +5,14 @@
     │   ├── UnknownCollection   no collection by that name
     │   ├── UnknownHold         no tag or named hold by that name on the collection
     │   ├── SchemaMismatch      re-registration with other types, or updates of the wrong shape
-    │   └── ReadOnly            a read-only handle was asked to write
+    │   ├── ReadOnly            a read-only handle was asked to write
+    │   └── DiffOverflow        the diffs of one (key, value) sum outside int64: no exact answer
     ├── ExternalError           storage (or the lock service) misbehaved
     │   ├── Determinate         definitely did not happen; safe to retry
     │   │   ├── MissingResource the bucket or DynamoDB table does not exist
-    │   │   └── CommitDeadline  not sent: its data blobs are older than the commit deadline
+    │   │   ├── CommitDeadline  not sent: its data blobs are older than the commit deadline
+    │   │   ├── PartMissing     a part the read state references was collected: read again
+    │   │   └── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -55,6 +58,20 @@ class SchemaMismatch(InvalidUsage):
 
 class ReadOnly(InvalidUsage):
     """A read-only handle (a replica) was asked to write, seal, compact or delete."""
+
+
+class DiffOverflow(InvalidUsage):
+    """The diffs of one ``(key, value)`` (at one time, for compaction) sum to a multiplicity
+    outside int64, so no exact answer exists: persist never wraps the sum. Each diff fitted
+    int64 when written; only their sum does not.
+
+    Nothing was changed: a read raised it; a compaction that met it wrote nothing (the state
+    and the writer are as they were; the background logs a warning, once per refused merge,
+    and ``Client.maintain`` raises it). What to do: append updates that bring the sum back within int64 (a retraction of
+    the excess), after which reads as of later times are exact again; reads as of earlier
+    times, and raw (unconsolidated) reads, are unaffected. The message names the sum and, for
+    a flat key, the ``(key, value)``.
+    """
 
 
 class ExternalError(PersistError):
@@ -145,16 +162,20 @@ class IncompatibleFormat(PersistError):
 
 __all__ = [
     "ChecksumMismatch",
+    "CommitDeadline",
     "Corruption",
     "Determinate",
+    "DiffOverflow",
     "ExternalError",
     "Fenced",
     "HoldLapsed",
     "IncompatibleFormat",
     "Indeterminate",
     "InvalidUsage",
+    "LeaseRevoked",
     "LockHeld",
     "MissingResource",
+    "PartMissing",
     "PersistError",
     "ReadOnly",
     "RuntimeShutdown",

@@ -78,8 +78,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for p in report.problems:
             print(f"PROBLEM: {p}")
         if report.leaked:
-            print(f"leaked: {len(report.leaked)} unreferenced data blobs (a crash or a fenced "
-                  f"writer left them; `--delete-leaked` removes them safely)")
+            # NB: not only a crash: a fenced writer, a commit that failed, a staging job that
+            # never committed, or a writer still running (its merge or append written, not
+            # yet committed) leave blobs unreferenced too; a clean stop leaves none.
+            print(f"leaked: {len(report.leaked)} unreferenced data blobs (not referenced by the "
+                  f"metadata: left by a crash, a fenced writer, a failed commit or a staging "
+                  f"job that never committed, or not yet committed by a writer still running; "
+                  f"`--delete-leaked` removes only those still unreferenced after --grace)")
             for key in report.leaked[:50]:
                 print(f"  {key}")
             if len(report.leaked) > 50:

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from persist.distributed.stores import load_state, read_half
-from persist.errors import InvalidUsage, LockHeld
+from persist.errors import Corruption, InvalidUsage, LockHeld
 from persist.indexed.format.meta import SetHold, State
 from persist.indexed.read.filter import Filter
 from persist.indexed.read.parts import PartReader
@@ -50,9 +50,20 @@ def describe(url: str, collection_name: str, *,
     return CollectionInfo(address, collection(state.collections, collection_name), state.seq)
 
 
-def _reader(address: Address) -> PartReader:
+def _reader(record: ReadTask | PartHandle) -> PartReader:
+    """The reader of ``record``'s location (a task's or a handle's).
+
+    Raises:
+        Corruption: its address does not open (a planned record's did: a buggy producer
+            changed it).
+    """
+    try:
+        blob = read_half(record.address)
+    except InvalidUsage as e:
+        raise Corruption(record.KIND, f"its location {record.address.url!r} does not open: "
+                                      f"{e}") from e
     # NB: no part cache on workers: each part is read once per task.
-    return PartReader(read_half(address), cache_bytes=0)
+    return PartReader(blob, cache_bytes=0)
 
 
 def read_part(handle: PartHandle, *, filter: Filter | None = None,
@@ -85,7 +96,7 @@ def read_part(handle: PartHandle, *, filter: Filter | None = None,
             isinstance(c, str) for c in columns)):
         raise InvalidUsage(f"read_part: columns must be a list of column names, not "
                            f"{columns!r}")
-    table = _read_part(_reader(handle.address), handle, filter=filter, audit=bool(audit))
+    table = _read_part(_reader(handle), handle, filter=filter, audit=bool(audit))
     if columns is None:
         return table
     unknown = [c for c in columns if c not in table.column_names]
@@ -119,7 +130,7 @@ def read_task(task: ReadTask) -> Iterator[pa.Table]:
     def fresh() -> State:
         return Machine(read_half(task.address)).load()
 
-    return _read_task(_reader(task.address), task, fresh)
+    return _read_task(_reader(task), task, fresh)
 
 
 class Watch:

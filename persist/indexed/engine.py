@@ -31,6 +31,7 @@ from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
     Determinate,
+    DiffOverflow,
     ExternalError,
     Fenced,
     Indeterminate,
@@ -325,6 +326,10 @@ def _always() -> bool:
     return True
 
 
+def _never() -> bool:
+    return False
+
+
 class Indexed:
     """Named, definite collections at one location. Not thread-safe for writing."""
 
@@ -357,6 +362,9 @@ class Indexed:
         self._next_rewrite = 0.0
         self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
                                      tuple[Any, ...]]] = {}
+        #: Merges (and rewrites) refused because a diff sum left int64, by collection: the ids
+        #: of their parts, not planned again (see _refused).
+        self._overflowed: dict[str, set[frozenset[str]]] = {}
         self._leaks: gc.LeakSweeper | None = None
         self._next_leak_sweep = 0.0
         self._pins = gc.PinGuard(0.0)
@@ -575,7 +583,8 @@ class Indexed:
     def maintain_round(self, state: Callable[[], State], commit: Committer, *,
                        held: Callable[[str], int | None] = _no_hold, compaction: bool = True,
                        now_ms: int | None = None, budgeted: bool = False,
-                       idle: Callable[[], bool] = _always) -> bool:
+                       idle: Callable[[], bool] = _always,
+                       stop: Callable[[], bool] = _never) -> bool:
         """Runs one maintenance round: compaction and the rewrite of one old part (unless
         ``compaction`` is False), GC of retired blobs, a rollup and the metadata trim, the
         leaked-blob sweep. Returns True if any of them did something (more may be ready:
@@ -591,6 +600,8 @@ class Indexed:
             budgeted: rewrite old parts within their budget (:meth:`rewrite`): a background
                 round's; an explicit one rewrites whatever the budget.
             idle: whether no command waits (a budgeted rewrite starts only then).
+            stop: whether the writer is stopping: no further step or merge starts (one under
+                way finishes and is committed, so that it leaves no blob behind).
 
         Raises:
             ExternalError, InvalidUsage: the first step that failed (a storage error, or a
@@ -606,12 +617,14 @@ class Indexed:
             lambda: self.rollup_and_trim(state()),
             lambda: self.reclaim_leaked(state)]
         if compaction:
-            steps[:0] = [lambda: self.compact(state, commit, held=held),
+            steps[:0] = [lambda: self.compact(state, commit, held=held, stop=stop),
                          lambda: self.rewrite(state, commit, held=held, budgeted=budgeted,
                                               idle=idle)]
         did = False
         first: BaseException | None = None
         for step in steps:
+            if stop():
+                break
             try:
                 did = step() or did
             except (ExternalError, InvalidUsage) as e:
@@ -649,7 +662,11 @@ class Indexed:
         c = newest.collections[name]
         frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
         try:
-            op = self.run_compaction(newest, name, (part,), frontier)
+            try:
+                op = self.run_compaction(newest, name, (part,), frontier)
+            except DiffOverflow as e:
+                self._refused(name, (part,), e)
+                raise
             try:
                 commit((op,), started)
             except CommitDeadline:
@@ -662,30 +679,44 @@ class Indexed:
         return True
 
     def compact(self, state: Callable[[], State], commit: Committer, *,
-                held: Callable[[str], int | None] = _no_hold) -> bool:
+                held: Callable[[str], int | None] = _no_hold,
+                stop: Callable[[], bool] = _never) -> bool:
         """Plans and runs merges, each committed on its own, until nothing is planned (at
-        most :data:`MAX_CASCADE` plans); returns whether it merged anything.
+        most :data:`MAX_CASCADE` plans) or ``stop()`` says the writer is stopping; returns
+        whether it merged anything.
 
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
                 again; the next round plans it anew).
+            DiffOverflow: a merge would have summed diffs outside int64: it wrote nothing and
+                is not planned again until its collection's parts change; the others ran.
             ExternalError, InvalidUsage: as ``commit``.
         """
+        refused: DiffOverflow | None = None
         # NB: plan again after merging: a merge can fill the next level up (cascading), and a
         # round per interval must not leave those for later rounds, in which the lowest level
         # (refilled by new writes meanwhile) would always be chosen first.
         did = False
         for _ in range(MAX_CASCADE):
+            if stop():
+                break
             newest = state()
             planned = self.plan_compaction(newest)
             if not planned:
                 break
             for name, parts in planned:
+                if stop():
+                    break
                 hold = held(name)
                 c = newest.collections[name]
                 frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
                 started = time.monotonic()
-                op = self.run_compaction(newest, name, parts, frontier)
+                try:
+                    op = self.run_compaction(newest, name, parts, frontier)
+                except DiffOverflow as e:
+                    self._refused(name, parts, e)
+                    refused = refused or e
+                    continue
                 try:
                     commit((op,), started)
                 except CommitDeadline:
@@ -696,7 +727,30 @@ class Indexed:
                     self._discard(op)
                     raise
                 did = True
+        if refused is not None:
+            raise refused
         return did
+
+    def _refused(self, name: str, parts: tuple[PartMeta, ...], e: DiffOverflow) -> None:
+        """Notes a merge of ``parts`` of ``name`` refused by ``e``, and logs it once.
+
+        NB: the merge consolidated before it wrote anything, so there is nothing to clean up
+        and nothing changed: the parts stay as they are, readable raw and as of times before
+        the overflow. Planning it again would fail the same way every round (reading its
+        parts each time), so it is skipped until the collection's parts change (an append
+        that brings the sum back, say), when the planner chooses anew. Not fail-stop: the
+        state is sound and every other collection, merge and write goes on.
+        """
+        ids = frozenset(p.id for p in parts)
+        refused = self._overflowed.setdefault(name, set())
+        if ids not in refused:
+            log.warning("compaction of %r refused a merge of %d parts: %s", name, len(parts), e)
+        refused.add(ids)
+
+    def _skipped(self, name: str, parts: tuple[PartMeta, ...]) -> bool:
+        """Whether ``parts`` are a merge of ``name`` refused by a diff sum (see ``_refused``)."""
+        refused = self._overflowed.get(name)
+        return refused is not None and frozenset(p.id for p in parts) in refused
 
     def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
         """The merges the compaction policy wants now: ``(collection, parts)`` pairs. Pure."""
@@ -716,7 +770,7 @@ class Indexed:
             else:
                 chosen = compact.plan(c, policy)
                 memo[name] = (c, policy, chosen)
-            if chosen:
+            if chosen and not self._skipped(name, chosen):
                 out.append((c.name, chosen))
         return out
 
@@ -725,7 +779,7 @@ class Indexed:
         collection's name; None if every part is current. Pure."""
         for name, c in state.collections.items():
             part = compact.plan_rewrite(c)
-            if part is not None:
+            if part is not None and not self._skipped(name, (part,)):
                 return name, part
         return None
 

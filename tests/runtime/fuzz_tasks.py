@@ -12,6 +12,9 @@ kinds of damage:
   checksum (what a buggy or hostile encoder could hand over): persist cannot know the
   payload's intended rows, but it must never crash, nor raise an untyped error, nor hand back
   a table that fails ``validate(full=True)``.
+* **anywhere in the record's msgpack payload**, then put back in an envelope with a valid
+  checksum (a buggy producer): the same (types, the collection's serialized Arrow types and
+  the filter included: a flip there raised ``OSError: Invalid flatbuffers message``).
 
 Prints one JSON object: for each kind, the outcomes counted by name (an exception's type, or
 ``"rows"`` for a read that returned, ``"invalid"`` for one that returned an invalid table).
@@ -30,6 +33,7 @@ import pyarrow as pa
 
 import persist
 from persist import distributed
+from persist.blob import envelope
 
 #: Parts that stay inline (this fuzzer damages inline payloads).
 INLINE = persist.Options(inline_threshold=64 << 10, background_compaction=False)
@@ -121,13 +125,27 @@ def payloads(recs: list[Any], rng: random.Random) -> Counter[str]:
     return out
 
 
+def records_rechecked(recs: list[Any], rng: random.Random) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for rec in recs:
+        payload = envelope.unpack(rec.KIND, rec.to_bytes())
+        decode = type(rec).from_bytes
+        for _ in range(FLIPS):
+            damaged = bytearray(payload)
+            for _ in range(rng.randrange(1, 3)):
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+            out[_outcome(decode, bytes(envelope.pack(rec.KIND, bytes(damaged))))] += 1
+    return out
+
+
 def main(url: str, seed: int) -> None:
     rng = random.Random(seed)
     recs = records(url)
     assert any(p.inline is not None for r in recs
                for p in (r.parts if isinstance(r, distributed.ReadTask) else (r.part,)))
     print(json.dumps({"records": len(recs), "transit": transit(recs, rng),
-                      "payload": payloads(recs, rng)}))
+                      "payload": payloads(recs, rng),
+                      "record": records_rechecked(recs, rng)}))
 
 
 if __name__ == "__main__":

@@ -1,18 +1,25 @@
-"""Maintenance under storage errors: each step makes progress on its own."""
+"""Maintenance under storage errors: each step makes progress on its own; a clean stop ends it
+without leaving garbage."""
 
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
+import persist
 from persist import layout
 from persist.blob.memory import MemoryBlob
 from persist.errors import Determinate
 from persist.indexed.engine import Options
 from persist.indexed.maintenance import gc
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.maintenance.verify import verify
 from persist.indexed.state.machine import Machine
+from persist.location import resolve
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
 from tests.support.engine import Engine
@@ -86,3 +93,35 @@ def test_loading_retries_a_failed_read() -> None:
     blob.fail_gets = 3
     with pytest.raises(Determinate, match="injected: get"):
         Machine(blob).load()
+
+
+def test_a_clean_stop_leaves_no_leaked_blob(tmp_path: Path) -> None:
+    """A stop while background compaction ran left the merge's part unreferenced (``persist
+    verify``: "leaked: 1 unreferenced data blobs", issue 27): the runtime stopped committing
+    before the merge's commit arrived. Now maintenance ends first, and its merge commits."""
+    # NB: compaction pinned (the knob sets vary it): parts in blobs, merged two at a time in
+    # the background after every append, so that a merge is under way when stop comes; the
+    # writer's own leak sweep off, so that it cannot hide a leak
+    opts = persist.Options(inline_threshold=0, background_compaction=True,
+                           compaction=CompactionPolicy(fanin=2), leak_grace_seconds=None)
+    busy = 0
+    for trial in range(6):
+        url = f"file://{tmp_path}/loc{trial}"
+        client = persist.open(url, options=opts)
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(12):
+            k = np.arange(t * 20_000, t * 20_000 + 40_000)
+            w.append(pa.table({"key": k, "value": k % 7, "time": np.full(len(k), t, np.uint64),
+                               "diff": np.ones(len(k), np.int64)}), upper=t + 1).result()
+        busy += client._runtime.exclusive().locked()  # type: ignore[union-attr]
+        client.stop()
+        assert client.lock_lost is None
+        report = verify(resolve(url).read_half(), url=url)
+        assert (report.problems, report.leaked) == ([], [])
+        with persist.open(url, options=opts) as again:
+            rows = again.create_or_load("c", key_type=pa.int64(),
+                                        value_type=pa.int64())[1].snapshot(11).to_arrow()
+            assert len(rows) == 260_000
+        if busy >= 2:
+            break
+    assert busy >= 2  # the stops came while a round ran (else the test proved nothing)

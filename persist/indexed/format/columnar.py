@@ -26,7 +26,13 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from persist.errors import Corruption, IncompatibleFormat, InvalidUsage, SchemaMismatch
+from persist.errors import (
+    Corruption,
+    DiffOverflow,
+    IncompatibleFormat,
+    InvalidUsage,
+    SchemaMismatch,
+)
 from persist.indexed.format import objects, records
 
 #: The newest part format this persist reads (and writes for collections with records).
@@ -359,7 +365,9 @@ def deserialize_type(data: bytes) -> pa.DataType:
     """
     try:
         return pa.ipc.read_schema(pa.py_buffer(data)).field("t").type
-    except (pa.ArrowInvalid, KeyError, TypeError) as e:
+    # NB: damaged flatbuffers raise OSError ("Invalid flatbuffers message") or
+    # ArrowNotImplementedError (a 3-bit int) as well as ArrowInvalid
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError, IndexError) as e:
         raise Corruption("metadata", f"a collection's type does not decode: {e}") from e
 
 
@@ -687,7 +695,7 @@ def consolidate_grouped(table: pa.Table) -> pa.Table:
     if _framed(table):
         return _sorted_framed(_grouped_framed(table, time=True))
     table = _one_nan(table)
-    agg = table.group_by(["key", "value", "time"], use_threads=False).aggregate([("diff", "sum")])
+    agg = _group_sums(table, ["key", "value", "time"], "diff")
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
     out = pa.Table.from_arrays(
         [agg.column("key"), agg.column("value"), agg.column("time"), agg.column("diff_sum")],
@@ -751,8 +759,7 @@ def contents_at(table: pa.Table, as_of: int) -> pa.Table:
     if _framed(table):
         out = _consolidate_framed(table, time=False)
         return out.set_column(2, schema.field(2), constant_times(as_of, len(out)))
-    agg = _one_nan(table).group_by(["key", "value"], use_threads=False).aggregate(
-        [("diff", "sum")])
+    agg = _group_sums(_one_nan(table), ["key", "value"], "diff")
     agg = agg.filter(pc.not_equal(agg.column("diff_sum"), 0))
     out = pa.Table.from_arrays(
         [agg.column("key"), agg.column("value"),
@@ -767,11 +774,91 @@ def sum_by_key_value(table: pa.Table) -> pa.Table:
     """Diffs summed per (key, value), in no particular order, zero sums kept: columns ``key``,
     ``value``, ``diff_sum``. Works for every key/value type (records included)."""
     if not _framed(table):
-        return _one_nan(table).group_by(["key", "value"], use_threads=False).aggregate(
-            [("diff", "sum")])
+        return _group_sums(_one_nan(table), ["key", "value"], "diff")
     out = _grouped_framed(table, time=False, drop_zeros=False)
     return pa.table({"key": out.column("key"), "value": out.column("value"),
                      "diff_sum": out.column("diff")})
+
+
+# -- checked sums of diffs -----------------------------------------------------------------------
+#
+# NB: Arrow's hash_sum and numpy's add wrap an int64 sum silently, and a wrapped multiplicity is
+# a wrong answer. A sum of n diffs whose largest magnitude is m stays within int64 when
+# n * m < 2**63, which one min_max pass tells (diffs of +-1 pass it below 2**63 rows); only
+# otherwise are the diffs summed in decimal128(38, 0), exact for any 2**63 rows, and the sums
+# range-checked on the way back to int64.
+
+_INT64 = (-(2**63), 2**63 - 1)
+_WIDE = pa.decimal128(38, 0)
+
+
+def may_overflow(diffs: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether some sum of ``diffs`` (int64) might leave int64 (never False when one can)."""
+    n = len(diffs)
+    if n < 2:
+        return False
+    lo, hi = pc.min_max(diffs).values()
+    m = max(abs(lo.as_py() or 0), abs(hi.as_py() or 0))
+    return bool(n * m > _INT64[1])
+
+
+def _group_sums(table: pa.Table, keys: list[str], diff: str,
+                *more: tuple[str, str]) -> pa.Table:
+    """``table.group_by(keys).aggregate([(diff, "sum"), *more])``, its ``<diff>_sum`` int64 and
+    exact.
+
+    Raises:
+        DiffOverflow: some group's diffs sum outside int64.
+    """
+    wide = may_overflow(table.column(diff))
+    if wide:
+        i = table.schema.get_field_index(diff)
+        table = table.set_column(i, pa.field(diff, _WIDE), table.column(diff).cast(_WIDE))
+    agg = table.group_by(keys, use_threads=False).aggregate([(diff, "sum"), *more])
+    if not wide:
+        return agg
+    name = f"{diff}_sum"
+    sums = agg.column(name)
+    out = pc.or_(pc.less(sums, pa.scalar(_INT64[0], _WIDE)),
+                 pc.greater(sums, pa.scalar(_INT64[1], _WIDE)))
+    if pc.any(out).as_py():
+        at = pc.index(out, True).as_py()
+        group = {k: agg.column(k)[at].as_py() for k in keys if k in ("key", "value")}
+        raise _overflow(int(sums[at].as_py()), group)
+    i = agg.schema.get_field_index(name)
+    return agg.set_column(i, pa.field(name, pa.int64()), sums.cast(pa.int64()))
+
+
+def _run_sums(diffs: pa.ChunkedArray, first: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The sums of ``diffs`` over the runs starting at ``first`` (``np.add.reduceat``), exact.
+
+    Raises:
+        DiffOverflow: some run's diffs sum outside int64.
+    """
+    values = diffs.to_numpy()
+    if not may_overflow(diffs):
+        sums: npt.NDArray[np.int64] = np.add.reduceat(values, first)
+        return sums
+    exact = np.add.reduceat(values.astype(object), first)  # Python ints: no wrapping
+    lo, hi = _INT64
+    for s in exact:
+        if not lo <= s <= hi:
+            raise _overflow(int(s), {})
+    return exact.astype(np.int64)
+
+
+def _overflow(total: int, group: dict[str, Any]) -> DiffOverflow:
+    where = ", ".join(f"{k} {_short(v)}" for k, v in group.items())
+    return DiffOverflow(
+        f"the diffs of one (key, value){' (' + where + ')' if where else ''} sum to {total}, "
+        f"outside int64 [-2**63, 2**63 - 1]: persist does not wrap a sum; append updates "
+        f"that bring it back within int64 (read raw updates, or as of an earlier time, "
+        f"meanwhile)")
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
 
 
 # -- consolidation of records --------------------------------------------------------------
@@ -837,7 +924,7 @@ def _consolidate_framed(table: pa.Table, *, time: bool) -> pa.Table:
         starts = np.ones(len(table), dtype=bool)
         starts[dup] = False
         first = np.flatnonzero(starts)
-        sums = np.add.reduceat(diffs.to_numpy(), first)
+        sums = _run_sums(diffs, first)
         live = sums != 0
         out = table.take(order.take(pa.array(first[live])))
         return out.set_column(3, table.schema.field(3), pa.array(sums[live]))
@@ -848,7 +935,7 @@ def _consolidate_framed(table: pa.Table, *, time: bool) -> pa.Table:
     sub = frame.take(order.take(pa.array(grp)))
     sub = sub.append_column("__diff", diffs.take(pa.array(grp))).append_column(
         "__row", pa.array(np.arange(len(grp), dtype=np.int64)))
-    agg = sub.group_by(names, use_threads=False).aggregate([("__diff", "sum"), ("__row", "min")])
+    agg = _group_sums(sub, names, "__diff", ("__row", "min"))
     keep = ~involved
     summed = diffs.to_numpy().copy()
     firsts = grp[agg.column("__row_min").to_numpy()]
@@ -913,8 +1000,7 @@ def _grouped_framed(table: pa.Table, *, time: bool, drop_zeros: bool = True) -> 
     names = frame.column_names
     frame = frame.append_column("__diff", table.column("diff")).append_column(
         "__row", pa.array(np.arange(len(table), dtype=np.int64)))
-    agg = frame.group_by(names, use_threads=False).aggregate(
-        [("__diff", "sum"), ("__row", "min")])
+    agg = _group_sums(frame, names, "__diff", ("__row", "min"))
     if drop_zeros:
         agg = agg.filter(pc.not_equal(agg.column("__diff_sum"), 0))
     out = table.take(agg.column("__row_min"))

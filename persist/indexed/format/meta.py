@@ -543,7 +543,7 @@ def version_of(key: str, data: bytes | memoryview) -> int:
     """
     try:
         version: int = _VERSION_DEC.decode(data).version
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise Corruption(key, f"undecodable record: {e}") from e
     return version
 
@@ -561,7 +561,7 @@ def _decode(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any]) -> Any
     _check_version(key, data)
     try:
         return decoder.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:  # a bad UTF-8 string is the latter
         raise Corruption(key, f"undecodable metadata: {e}") from e
 
 

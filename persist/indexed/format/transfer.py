@@ -35,6 +35,7 @@ from persist.errors import (
     Corruption,
     IncompatibleFormat,
     InvalidUsage,
+    PersistError,
     SchemaMismatch,
     UnknownCollection,
 )
@@ -94,9 +95,29 @@ class Travelling:
                                      f"to {cls.NEWEST}: {cls.NEWER}")
         try:
             record: _T = msgspec.msgpack.decode(payload, type=cls)
-        except msgspec.DecodeError as e:
+        except (msgspec.DecodeError, UnicodeDecodeError) as e:  # bad UTF-8 is the latter
             raise Corruption(cls.KIND, f"undecodable record: {e}") from None
+        try:
+            record.check_decoded()
+        except IncompatibleFormat:
+            raise
+        except (PersistError, pa.ArrowException, OSError, ValueError, TypeError, KeyError,
+                IndexError) as e:
+            # NB: bytes with a valid checksum can still be wrong (a buggy producer): whatever
+            # does not hold together is this record's corruption, named as such, never an
+            # untyped error (or an InvalidUsage blaming the reader) later in the read.
+            raise Corruption(cls.KIND, f"the record does not hold together: "
+                                       f"{type(e).__name__}: {e}") from e
         return record
+
+    def check_decoded(self) -> None:
+        """Checks what msgspec's types cannot, as :meth:`from_bytes` decodes the record: that
+        its parts (types, parts, filter) decode and fit together. Nothing by default.
+
+        Raises:
+            PersistError, or an error of decoding (ValueError, ArrowException...): they do not
+                (:meth:`from_bytes` reports any as ``Corruption``).
+        """
 
     def __reduce__(self) -> tuple[Any, ...]:
         # NB: pickle (Spark's commit messages and tasks, multiprocessing) carries the
@@ -135,6 +156,18 @@ class StagedPart(Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
     KIND: ClassVar[str] = "persist.StagedPart"
     NEWEST: ClassVar[int] = STAGED_PART_VERSION
     NEWER: ClassVar[str] = "stage and commit with the same persist version"
+
+    def check_decoded(self) -> None:
+        """Its types decode, and its part is stored in one place, tagged with its version.
+
+        Raises:
+            Corruption: they do not decode, or the part does not hold together.
+        """
+        types = (columnar.deserialize_type(self.schema.key_type),
+                 columnar.deserialize_type(self.schema.value_type))
+        if self.schema.id < 0:
+            raise Corruption(self.KIND, f"schema version {self.schema.id}")
+        check_part_record(self.part, evolve.Schemas((types,) * (self.schema.id + 1)))
 
     def check(self, name: str, location: str,
               collections: Mapping[str, CollectionMeta]) -> PartMeta:
@@ -182,6 +215,24 @@ class StagedPart(Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
         if p.inline is not None:
             check_inline(p, evolve.Schemas.of(c).part_schema(sid))
         return p
+
+
+def check_part_record(p: PartMeta, schemas: evolve.Schemas) -> None:
+    """Checks that the part record ``p`` (of a collection whose versions are ``schemas``)
+    holds together: stored either in a blob or inline, never both or neither, with a schema
+    version the collection has.
+
+    Raises:
+        Corruption: it does not.
+    """
+    key = f"part {p.id}"
+    if (p.blob_key is None) == (p.inline is None):
+        raise Corruption(key, "a part is either stored in a blob or inline: this one is "
+                              + ("both" if p.inline is not None else "neither"))
+    sid = evolve.part_version(p)
+    if not 0 <= sid <= schemas.current:
+        raise Corruption(key, f"tagged with schema version {sid}; the collection has 0 to "
+                              f"{schemas.current}")
 
 
 def check_inline(p: PartMeta, schema: pa.Schema) -> None:

@@ -211,13 +211,22 @@ def _executor() -> concurrent.futures.ThreadPoolExecutor:
 
 def diff_sums(table: pa.Table) -> tuple[int, int]:
     """The sum of ``table``'s positive diffs and the magnitude of the sum of its negative ones
-    (what a seal's history entry reports as inserted and retracted)."""
+    (what a seal's history entry reports as inserted and retracted), each exact and capped at
+    ``2**64 - 1`` (the largest count a record stores; only diffs near int64's ends reach it).
+    """
     if not len(table):
         return 0, 0
     diff = table.column("diff")
-    pos = pc.sum(pc.max_element_wise(diff, 0)).as_py() or 0
-    neg = pc.sum(pc.min_element_wise(diff, 0)).as_py() or 0
-    return int(pos), int(-neg)
+    pos_d, neg_d = pc.max_element_wise(diff, 0), pc.min_element_wise(diff, 0)
+    if columnar.may_overflow(diff):  # NB: pc.sum of int64 wraps; decimal128(38) cannot here
+        pos_d, neg_d = pos_d.cast(pa.decimal128(38, 0)), neg_d.cast(pa.decimal128(38, 0))
+    pos = pc.sum(pos_d).as_py() or 0
+    neg = pc.sum(neg_d).as_py() or 0
+    return min(int(pos), _COUNT_MAX), min(int(-neg), _COUNT_MAX)
+
+
+#: The largest inserted or retracted count a part's record stores (msgpack's largest int).
+_COUNT_MAX = 2**64 - 1
 
 
 __all__ = ["PARALLEL_ROWS", "diff_sums", "new_part", "new_parts"]

@@ -31,7 +31,9 @@ the path; a collection stored as msgpack (a Python class that is not a mapped
 
 **Serialization**: a filter is a tree of frozen ``msgspec.Struct`` records of builtins
 (:meth:`Filter.encode` / :func:`decode`, msgpack; they also pickle), so a driver can build one
-and ship it to executors.
+and ship it to executors. Every literal a field can hold travels exactly, an int past msgpack's
+64 bits (a ``decimal128(38, 0)``'s) as a ``"bigint"`` literal of decimal digits; a decoded
+literal that is not in its kind's one form is refused.
 
 A bound filter answers two questions: :meth:`Bound.mask` (which rows of a part's table match,
 exactly) and :meth:`Bound.may_match` (from :mod:`persist.indexed.format.stats` bounds, whether some
@@ -43,6 +45,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import numbers
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, TypeAlias, cast
@@ -58,18 +61,36 @@ from persist.indexed.format.stats import Bounds, Phys, orderable, path_key, phys
 
 # -- literals ---------------------------------------------------------------------------------
 
-LitKind: TypeAlias = Literal["int", "float", "str", "bytes", "bool", "decimal", "date",
-                             "datetime"]
+LitKind: TypeAlias = Literal["int", "bigint", "float", "str", "bytes", "bool", "decimal",
+                             "date", "datetime"]
+
+#: The ints msgpack carries as ints; an int literal outside them is a ``"bigint"``.
+_MSGPACK_INTS = (-(2**63), 2**64 - 1)
 
 
 class Lit(msgspec.Struct, frozen=True, array_like=True):
     """A literal in its serialized form: ``kind`` and builtin ``data`` (a decimal, date or
-    datetime as its ISO string, a datetime keeping its UTC offset, a NaN as ``"nan"``; bytes
-    in ``raw``)."""
+    datetime as its ISO string, a datetime keeping its UTC offset, a NaN as ``"nan"``; an int
+    that msgpack cannot carry, outside ``-2**63 .. 2**64 - 1``, as its decimal string of kind
+    ``"bigint"``; bytes in ``raw``).
+
+    Every literal has exactly one form, checked when it is made or decoded (a decoded filter
+    whose literal does not parse is refused, never read as another value).
+    """
 
     kind: LitKind
     data: int | float | str | bool | None = None
     raw: bytes | None = None
+
+    def __post_init__(self) -> None:
+        """Checks that ``data`` (and ``raw``) are the form of ``kind``.
+
+        Raises:
+            InvalidUsage: they are not (msgspec reports it as a decode error).
+        """
+        if not _well_formed(self.kind, self.data, self.raw):
+            raise InvalidUsage(f"not a filter literal of kind {self.kind!r}: data "
+                               f"{self.data!r}, raw {self.raw!r}")
 
     @classmethod
     def of(cls, v: Any) -> Lit:
@@ -84,7 +105,14 @@ class Lit(msgspec.Struct, frozen=True, array_like=True):
         if isinstance(v, (bool, np.bool_)):
             return cls("bool", bool(v))
         if isinstance(v, numbers.Integral):
-            return cls("int", int(v))
+            i = int(v)
+            lo, hi = _MSGPACK_INTS
+            if lo <= i <= hi:
+                return cls("int", i)
+            if i.bit_length() > 256:  # wider than any field (and str() refuses 4300 digits)
+                raise InvalidUsage(f"an int of {i.bit_length()} bits is not a filter literal: "
+                                   f"no field holds it")
+            return cls("bigint", str(i))
         if isinstance(v, float):
             return cls._float(v)
         if isinstance(v, str):
@@ -114,6 +142,9 @@ class Lit(msgspec.Struct, frozen=True, array_like=True):
         """The Python value this literal stands for."""
         if self.kind == "float":
             return float(self.data)  # type: ignore[arg-type]
+        if self.kind == "bigint":
+            assert isinstance(self.data, str)
+            return int(self.data)
         if self.kind == "decimal":
             assert isinstance(self.data, str)
             return decimal.Decimal(self.data)
@@ -126,6 +157,40 @@ class Lit(msgspec.Struct, frozen=True, array_like=True):
         if self.kind == "bytes":
             return self.raw
         return self.data
+
+
+_BIGINT = re.compile(r"-?[1-9][0-9]*")
+
+
+def _well_formed(kind: str, data: object, raw: object) -> bool:
+    """Whether ``(kind, data, raw)`` is the one form :meth:`Lit.of` gives a value of ``kind``."""
+    if kind == "bytes":
+        return data is None and isinstance(raw, bytes)
+    if raw is not None:
+        return False
+    if kind == "bool":
+        return isinstance(data, bool)
+    if kind == "int":
+        return isinstance(data, int) and not isinstance(data, bool)
+    if kind == "float":
+        return (isinstance(data, float) and data == data) or data == "nan"
+    if not isinstance(data, str):
+        return False
+    if kind == "str":
+        return True
+    try:
+        if kind == "bigint":
+            lo, hi = _MSGPACK_INTS
+            return _BIGINT.fullmatch(data) is not None and not lo <= int(data) <= hi
+        if kind == "decimal":
+            return decimal.Decimal(data).is_finite() and str(decimal.Decimal(data)) == data
+        if kind == "date":
+            datetime.date.fromisoformat(data)
+        else:  # "datetime"
+            datetime.datetime.fromisoformat(data)
+    except (ValueError, decimal.InvalidOperation):  # int() of over 4300 digits included
+        return False
+    return True
 
 
 # -- the expression form ----------------------------------------------------------------------

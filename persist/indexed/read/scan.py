@@ -124,9 +124,13 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
             f">= {c.upper} are not sealed yet"
         )
 
-#: The newest encoding of a read task and a part handle this persist decodes (and the one it
-#: encodes, :meth:`ReadTask.to_bytes`).
+#: The newest encoding of a part handle this persist decodes (and the one it encodes,
+#: :meth:`PartHandle.to_bytes`).
 READ_RECORD_VERSION = 1
+#: The newest encoding of a read task this persist decodes (and the one it encodes,
+#: :meth:`ReadTask.to_bytes`). 2: a filter's int literal outside msgpack's ints (a
+#: ``decimal128(38, 0)`` field's, say) travels as a ``"bigint"`` literal; 1 could not carry it.
+READ_TASK_VERSION = 2
 
 
 class Address(msgspec.Struct, frozen=True):
@@ -182,6 +186,11 @@ class PartHandle(transfer.Travelling, msgspec.Struct, OfPart, frozen=True, kw_on
     NEWEST: ClassVar[int] = READ_RECORD_VERSION
     NEWER: ClassVar[str] = "plan and read with the same persist version"
 
+    def check_decoded(self) -> None:
+        """Its collection's types decode, it reads as one of their versions, and its part
+        holds together (see ``Travelling.check_decoded``)."""
+        _check_travelling(self.collection, self.schema_version, (self.part,), None)
+
 
 TaskKind = Literal["snapshot", "consolidated", "changes"]
 
@@ -205,7 +214,7 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     """
 
     #: The format of this record (refused by a persist that predates it).
-    version: int = READ_RECORD_VERSION
+    version: int = READ_TASK_VERSION
     kind: TaskKind
     address: Address
     collection: CollectionMeta
@@ -249,8 +258,31 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
         return self.view.schema
 
     KIND: ClassVar[str] = "persist.ReadTask"
-    NEWEST: ClassVar[int] = READ_RECORD_VERSION
+    NEWEST: ClassVar[int] = READ_TASK_VERSION
     NEWER: ClassVar[str] = "plan and read with the same persist version"
+
+    def check_decoded(self) -> None:
+        """Its collection's types decode, it reads as one of their versions, its parts hold
+        together and its filter applies to its types (see ``Travelling.check_decoded``)."""
+        _check_travelling(self.collection, self.schema_version, (*self.parts, *self.audit),
+                          self.filter)
+
+
+def _check_travelling(c: CollectionMeta, sid: int, parts: Sequence[PartMeta],
+                      f: Filter | None) -> None:
+    """What a read task or a part handle must hold, decoded from bytes (a buggy producer's
+    with a valid checksum): ``c``'s types decode, ``sid`` is one of its versions, every part
+    is stored in one place with one of its versions, and ``f`` binds to version ``sid``.
+
+    Raises:
+        Corruption, InvalidUsage, SchemaMismatch: it does not (``from_bytes`` reports each as
+            the record's ``Corruption``).
+    """
+    view = evolve.View.of(c, sid)
+    for p in parts:
+        transfer.check_part_record(p, view.schemas)
+    if f is not None:
+        _bound(f, c, sid)
 
 
 @dataclass(frozen=True)
