@@ -13,6 +13,9 @@ Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
         pd.read_part(handle, filter=...)
     urls, rest = pd.parquet_files(scan)    # or let another engine's Parquet reader read
                                           # the Parquet parts (persist.distributed.native)
+    df = pd.read_native(url, "events", build)   # ... with each piece's residual (time bound,
+                                          # key range, whether to sum), planned again if GC
+                                          # removed a file meanwhile
 
 Writing: stage anywhere, commit once (:mod:`persist.distributed.stage`,
 :mod:`persist.distributed.commit`)::
@@ -42,7 +45,19 @@ request it answers (or, with no writer running, the consumer commits it under th
 
 from persist.distributed.commit import WRITERS, Committer, Writers
 from persist.distributed.holds import ConsumerHold
-from persist.distributed.native import consolidate, parquet_files, parquet_task
+from persist.distributed.native import (
+    FileRead,
+    KeyBounds,
+    NativePlan,
+    Residual,
+    consolidate,
+    key_bounds,
+    parquet_files,
+    parquet_task,
+    plan_native,
+    read_native,
+    settled,
+)
 from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
 from persist.distributed.stage import Stager, check_type
 from persist.indexed.format.transfer import StagedPart, Token
@@ -56,9 +71,13 @@ __all__ = [
     "CollectionInfo",
     "Committer",
     "ConsumerHold",
+    "FileRead",
+    "KeyBounds",
     "LatestValues",
+    "NativePlan",
     "PartHandle",
     "ReadTask",
+    "Residual",
     "Scan",
     "StagedPart",
     "Stager",
@@ -68,9 +87,13 @@ __all__ = [
     "check_type",
     "consolidate",
     "describe",
+    "key_bounds",
     "parquet_files",
     "parquet_task",
+    "plan_native",
+    "read_native",
     "read_part",
     "read_task",
     "set_read_hold",
+    "settled",
 ]

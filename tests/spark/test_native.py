@@ -229,6 +229,13 @@ def test_wrong_arguments_are_typed_errors_before_any_job(spark: Any, tmp_path: P
     for bad in ({"as_of": "3"}, {"as_of": True}, {"consolidated": "yes"}, {"partitions": 0}):
         with pytest.raises(persist.InvalidUsage):
             table.toDF(**bad)
+    # a typo in a keyword names it and the valid ones
+    with pytest.raises(persist.InvalidUsage,
+                       match="toDF: unknown keyword asof; the keywords are as_of, "
+                             "consolidated, partitions"):
+        table.toDF(asof=3)
+    with pytest.raises(persist.InvalidUsage, match="unknown keyword storage_option;"):
+        PersistTable.forPath(spark, url, "c", storage_option={})
 
 
 def test_nothing_sealed_is_an_error(spark: Any, tmp_path: Path) -> None:

@@ -681,3 +681,55 @@ def _common_prefix(bs: list[bytes]) -> int:
 
 __all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "batches_in", "decoded_bytes",
            "load", "mask", "part_in", "plan", "rows_in", "splittable"]
+
+
+# -- reads that need no consolidation ---------------------------------------------------------
+
+
+def disjoint(parts: Sequence[PartMeta], key_type: pa.DataType) -> bool:
+    """Whether the parts' key stats prove that no key lies in two of ``parts``.
+
+    Exact and conservative: every part's part-level key bounds must be known (a part without
+    stats, or with a key whose bounds the budget dropped, proves nothing), the parts' bound
+    intervals ``[lo, hi]`` must be strictly ordered (``hi`` of one below ``lo`` of the next:
+    equal bounds on both sides, ``-0.0`` against ``0.0`` included, are not disjoint), and at
+    most one part may hold NaN or null keys (which no bound covers). Stats bounds are loose
+    outward, never tighter (a truncated string bound rounds outward), so a proof from them
+    holds for the rows. One part (or none) is disjoint trivially; keys without an order
+    (records) are disjoint only then.
+    """
+    live = [p for p in parts if p.rows]
+    if len(live) <= 1:
+        return True
+    kind = _kind(key_type)
+    if kind is None:
+        return False
+    spans: list[tuple[Phys, Phys]] = []
+    special = 0
+    for p in live:
+        ks = _key_stats(p, kind)
+        if ks.special is None or ks.lo is None or ks.hi is None:
+            return False
+        if ks.special:
+            special += 1
+        spans.append((ks.lo, ks.hi))
+    if special > 1:
+        return False
+    spans.sort(key=lambda s: s[0])
+    return all(_lt(a[1], b[0]) for a, b in itertools.pairwise(spans))
+
+
+def settled(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> bool:
+    """Whether the parts' rows, times forwarded to ``as_of``, already are the consolidated
+    contents as of ``as_of`` (every ``(key, value)`` once, no zero diff): a read may skip
+    summing them.
+
+    True when every part is consolidated (compaction output: one row per ``(key, value,
+    time)``, zero sums dropped), holds a single time at or before ``as_of``
+    (``min_time == max_time <= as_of``: one row per ``(key, value)``), and the parts are
+    key-disjoint (:func:`disjoint`), so no ``(key, value)`` lies in two of them. The parts
+    must all be read as the schema version they were written with (the caller's to check: a
+    migration may make two records equal).
+    """
+    return all(p.consolidated and p.min_time == p.max_time <= as_of for p in parts if p.rows) \
+        and disjoint(parts, key_type)
