@@ -43,7 +43,7 @@ a lease (:class:`ConsumerHold`), advances and renews it; the writer commits it t
 request it answers (or, with no writer running, the consumer commits it under the lock).
 """
 
-from persist.distributed.commit import WRITERS, Committer, Writers
+from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
 from persist.distributed.holds import ConsumerHold
 from persist.distributed.native import (
     FileRead,
@@ -60,6 +60,7 @@ from persist.distributed.native import (
 )
 from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
 from persist.distributed.stage import Stager, check_type
+from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
 from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, Scan
 from persist.runtime.client import TOKENS, LatestValues
@@ -75,12 +76,14 @@ __all__ = [
     "KeyBounds",
     "LatestValues",
     "NativePlan",
+    "Overwrite",
     "PartHandle",
     "ReadTask",
     "Residual",
     "Scan",
     "StagedPart",
     "Stager",
+    "StreamCursor",
     "Token",
     "Watch",
     "Writers",

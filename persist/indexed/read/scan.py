@@ -124,6 +124,24 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
             f">= {c.upper} are not sealed yet"
         )
 
+
+def resolve_as_of(c: CollectionMeta, as_of: int | None) -> int:
+    """The time a snapshot of ``c`` reads as of: ``as_of``, checked (:func:`check_as_of`), or,
+    for None, the latest sealed time (``upper - 1``).
+
+    Raises:
+        InvalidUsage: nothing is sealed yet (upper 0: there is no time to read as of);
+            ``as_of`` is not a time or lies outside ``[since, upper)``.
+    """
+    if as_of is None:
+        if c.upper == 0:
+            raise InvalidUsage(f"collection {c.name!r} has nothing sealed yet (upper is 0): "
+                               f"there is no time to read as of")
+        as_of = c.upper - 1
+    check_as_of(c, as_of)
+    return as_of
+
+
 #: The newest encoding of a read task and a part handle this persist decodes (and the one it
 #: encodes, :meth:`ReadTask.to_bytes`).
 READ_RECORD_VERSION = 1
@@ -377,6 +395,15 @@ class CollectionInfo:
         return bind(f, t.key.arrow_type, t.value.arrow_type, key_codec=t.key.name,
                     value_codec=t.value.name)
 
+    def resolve_as_of(self, as_of: int | None = None) -> int:
+        """The time a snapshot as of ``as_of`` reads as of: ``as_of`` checked against the
+        frontiers, or (None) the latest sealed time, ``upper - 1`` (:func:`resolve_as_of`).
+
+        Raises:
+            InvalidUsage: nothing sealed yet; ``as_of`` outside ``[since, upper)``.
+        """
+        return resolve_as_of(self.meta, as_of)
+
     def exact(self, lo: int, hi: int) -> bool:
         """Whether the updates with ``lo <= time < hi`` can still be read exactly.
 
@@ -407,27 +434,21 @@ class CollectionInfo:
             SchemaMismatch: a filter that does not fit the types.
         """
         c = self.meta
-        if as_of is None:
-            if c.upper == 0:
-                raise InvalidUsage(f"collection {c.name!r} has nothing sealed yet (upper is 0): "
-                                   f"there is no time to read as of")
-            as_of = c.upper - 1
-        check_as_of(c, as_of)
+        as_of = resolve_as_of(c, as_of)
         sid = evolve.View.of(c, schema_version).target
         bound = None if filter is None else self._bind(filter, sid)
         kept, skipped = _prune(snapshot_parts(c, as_of), filter, c, sid, bound)
         return Scan(self, sid, "snapshot", 0, as_of + 1, filter, kept, skipped, audit, bound)
 
-    def changes(self, lo: int, hi: int, *, schema_version: int | None = None,
-                held: bool = False) -> Scan:
-        """Plans a read of the updates with ``lo <= time < hi``, with their original times.
-
-        Args:
-            held: the caller holds a read hold at ``lo - 1`` (or knows the range is exact).
+    def check_changes(self, lo: int, hi: int, *, held: bool = False) -> None:
+        """Checks that the updates with ``lo <= time < hi`` can be read: both are times, the
+        range is sealed (``hi <= upper``), not empty, and exact (:meth:`exact`) unless
+        ``held`` (the caller holds a read hold at ``lo - 1``). Every range plan checks it
+        (:meth:`changes`); a reader that names the range otherwise (a change feed's inclusive
+        versions) checks it here before planning.
 
         Raises:
-            InvalidUsage: ``hi`` beyond upper, ``lo >= hi``, or the range is no longer exact
-                (:meth:`exact`), naming the since.
+            InvalidUsage: naming what is wrong and, for a range no longer exact, the since.
         """
         c = self.meta
         for what, t in (("lo", lo), ("hi", hi)):
@@ -444,6 +465,20 @@ class CollectionInfo:
                 f"changes of {c.name!r} from {lo} are no longer exact: its since is "
                 f"{self.since} (updates before {lo} may have been compacted into the range); "
                 f"start at {self.since + 1} or later, or keep a read hold")
+
+    def changes(self, lo: int, hi: int, *, schema_version: int | None = None,
+                held: bool = False) -> Scan:
+        """Plans a read of the updates with ``lo <= time < hi``, with their original times.
+
+        Args:
+            held: the caller holds a read hold at ``lo - 1`` (or knows the range is exact).
+
+        Raises:
+            InvalidUsage: ``hi`` beyond upper, ``lo >= hi``, or the range is no longer exact
+                (:meth:`exact`), naming the since.
+        """
+        self.check_changes(lo, hi, held=held)
+        c = self.meta
         sid = evolve.View.of(c, schema_version).target
         return Scan(self, sid, "changes", lo, hi, None, range_parts(c, lo, hi), (), False)
 
