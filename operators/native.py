@@ -66,6 +66,13 @@ READER_OPTIONS = {
     "mergeSchema": "false",
 }
 
+#: The error of a consolidated read whose diffs of one ``(key, value)`` sum outside int64,
+#: raised inside Spark's aggregation (a Spark error whose message starts with persist's error
+#: name, ``DiffOverflow``, as persist's own consolidation raises it).
+DIFF_OVERFLOW = ("DiffOverflow: the diffs of one (key, value) sum outside int64 "
+                 "[-2**63, 2**63 - 1]: persist does not wrap a sum; append updates that bring "
+                 "it back within int64 (read raw updates, or as of an earlier time, meanwhile)")
+
 
 class PersistTable:
     """A persist collection for Spark's native reader (see the module docstring).
@@ -273,9 +280,13 @@ class _Plan:
         from pyspark.sql import functions as F
 
         rows = files
-        if rest.parts:
+        if rest.rows:
             rows = rows.unionByName(self._python([rest], partial=True))
-        return (rows.coalesce(1).groupBy("key", "value").agg(F.sum("diff").alias("diff"))
+        # NB: try_sum is null where the sum leaves int64 (a plain sum fails with Spark's own
+        # ArithmeticException under ANSI, and wraps without it): persist's error instead.
+        total = F.try_sum("diff")
+        diff = F.when(total.isNull(), F.raise_error(F.lit(DIFF_OVERFLOW))).otherwise(total)
+        return (rows.coalesce(1).groupBy("key", "value").agg(diff.alias("diff"))
                 .where(F.col("diff") != 0)
                 .select("key", "value", F.lit(as_of).alias("time"), "diff"))
 

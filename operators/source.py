@@ -177,10 +177,10 @@ class PersistBatchReader(DataSourceReader):
             return partitions_of(scan.tasks(rows_per_task=opts.partition_rows), self.types)
         scan = c.snapshot(self.as_of, filter=self.pushed.filter, schema_version=sid,
                           audit=opts.audit_pruning)
-        if scan.skipped_parts:
+        kept, skipped = scan.counts
+        if skipped:
             log.info("read of %r as of %d: pushed filters prune %d of %d parts (%s)",
-                     c.name, self.as_of, len(scan.skipped_parts),
-                     len(scan.skipped_parts) + len(scan.kept),
+                     c.name, self.as_of, skipped, skipped + kept,
                      "audited" if opts.audit_pruning else "not audited")
         if self.mode == "consolidated":
             tasks = scan.tasks(consolidated=True, n=opts.num_partitions)
@@ -230,9 +230,9 @@ class PersistBatchReader(DataSourceReader):
         return rest
 
     def partitions(self) -> Sequence[InputPartition]:
-        """The partitions, planned on first call (after any pushed filters): key-hash buckets
-        (consolidated) or groups of parts (raw; one empty partition if there are none), only
-        of the parts the pushed filters' stats do not exclude.
+        """The partitions, planned on first call (after any pushed filters): the engine's key
+        ranges (consolidated) or groups of parts (raw; one empty partition if there are none),
+        only of the parts the pushed filters' stats do not exclude.
 
         Raises:
             InvalidUsage: called on a reader unpickled in a task (the plan stays on the driver).

@@ -35,16 +35,18 @@ outcome from the log, keep a writer across commits, reopen after a lost lock (it
 how). ``Client.apply(parts=..., token=...)`` is the one-commit primitive under it.
 
 Everything here stands on the metadata log and the blob store alone: no runtime, no threads and
-no writer lock, except where a commit (the ``Committer``) or a read hold (:func:`set_read_hold`)
-needs one. Every record it hands out is frozen and serializable.
+no writer lock, except where a commit (the ``Committer``) or a hold with no writer running
+(:class:`ConsumerHold`) needs one. Every record it hands out is frozen and serializable.
 
 Named holds (:mod:`persist.distributed.holds`): a consumer in another process takes a hold with
 a lease (:class:`ConsumerHold`), advances and renews it; the writer commits it through a
 request it answers (or, with no writer running, the consumer commits it under the lock).
+:func:`set_read_hold` is its older one-call form (a hold with a century's lease), kept as a thin
+alias.
 """
 
 from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
-from persist.distributed.holds import ConsumerHold
+from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
     FileRead,
     KeyBounds,
@@ -58,7 +60,7 @@ from persist.distributed.native import (
     read_native,
     settled,
 )
-from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
+from persist.distributed.read import Watch, describe, read_part, read_task
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token

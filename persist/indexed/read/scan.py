@@ -52,8 +52,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -210,9 +208,9 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
 
     * ``snapshot``: the raw updates of ``parts`` at or before ``hi - 1`` (the as-of time), with
       times forwarded to it;
-    * ``consolidated``: the contents as of ``hi - 1`` of the keys in ``key_range`` (or, without
-      one, in hash bucket ``bucket`` of ``buckets``): every ``(key, value)`` once, its diffs
-      summed (never 0), time ``hi - 1``;
+    * ``consolidated``: the contents as of ``hi - 1`` of the keys in ``key_range`` (None: every
+      key): every ``(key, value)`` once, its diffs summed (never 0), time ``hi - 1``. ``bucket``
+      is the task's index among ``buckets`` tasks of the plan (its share of the audit);
     * ``changes``: the updates of ``parts`` with ``lo <= time < hi``, original times.
 
     With a ``filter``, exactly the rows that match it. ``audit``: this task's share of the
@@ -235,9 +233,11 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     # tagged union, and a field typed as the base decoded nothing but the base (every task
     # with a filter failed ReadTask.from_bytes).
     filter: AnyFilter | None = None
+    #: The task's index among the plan's ``buckets`` consolidated tasks (the names are from
+    #: when they were key-hash buckets; the record keeps them).
     bucket: int = 0
     buckets: int = 1
-    #: A consolidated task over a key range (None: over hash bucket ``bucket``).
+    #: A consolidated task over a key range (None: over every key).
     key_range: split.KeyRange | None = None
     #: Raw and change tasks: parts read only in part, ``(part id, first batch, end batch)``
     #: (record batches ``first <= i < end``, as the part's stats count them); other parts are
@@ -255,6 +255,16 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     def rows(self) -> int:
         """Rows stored in the task's parts (an upper bound on what it reads)."""
         return sum(p.rows for p in self.parts)
+
+    @property
+    def handles(self) -> tuple[PartHandle, ...]:
+        """The task's parts as public views (``PartHandle``: id, rows, bytes, times, stats),
+        each readable on its own over the task's times. ``parts`` holds the engine's own
+        records (``PartMeta``, whose fields are the storage format's, not an API)."""
+        c = stripped(self.collection)
+        return tuple(PartHandle(address=self.address, collection=c,
+                                schema_version=self.schema_version, part=p, lo=self.lo,
+                                hi=self.hi) for p in self.parts)
 
     @property
     def view(self) -> evolve.View:
@@ -596,7 +606,12 @@ def balanced(parts: Sequence[PartMeta], rows: int) -> list[Share]:
 @dataclass(frozen=True)
 class Scan:
     """A planned read: a snapshot as of ``hi - 1`` or the changes ``[lo, hi)`` of one
-    collection, as serializable part handles (:attr:`parts`) or tasks (:meth:`tasks`)."""
+    collection, as serializable part handles (:attr:`parts`) or tasks (:meth:`tasks`).
+
+    ``kept`` and ``skipped_parts`` are the engine's own part records (``PartMeta``, the
+    storage format's fields, not an API); their public views are :attr:`parts` and
+    :attr:`skipped` (``PartHandle``), counted by :attr:`counts`.
+    """
 
     info: CollectionInfo
     schema_version: int
@@ -639,6 +654,11 @@ class Scan:
     def rows(self) -> int:
         """Rows stored in the planned parts (an upper bound on what the read returns)."""
         return sum(p.rows for p in self.kept)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """How many parts the read needs, and how many the filter's stats pruned."""
+        return len(self.kept), len(self.skipped_parts)
 
     def _common(self) -> dict[str, Any]:
         """What every task of this scan carries."""
@@ -959,31 +979,28 @@ def _contents(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
 
 def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
             bound: Bound | None) -> pa.Table:
+    """An unordered read of a consolidated task: its key range (:func:`_ranged`), or every
+    key.
+
+    Raises:
+        InvalidUsage: a task of one hash bucket of several (planned by an older persist:
+            plans split by key range now).
+    """
     view = task.view
-    n, me = np.uint64(task.buckets), np.uint64(task.bucket)
     pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited,
                  counts=counts, bound=bound)
     _audit(reader, pr, task.audit)
     if task.key_range is not None:
         return _ranged(reader, task, view, pr)
-    tables: list[pa.Table] = []
-    hashes: list[npt.NDArray[np.uint64]] = []
-    for part in task.parts:
-        t = _load(reader, view, pr, part, 0, task.hi)
-        if t is None:
-            continue
-        h = buckets.hash_keys(t.column("key"))
-        if task.buckets > 1:
-            # NB: filter each part to this bucket as it is read, so a task holds 1/n of the
-            # data; the key hashes are kept for the consolidation.
-            mine = h % n == me
-            t, h = t.filter(pa.array(mine)), h[mine]
-        tables.append(t)
-        hashes.append(h)
+    if task.buckets > 1:
+        raise InvalidUsage(f"a consolidated task of hash bucket {task.bucket} of "
+                           f"{task.buckets}: planned by an older persist (reads split by key "
+                           f"range now); plan and read with the same persist version")
+    tables = [t for part in task.parts
+              if (t := _load(reader, view, pr, part, 0, task.hi)) is not None]
     if not tables:
         return view.schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(tables), task.as_of,
-                               key_hashes=np.concatenate(hashes))
+    return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
 def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | None

@@ -1,7 +1,7 @@
 """Key-range splits of a snapshot: disjoint key ranges that parallel consolidated reads own.
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place.
-Hash buckets (:mod:`persist.indexed.read.buckets`) give that, but every task must then decode
+Hash buckets (what persist planned before) give that, but every task must then decode
 every part: ``n`` tasks read the collection ``n`` times. A split by key *range* lets each task
 decode only the record batches that may hold its keys: every blob part persist writes is sorted
 by key (``PartMeta.ordered``: part format 4, and compaction output, which is also cut into
@@ -48,7 +48,7 @@ stats of a part written under any schema version apply to the current key type u
 **Supported key types** (:func:`splittable`): integers, bools, float32/64, strings and
 binaries (also large, and Python-object keys stored as msgpack ``binary``: their byte order),
 date32, timestamps and decimals. Records (structs, lists) and the rest have no such order here:
-:func:`plan` returns None and the caller falls back to hash buckets.
+:func:`plan` returns None and the caller reads them in one task.
 
 **Null and NaN keys.** Stats count them per part, not per batch. In a sorted part they sit at
 its ends (a sort puts nulls at one end and NaN at one end of the numbers: Arrow's, which
@@ -315,7 +315,7 @@ def _check_kind(key_type: pa.DataType) -> _Kind:
     kind = _kind(key_type)
     if kind is None:
         raise InvalidUsage(f"keys of type {key_type} cannot be split by range (records and "
-                           f"types without an order: use hash buckets)")
+                           f"types without an order: read them in one task)")
     return kind
 
 
