@@ -48,6 +48,7 @@ from persist.indexed.read import buckets, split
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import READ_ATTEMPTS, CollectionInfo, ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
+from persist.indexed.read.scan import settled as settled_task
 
 
 def _stores(blob: BlobRead) -> Callable[[str | None], BlobRead | None]:
@@ -282,7 +283,8 @@ def settled(scan: Scan) -> bool:
     contents already, so that a consolidated read may skip summing them: every part is
     consolidated at one time at or before the as-of time, the parts are key-disjoint by their
     stats (:func:`persist.indexed.read.split.settled`), and every part is of the scan's schema
-    version (a migration could make two records equal).
+    version (a migration could make two records equal). ``read_task`` of a consolidated task
+    skips the sum by the same rule.
 
     Raises:
         InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
@@ -290,9 +292,7 @@ def settled(scan: Scan) -> bool:
     if not isinstance(scan, Scan) or scan.kind != "snapshot":
         raise InvalidUsage(f"settled takes a snapshot's persist.distributed.Scan, not "
                            f"{scan!r:.80}")
-    key_type = scan.schema.field("key").type
-    return all(evolve.part_version(p) == scan.schema_version for p in scan.kept) \
-        and split.settled(scan.kept, scan.as_of, key_type)
+    return settled_task(scan.task(consolidated=True))
 
 
 def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,

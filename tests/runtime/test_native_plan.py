@@ -354,3 +354,41 @@ def test_a_file_gone_after_the_plan_is_planned_again_by_the_engine(tmp_path: Pat
 
     with pytest.raises(persist.PartMissing, match=r"disappearing .*\(8 plans\)"):
         distributed.read_native(url, "c", always_gone)
+
+
+def test_read_task_skips_summing_settled_parts_and_reads_the_same(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client's side of the fast path: a consolidated task over settled parts is read
+    without consolidating (here proved by a consolidation that would fail), and answers as the
+    raw updates summed; over parts that are not settled it consolidates as before."""
+    from persist.indexed.read import buckets
+
+    rng = np.random.default_rng(10)
+    ix = _compacted(tmp_path, rng)
+    want = _client(tmp_path, 3)
+    scan = distributed.describe(str(tmp_path), "c").snapshot(3)
+    real = buckets.consolidate
+
+    def refused(*args: Any, **kwargs: Any) -> pa.Table:
+        raise AssertionError("consolidate called")
+
+    monkeypatch.setattr(buckets, "consolidate", refused)
+    for n in (1, 4):
+        tasks = scan.tasks(consolidated=True, n=n)
+        assert len(tasks) == n
+        got = [t for task in tasks for t in distributed.read_task(task)]
+        assert _sums(got) == want
+        assert sum(len(t) for t in got) == len(want)
+        assert all(t.column("time").to_pylist() == [3] * len(t) for t in got)
+    filtered = distributed.describe(str(tmp_path), "c").snapshot(
+        3, filter=persist.col("key") < 2500)
+    got = [t for task in filtered.tasks(consolidated=True, n=2)
+           for t in distributed.read_task(task)]
+    assert _sums(got) == {kv: d for kv, d in want.items() if kv[0] < 2500}
+    monkeypatch.setattr(buckets, "consolidate", real)
+    ix.write({"c": _updates(rng, 50, 4, pa.array(rng.integers(0, 5000, 50)))})
+    ix.seal("c", 5)
+    monkeypatch.setattr(buckets, "consolidate", refused)
+    with pytest.raises(AssertionError, match="consolidate called"):
+        list(distributed.read_task(distributed.describe(str(tmp_path), "c").snapshot(4)
+                                   .task(consolidated=True)))

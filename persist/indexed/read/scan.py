@@ -998,9 +998,7 @@ def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
                            f"range now); plan and read with the same persist version")
     tables = [t for part in task.parts
               if (t := _load(reader, view, pr, part, 0, task.hi)) is not None]
-    if not tables:
-        return view.schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(tables), task.as_of)
+    return _consolidated(tables, task)
 
 
 def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | None
@@ -1026,9 +1024,28 @@ def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | 
             t = _in_range(t, part, 0, task.hi)
         if len(t):
             tables.append(t)
+    return _consolidated(tables, task)
+
+
+def settled(task: ReadTask) -> bool:
+    """Whether a consolidated task's parts, times forwarded to its as-of time, are its contents
+    already (:func:`persist.indexed.read.split.settled`: consolidated, one time each, key-
+    disjoint), all read as the version they were written with (a migration could make two
+    records equal): its read may skip summing them."""
+    return (all(evolve.part_version(p) == task.view.target for p in task.parts)
+            and split.settled(task.parts, task.as_of, task.schema.field("key").type))
+
+
+def _consolidated(tables: list[pa.Table], task: ReadTask) -> pa.Table:
+    """The task's rows (``tables``, at or before its as-of time) consolidated; skipped where
+    the parts are :func:`settled` (times forwarded only)."""
+    schema = task.view.schema
     if not tables:
-        return view.schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(tables), task.as_of)
+        return schema.empty_table()
+    t = pa.concat_tables(tables)
+    if settled(task):
+        return t.set_column(2, schema.field(2), columnar.constant_times(task.as_of, len(t)))
+    return buckets.consolidate(t, task.as_of)
 
 
 class SnapshotRead:
