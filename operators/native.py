@@ -220,7 +220,6 @@ class _Plan:
         self.types = types
         self.schema = types.spark_schema
         self.options = {**options, **READER_OPTIONS}
-        self.native = native_types(types)
         self.sql_sum = sql_groups(types)
 
     def read(self, plan: persist.distributed.NativePlan) -> Any:

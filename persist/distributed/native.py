@@ -332,7 +332,8 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
             urls, rest = parquet_files(scan)
         if urls:
             pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False)))
-            file_parts.extend(p for p in scan.kept if p not in rest.kept)
+            others = {p.id for p in rest.kept}
+            file_parts.extend(p for p in scan.kept if p.id not in others)
         if rest.kept or not urls:
             tasks.extend(rest.tasks(rows_per_task=rows_per_task))
     else:
@@ -346,7 +347,8 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
                 continue
             pieces.append(FileRead(urls, Residual(as_of, key_bounds(task), consolidate=True),
                                    left))
-            file_parts.extend(p for p in task.parts if p not in left.parts)
+            others = {p.id for p in left.parts}
+            file_parts.extend(p for p in task.parts if p.id not in others)
     return NativePlan(scan.info, as_of, consolidated, tuple(pieces), tuple(tasks),
                       tuple(file_parts))
 
