@@ -6,14 +6,16 @@
 
 Shaped like Delta's ``DeltaTable.forPath(spark, path).toDF()``. The Python data source
 (``format("persist")``, :mod:`operators.source`) is capped by the Python Data Source API
-(NOTES.md: any such source reaches 0.39-0.71x ``spark.read.parquet``, and is never told which
-columns a query needs); this path hands Spark's built-in reader the part files of a snapshot
+(measured on Spark 4.0-4.1: any such source, persist's or a trivial one, reaches 0.39-0.71x
+``spark.read.parquet``, and is never told which columns a query needs); this path hands Spark's built-in reader the part files of a snapshot
 (part format 4: plain, sorted Parquet files), so a query gets column pruning, predicate
 pushdown, vectorized decoding and verified page checksums. The engine plans the read
-(``persist.distributed``: ``describe``, ``CollectionInfo.snapshot``, ``Scan.tasks``) and says
-which parts are such files (:func:`persist.distributed.parquet_files`,
-:func:`persist.distributed.parquet_task`); everything else goes through the Python path, in
-Spark tasks, so the answer is the Python source's:
+and says, piece by piece, which parts are such files and what to apply to their rows
+(:func:`persist.distributed.read_native`: a ``NativePlan`` of ``FileRead`` pieces, each with
+its ``Residual``: the time bound and forwarding, the key range with its exactness, and whether
+the rows must still be summed); this module only translates each residual into Spark Column
+expressions. Everything else goes through the Python path, in Spark tasks, so the answer is
+the Python source's:
 
 * **raw** (``consolidated=False``): the files' rows at or before ``as_of`` (``time <= as_of``,
   pushed down), times forwarded to ``as_of``, unioned with the other parts' raw tasks;
@@ -24,7 +26,8 @@ Spark tasks, so the answer is the Python source's:
   own aggregation where it groups as persist does (:func:`sql_groups`; one partition needs no
   exchange), else by ``mapInArrow`` through :func:`persist.distributed.consolidate`. The
   ranges are unioned: each key lives in one.
-  A read whose only part is already consolidated at one time skips that step.
+  A read whose parts are settled (``persist.distributed.settled``: consolidated, one time
+  each, key-disjoint) is read as the raw read is: nothing to sum.
 
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
@@ -32,9 +35,11 @@ parts of a store no other process can reach, and every part of a collection with
 ``uint64`` anywhere in its types (Spark's Parquet reader makes it ``decimal(20, 0)``, the
 Python source a checked ``long``).
 
-A DataFrame is a plan over the snapshot's files: a part that GC removes before the plan is
-made is planned again (up to :data:`PLAN_ATTEMPTS` times); one removed after fails the query
-(Spark's ``FAILED_READ_FILE``, never skipped), and :meth:`PersistTable.toDF` plans it again.
+A DataFrame is a plan over the snapshot's files: a part that GC removes before Spark listed it
+is planned again by the engine (``read_native``, within the engine's one read budget: it
+checks which planned files are gone, never Spark's message); one removed after fails the
+query (Spark's ``FAILED_READ_FILE``, never skipped), and :meth:`PersistTable.toDF` plans it
+again.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ import persist
 from operators.options import Target
 from operators.partitions import BATCH_ROWS, TaskPartition, describe
 from operators.partitions import read as read_partition
-from operators.schema import MAX_LONG, CollectionTypes, from_spark, to_spark
+from operators.schema import CollectionTypes, from_spark, to_spark
 from persist import InvalidUsage
 
 #: Spark reader options of every native read: verify page checksums (zstd alone does not
@@ -60,8 +65,13 @@ READER_OPTIONS = {
     "ignoreCorruptFiles": "false",
     "mergeSchema": "false",
 }
-#: How often :meth:`PersistTable.toDF` plans again when a part went (GC) while planning.
-PLAN_ATTEMPTS = 8
+
+#: The error of a consolidated read whose diffs of one ``(key, value)`` sum outside int64,
+#: raised inside Spark's aggregation (a Spark error whose message starts with persist's error
+#: name, ``DiffOverflow``, as persist's own consolidation raises it).
+DIFF_OVERFLOW = ("DiffOverflow: the diffs of one (key, value) sum outside int64 "
+                 "[-2**63, 2**63 - 1]: persist does not wrap a sum; append updates that bring "
+                 "it back within int64 (read raw updates, or as of an earlier time, meanwhile)")
 
 
 class PersistTable:
@@ -78,7 +88,8 @@ class PersistTable:
     @classmethod
     def forPath(cls, spark: Any, url: str, collection: str, *,
                 storage_options: Mapping[str, Any] | None = None,
-                reader_options: Mapping[str, str] | None = None) -> PersistTable:
+                reader_options: Mapping[str, str] | None = None,
+                **unknown: Any) -> PersistTable:
         """The collection ``collection`` of the location at ``url``.
 
         Args:
@@ -92,10 +103,11 @@ class PersistTable:
                 as ``fs.s3a.endpoint``).
 
         Raises:
-            InvalidUsage: an argument of the wrong type.
+            InvalidUsage: an argument of the wrong type, or an unknown keyword.
             MissingResource: no location at ``url``.
             UnknownCollection: no such collection (the message lists those there are).
         """
+        _no_unknown("PersistTable.forPath", unknown, ("storage_options", "reader_options"))
         if not hasattr(spark, "read") or not hasattr(spark, "createDataFrame"):
             raise InvalidUsage(f"PersistTable.forPath: spark must be a SparkSession, not "
                                f"{type(spark).__name__}")
@@ -118,7 +130,7 @@ class PersistTable:
         return describe(self._target)
 
     def toDF(self, *, as_of: int | None = None, consolidated: bool = True,
-             partitions: int | None = None) -> Any:
+             partitions: int | None = None, **unknown: Any) -> Any:
         """The collection as of ``as_of`` as a Spark DataFrame of ``key, value, time, diff``,
         the Python source's schema (``operators/schema.py``).
 
@@ -134,12 +146,14 @@ class PersistTable:
 
         Raises:
             InvalidUsage: ``as_of`` outside ``[since, upper)`` or not an int, nothing sealed
-                yet, ``consolidated`` not a bool, ``partitions`` below 1; an ``s3://``
+                yet, ``consolidated`` not a bool, ``partitions`` below 1, an unknown keyword
+                (the message lists the valid ones); an ``s3://``
                 location on a Spark without the S3A connector (use the Python source,
                 ``spark.read.format("persist")``, there).
             SchemaMismatch: the key or value has no Spark type.
             PartMissing: GC kept removing parts while this read was planned.
         """
+        _no_unknown("toDF", unknown, ("as_of", "consolidated", "partitions"))
         if as_of is not None and (isinstance(as_of, bool) or not isinstance(as_of, int)):
             raise InvalidUsage(f"toDF: as_of must be an int time or None, not {as_of!r}")
         if not isinstance(consolidated, bool):
@@ -148,25 +162,24 @@ class PersistTable:
                                        or not isinstance(partitions, int) or partitions < 1):
             raise InvalidUsage(f"toDF: partitions must be an int >= 1 or None, not "
                                f"{partitions!r}")
-        gone: BaseException | None = None
-        for _ in range(PLAN_ATTEMPTS):
-            info = describe(self._target)
-            types = CollectionTypes.of(info)
-            scan = info.snapshot(as_of)
-            if scan.as_of > MAX_LONG:
-                raise InvalidUsage(f"as_of {scan.as_of} does not fit Spark's long")
-            try:
-                return _Plan(self._spark, types, self._reader_options).read(
-                    scan, consolidated=consolidated, partitions=partitions)
-            except _Gone as e:
-                gone = e.__cause__  # a part went between the plan and Spark's listing
-        raise persist.PartMissing(
-            f"read of {self._target.collection!r}: parts kept disappearing while the read "
-            f"was planned ({PLAN_ATTEMPTS} plans): {gone}")
+
+        def build(plan: persist.distributed.NativePlan) -> Any:
+            types = CollectionTypes.of(plan.info)
+            return _Plan(self._spark, types, self._reader_options).read(plan)
+
+        t = self._target
+        return persist.distributed.read_native(
+            t.url, t.collection, build, as_of=as_of, consolidated=consolidated, n=partitions,
+            files=lambda info: native_types(CollectionTypes.of(info)),
+            storage_options=t.storage_options)
 
 
-class _Gone(Exception):
-    """A file of the plan was not found when Spark listed it (GC removed it): plan again."""
+def _no_unknown(where: str, unknown: Mapping[str, Any], valid: tuple[str, ...]) -> None:
+    """Raises ``InvalidUsage`` naming the keywords of ``unknown`` (a typo) and the valid ones."""
+    if unknown:
+        raise InvalidUsage(f"{where}: unknown keyword{'s' if len(unknown) > 1 else ''} "
+                           f"{', '.join(sorted(unknown))}; the keywords are "
+                           f"{', '.join(valid)}")
 
 
 def _nowhere(t: pa.DataType, bad: Callable[[pa.DataType], bool]) -> bool:
@@ -207,65 +220,33 @@ class _Plan:
         self.types = types
         self.schema = types.spark_schema
         self.options = {**options, **READER_OPTIONS}
-        self.native = native_types(types)
         self.sql_sum = sql_groups(types)
 
-    def read(self, scan: persist.distributed.Scan, *, consolidated: bool,
-             partitions: int | None) -> Any:
-        """The DataFrame of ``scan`` (see the module docstring)."""
-        if not consolidated or self._consolidated_already(scan):
-            return self._raw(scan)
-        return self._consolidated(scan, partitions)
+    def read(self, plan: persist.distributed.NativePlan) -> Any:
+        """The DataFrame of ``plan`` (see the module docstring)."""
+        frames = [self._piece(f) for f in plan.files]
+        # NB: a consolidated read always has a Python-path child, empty or not. Each range is
+        # one partition (SinglePartition), and Spark >= 4.1 unions children that all report
+        # the same partitioning partition by partition (spark.sql.unionOutputPartitioning,
+        # SPARK-52921): every range would run in one task, one after the other. A child
+        # partitioned otherwise makes the union a plain concatenation: one task per range.
+        if plan.tasks or not frames or any(f.residual.consolidate for f in plan.files):
+            frames.append(self._python(list(plan.tasks)))
+        return functools.reduce(lambda a, b: a.union(b), frames)
 
-    def _raw(self, scan: persist.distributed.Scan) -> Any:
+    def _piece(self, piece: persist.distributed.FileRead) -> Any:
+        """One piece of the plan: its files read by Spark, filtered by its residual, summed
+        with its other parts if the residual says so."""
         from pyspark.sql import functions as F
 
-        as_of = scan.as_of
-        rest = scan
-        frames = []
-        if self.native:
-            urls, rest = persist.distributed.parquet_files(scan)
-            if urls:
-                frames.append(self._files(urls).where(F.col("time") <= as_of)
-                              .withColumn("time", F.lit(as_of)))
-        if rest.kept or not frames:
-            frames.append(self._python(rest.tasks()))
-        return self._union(frames)
-
-    def _consolidated(self, scan: persist.distributed.Scan, partitions: int | None) -> Any:
-        frames = []
-        python: list[persist.distributed.ReadTask] = []
-        for task in scan.tasks(consolidated=True, n=partitions):
-            if not self.native:
-                python.append(task)
-                continue
-            urls, rest = persist.distributed.parquet_task(task)
-            if not urls:
-                python.append(rest)
-                continue
-            cond, exact = self._in_range(task, scan.as_of)
-            df = self._files(urls).where(cond)
-            if self.sql_sum and exact:
-                frames.append(self._summed(df, rest, scan.as_of))
-            else:
-                frames.append(df.coalesce(1).mapInArrow(_Consolidate(rest, self.types),
-                                                        self.schema))
-        # NB: always a Python-path child, empty or not. Each range above is one partition
-        # (SinglePartition), and Spark >= 4.1 unions children that all report the same
-        # partitioning partition by partition (spark.sql.unionOutputPartitioning, SPARK-52921):
-        # every range would run in one task, one after the other. A child partitioned
-        # otherwise makes the union a plain concatenation: one task per range.
-        frames.append(self._python(python))
-        return self._union(frames)
-
-    @staticmethod
-    def _consolidated_already(scan: persist.distributed.Scan) -> bool:
-        """The fast path: a snapshot of one part holding one time, already consolidated
-        (compaction's output once since passed its time) is its own contents."""
-        if len(scan.kept) != 1:
-            return False
-        p = scan.kept[0]
-        return bool(p.consolidated and p.min_time == p.max_time)
+        r = piece.residual
+        df = self._files(piece.urls).where(_where(r))
+        if not r.consolidate:
+            return df.withColumn("time", F.lit(r.as_of))
+        assert piece.rest is not None
+        if self.sql_sum and (r.keys is None or r.keys.exact):
+            return self._summed(df, piece.rest, r.as_of)
+        return df.coalesce(1).mapInArrow(_Consolidate(piece.rest, self.types), self.schema)
 
     def _files(self, urls: tuple[str, ...]) -> Any:
         reader = self.spark.read.options(**self.options).schema(self.schema)
@@ -274,8 +255,6 @@ class _Plan:
             df = reader.parquet(*paths)
         except Exception as e:
             text = str(e)
-            if "PATH_NOT_FOUND" in text or "Path does not exist" in text:
-                raise _Gone() from e
             s3a = any(p.startswith("s3a://") for p in paths)
             if s3a and ("ClassNotFoundException" in text or "No FileSystem for scheme" in text):
                 raise InvalidUsage(
@@ -300,35 +279,15 @@ class _Plan:
         from pyspark.sql import functions as F
 
         rows = files
-        if rest.parts:
+        if rest.rows:
             rows = rows.unionByName(self._python([rest], partial=True))
-        return (rows.coalesce(1).groupBy("key", "value").agg(F.sum("diff").alias("diff"))
+        # NB: try_sum is null where the sum leaves int64 (a plain sum fails with Spark's own
+        # ArithmeticException under ANSI, and wraps without it): persist's error instead.
+        total = F.try_sum("diff")
+        diff = F.when(total.isNull(), F.raise_error(F.lit(DIFF_OVERFLOW))).otherwise(total)
+        return (rows.coalesce(1).groupBy("key", "value").agg(diff.alias("diff"))
                 .where(F.col("diff") != 0)
                 .select("key", "value", F.lit(as_of).alias("time"), "diff"))
-
-    def _in_range(self, task: persist.distributed.ReadTask, as_of: int) -> tuple[Any, bool]:
-        """``time <= as_of`` and, where it can say it exactly or more loosely, the task's key
-        range: pushed to Spark's reader so row groups and pages of other ranges are skipped.
-        Also whether the condition is exactly the range (else the rows are cut exactly by the
-        engine, :func:`persist.distributed.consolidate`)."""
-        from pyspark.sql import functions as F
-
-        cond = F.col("time") <= as_of
-        r = task.key_range
-        if r is None:
-            return cond, True
-        key = F.col("key")
-        kind = self.schema["key"].dataType.typeName()
-        lo, hi = _bound(r.lo, kind), _bound(r.hi, kind)
-        exact = (lo is None) == (r.lo is None) and (hi is None) == (r.hi is None)
-        if hi is not None:
-            # NB: Spark sorts NaN above every number, as persist's ranges do; nulls and NaN
-            # belong to the last range (hi None) only.
-            cond = cond & (key < F.lit(hi))
-        if lo is not None:
-            above = key >= F.lit(lo)
-            cond = cond & (above | key.isNull() if r.hi is None else above)
-        return cond, exact
 
     def _python(self, tasks: list[persist.distributed.ReadTask], *, partial: bool = False
                 ) -> Any:
@@ -339,26 +298,23 @@ class _Plan:
             self.spark.sparkContext.parallelize(rows, max(1, len(rows))), "task binary")
         return seed.mapInArrow(_ReadTasks(self.types, partial=partial), self.schema)
 
-    @staticmethod
-    def _union(frames: list[Any]) -> Any:
-        return functools.reduce(lambda a, b: a.union(b), frames)
+def _where(r: persist.distributed.Residual) -> Any:
+    """A residual's filter as a Spark condition, pushed to Spark's reader (its row groups and
+    pages of other times and ranges are skipped). Spark orders NaN above every number and a
+    null key satisfies no comparison, the order the engine's bounds are meant in."""
+    from pyspark.sql import functions as F
 
-
-def _bound(v: Any, kind: str) -> Any:
-    """A key range bound as a Spark literal of the key's type, or None where one would not be
-    exact (the range then reads more, and the engine cuts it exactly)."""
-    if v is None:
-        return None
-    if kind in ("byte", "short", "integer", "long") and isinstance(v, int):
-        return v
-    if kind in ("float", "double") and isinstance(v, float):
-        return v
-    if kind == "string" and isinstance(v, bytes):
-        try:
-            return v.decode("utf-8")  # Spark compares strings by their UTF-8 bytes
-        except UnicodeDecodeError:
-            return None  # a truncated stats bound
-    return None
+    cond = F.col("time") <= r.as_of
+    k = r.keys
+    if k is None:
+        return cond
+    key = F.col("key")
+    if k.hi is not None:
+        cond = cond & (key < F.lit(k.hi))
+    if k.lo is not None:
+        above = key >= F.lit(k.lo)
+        cond = cond & (above | key.isNull() if k.nulls else above)
+    return cond
 
 
 class _ReadTasks:

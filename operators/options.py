@@ -285,7 +285,7 @@ class ReadOptions:
     #: Batch: the time to read as of (``as_of`` or Delta's ``versionAsOf``); None: upper - 1.
     as_of: int | None
     mode: Mode
-    #: Batch, consolidated: key-hash buckets (None: by size). Raw: ignored.
+    #: Batch, consolidated: at most this many key ranges (None: by size). Raw: ignored.
     num_partitions: int | None
     #: Batch raw mode and streaming: small parts are grouped into a partition up to this size
     #: (None: the engine's default, ``Scan.tasks``'s).

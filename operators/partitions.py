@@ -11,7 +11,7 @@ Three kinds, by the task's kind:
 
 * ``snapshot`` (batch, ``mode=raw``): a group of parts, every update at or before ``as_of``
   with its time forwarded to ``as_of``;
-* ``consolidated`` (batch, ``mode=consolidated``): the contents of one key bucket;
+* ``consolidated`` (batch, ``mode=consolidated``): the contents of one key range;
 * ``changes`` (streaming micro-batches and the batch change feed): the updates with
   ``lo <= time < hi``, original times.
 """

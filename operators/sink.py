@@ -47,7 +47,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -63,7 +62,7 @@ from operators.schema import (
     merged_types,
 )
 from persist import InvalidUsage, LeaseRevoked, SchemaMismatch
-from persist.distributed import Committer, LatestValues, StagedPart, Stager, Token, read_task
+from persist.distributed import Committer, LatestValues, Overwrite, StagedPart, Stager, Token
 
 try:  # pyspark >= 4.1
     from pyspark.sql.datasource import DataSourceStreamArrowWriter as _StreamWriterBase
@@ -81,10 +80,6 @@ QUERIES = LatestValues("__sink_queries", pa.string())
 
 #: The Spark local property that holds a streaming query's id in its write tasks.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-
-#: Overwrite: the retraction is consolidated in key-hash buckets of about this many rows, one
-#: at a time, so the driver never holds much more than one bucket of the old contents.
-RETRACT_ROWS_PER_BUCKET = 2_000_000
 
 #: A sink task cuts a part whenever the rows it buffered reach this many Arrow bytes, so its
 #: memory is bounded by about one part, not by its partition.
@@ -296,61 +291,16 @@ class PersistBatchWriter(DataSourceArrowWriter):
             upper = max(p.max_time for p in parts) + 1
         if upper is None:
             return  # no rows, no upper: nothing to do
-        # NB: the retraction's parts are staged under the writer lock, by the commit's plan;
-        # the committer discards them with the job's if the commit fails, and they are
-        # released with them once it is decided.
-        made: list[StagedPart] = []
-
-        def retraction(client: persist.Client) -> dict[str, Any]:
-            more = self._retraction(client)
-            made.extend(more)
-            return {"parts": {name: more}}
-
+        # NB: the retraction's parts are staged under the writer lock, by the commit's plan
+        # (the engine's Overwrite); the committer discards them with the job's if the commit
+        # fails, and they are released with them once it is decided.
+        over = None if self.at is None else Overwrite(
+            name, self.at, self.stager, schema_version=self.types.schema_id)
         try:
-            _committer(self.opts, self.rid).commit(
-                {name: parts}, seals={name: upper},
-                plan=retraction if self.at is not None else None)
+            _committer(self.opts, self.rid).commit({name: parts}, seals={name: upper},
+                                                   plan=over)
         finally:
-            self.stager.release([*parts, *made])
-
-    def _retraction(self, client: persist.Client) -> list[StagedPart]:
-        """Overwrite: the snapshot as of ``T - 1`` with its diffs negated, at time ``T``, as
-        staged parts, built one key-hash bucket at a time (so the driver holds about one
-        bucket of the old contents, not all of it).
-
-        NB: runs under the writer lock (the client is the writer), so no other write moves the
-        collection meanwhile; its own background compaction may replace parts, but replaced
-        parts outlive their replacement by the GC grace period.
-
-        Raises:
-            InvalidUsage: another write moved the collection's upper past ``T`` since the
-                overwrite started (run it again).
-        """
-        assert self.at is not None
-        name, at = self.opts.target.collection, self.at
-        c = client.info(name)
-        if c.upper != at:
-            raise InvalidUsage(
-                f"overwrite of {name!r} planned at its upper {at}, but another write moved "
-                f"the upper to {c.upper} meanwhile: nothing was written; run the overwrite again"
-            )
-        if c.schema_version != self.types.schema_id:
-            raise InvalidUsage(
-                f"overwrite of {name!r} planned with schema version {self.types.schema_id}, "
-                f"but the collection was evolved to {c.schema_version} meanwhile: nothing was "
-                f"written; run the overwrite again")
-        if at == 0:
-            return []
-        scan = c.snapshot(at - 1, schema_version=self.types.schema_id)
-        n = max(1, -(-scan.rows // RETRACT_ROWS_PER_BUCKET))
-        out: list[StagedPart] = []
-        for task in scan.tasks(consolidated=True, n=n):
-            for snap in read_task(task):
-                if len(snap) == 0:
-                    continue
-                negated = snap.set_column(3, snap.schema.field(3), pc.negate(snap.column("diff")))
-                out.append(self.stager.stage(negated, at=at))
-        return out
+            self.stager.release([*parts, *(over.staged if over is not None else [])])
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """The job failed: deletes its staged blobs that no commit references, and releases

@@ -45,6 +45,7 @@ from persist.indexed.engine import Options
 from persist.indexed.format.records import arrow, decimal, msgpack
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.read.filter import Column, Filter, col
+from persist.indexed.read.scan import CollectionInfo
 from persist.indexed.state.holds import HoldInfo
 from persist.location import open
 from persist.runtime.branches import HoldHandle
@@ -65,6 +66,7 @@ __all__ = [
     "ChecksumMismatch",
     "Client",
     "ClientSnapshot",
+    "CollectionInfo",
     "Column",
     "CommitDeadline",
     "CompactionPolicy",

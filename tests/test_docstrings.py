@@ -1,7 +1,8 @@
 """Every public def and class of persist and operators states its contract in a docstring.
 
 Public: a name without a leading underscore, at module level or inside a public class.
-A method marked ``@override`` inherits the contract of the method it overrides (STYLE.md 12).
+A method marked ``@override`` inherits the contract of the method it overrides (the contract is
+written once, on the abstract method).
 """
 
 from __future__ import annotations

@@ -18,7 +18,10 @@ import is still an arrow, and hiding a cycle inside a function only moves where 
 module imports another's private (``_``-prefixed) name (:func:`private_imports`).
 
 ``operators/`` stands on the engine's public API alone, as any other engine would: the names of
-``persist.__all__`` and of ``persist.distributed.__all__``, nothing else (:func:`private_uses`).
+``persist.__all__`` and of ``persist.distributed.__all__``, nothing else (:func:`private_uses`);
+of the engine's records it reads only their public views, never the storage format's fields of
+a part or a plan's internal part lists (:func:`record_reads`), and it learns of a missing part
+from the engine, never from Spark's message text.
 """
 
 from __future__ import annotations
@@ -254,6 +257,37 @@ def private_uses(root: Path) -> list[str]:
     return sorted(out, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
 
 
+#: Attributes only the engine's own records have (``PartMeta``'s storage-format fields, a
+#: ``Scan``'s and a ``PartHandle``'s internal records): their public views are ``PartHandle``
+#: (id, rows, nbytes, min_time, max_time, stats), ``Scan.parts``/``skipped``/``counts``,
+#: ``ReadTask.handles``/``rows``, and the native plan's ``Residual``. (Names Spark or
+#: operators' own types also use, ``parquet`` and ``schema_id``, are left out.)
+RECORD_FIELDS = frozenset({
+    "blob_key", "inline", "full", "inserted", "retracted", "checksum", "sorted", "ordered",
+    "consolidated", "kept", "skipped_parts", "part",
+})
+#: Text of Spark's (or Hadoop's) errors that would tell of a missing part: the engine does
+#: (``NativePlan.missing``), from the store, never operators from a message.
+MISSING_TEXT = ("PATH_NOT_FOUND", "Path does not exist", "FileNotFound", "No such file")
+
+
+def record_reads(root: Path) -> list[str]:
+    """Every place ``operators/`` reads an attribute only the engine's internal records have
+    (:data:`RECORD_FIELDS`), or matches error text that tells of a missing file
+    (:data:`MISSING_TEXT`); one readable line each."""
+    out = []
+    for path in sorted((root / "operators").rglob("*.py")):
+        rel = path.relative_to(root)
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in RECORD_FIELDS:
+                out.append(f"{rel}:{node.lineno}: .{node.attr} (an engine record's own field; "
+                           f"use its public view)")
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                out += [f"{rel}:{node.lineno}: matches {t!r} (the engine reports a missing "
+                        f"part, as PartMissing)" for t in MISSING_TEXT if t in node.value]
+    return sorted(out, key=lambda line: (line.split(":")[0], int(line.split(":")[1])))
+
+
 def _face_of(node: ast.expr, aliases: dict[str, str]) -> str | None:
     """The face module ``node`` names (``persist``, ``persist.distributed``, or a local
     alias of one), else None."""
@@ -312,6 +346,28 @@ def test_the_boundary_check_catches_private_uses(tmp_path: Path) -> None:
         "operators/x.py:10: persist.distributed.Stager (not in persist.distributed.__all__)",
         "operators/x.py:12: persist.distributed.Machine (not in persist.distributed.__all__)",
         "operators/x.py:12: persist.distributed.lease (not in persist.distributed.__all__)",
+    ]
+
+
+def test_operators_read_only_public_views_of_engine_records() -> None:
+    problems = record_reads(ROOT)
+    assert problems == [], "operators/ restates engine rules:\n" + "\n".join(problems)
+
+
+def test_the_record_check_catches_internal_fields_and_error_text(tmp_path: Path) -> None:
+    (tmp_path / "operators").mkdir()
+    (tmp_path / "operators" / "x.py").write_text(
+        "def f(scan, p, e, h):\n"
+        "    if len(scan.kept) == 1 and p.consolidated:\n"
+        "        return h.part.min_time, h.min_time, scan.counts\n"
+        "    if 'PATH_NOT_FOUND' in str(e):\n"
+        "        raise e\n")
+    assert record_reads(tmp_path) == [
+        "operators/x.py:2: .consolidated (an engine record's own field; use its public view)",
+        "operators/x.py:2: .kept (an engine record's own field; use its public view)",
+        "operators/x.py:3: .part (an engine record's own field; use its public view)",
+        "operators/x.py:4: matches 'PATH_NOT_FOUND' (the engine reports a missing part, as "
+        "PartMissing)",
     ]
 
 

@@ -9,12 +9,12 @@ import json
 import os
 from typing import Any
 
-from persist.cli.common import EXIT_OK, EXIT_USAGE, CliError, open_location
+from persist.cli.common import EXIT_OK, open_location
 from persist.indexed.format.evolve import Types
 from persist.indexed.format.meta import CollectionMeta, State
 from persist.indexed.maintenance.verify import require_metadata
 from persist.indexed.read.parts import PartReader
-from persist.indexed.read.scan import Address, CollectionInfo, SnapshotRead
+from persist.indexed.read.scan import Address, CollectionInfo, SnapshotRead, resolve_as_of
 from persist.indexed.state import history
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import collection, effective_since
@@ -41,11 +41,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
     loc = open_location(args.url, args.storage_options)
     machine, state, c = _load(loc, args.collection)
-    as_of = args.as_of
-    if as_of is None:
-        if c.upper == 0:
-            raise CliError(EXIT_USAGE, f"{args.collection!r} has nothing sealed yet (upper 0)")
-        as_of = c.upper - 1
+    as_of = resolve_as_of(c, args.as_of)  # InvalidUsage: exit 2 (EXIT_USAGE)
     info = CollectionInfo(Address.of(loc.url, args.storage_options), c, state.seq)
     # NB: read as a client reads a snapshot: planned on this state and, if GC removes a part
     # meanwhile, planned again on a newer one (the answer is definite, so the same).

@@ -13,6 +13,9 @@ Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
         pd.read_part(handle, filter=...)
     urls, rest = pd.parquet_files(scan)    # or let another engine's Parquet reader read
                                           # the Parquet parts (persist.distributed.native)
+    df = pd.read_native(url, "events", build)   # ... with each piece's residual (time bound,
+                                          # key range, whether to sum), planned again if GC
+                                          # removed a file meanwhile
 
 Writing: stage anywhere, commit once (:mod:`persist.distributed.stage`,
 :mod:`persist.distributed.commit`)::
@@ -32,19 +35,34 @@ outcome from the log, keep a writer across commits, reopen after a lost lock (it
 how). ``Client.apply(parts=..., token=...)`` is the one-commit primitive under it.
 
 Everything here stands on the metadata log and the blob store alone: no runtime, no threads and
-no writer lock, except where a commit (the ``Committer``) or a read hold (:func:`set_read_hold`)
-needs one. Every record it hands out is frozen and serializable.
+no writer lock, except where a commit (the ``Committer``) or a hold with no writer running
+(:class:`ConsumerHold`) needs one. Every record it hands out is frozen and serializable.
 
 Named holds (:mod:`persist.distributed.holds`): a consumer in another process takes a hold with
 a lease (:class:`ConsumerHold`), advances and renews it; the writer commits it through a
 request it answers (or, with no writer running, the consumer commits it under the lock).
+:func:`set_read_hold` is its older one-call form (a hold with a century's lease), kept as a thin
+alias.
 """
 
-from persist.distributed.commit import WRITERS, Committer, Writers
-from persist.distributed.holds import ConsumerHold
-from persist.distributed.native import consolidate, parquet_files, parquet_task
-from persist.distributed.read import Watch, describe, read_part, read_task, set_read_hold
+from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
+from persist.distributed.holds import ConsumerHold, set_read_hold
+from persist.distributed.native import (
+    FileRead,
+    KeyBounds,
+    NativePlan,
+    Residual,
+    consolidate,
+    key_bounds,
+    parquet_files,
+    parquet_task,
+    plan_native,
+    read_native,
+    settled,
+)
+from persist.distributed.read import Watch, describe, read_part, read_task
 from persist.distributed.stage import Stager, check_type
+from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
 from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, Scan
 from persist.runtime.client import TOKENS, LatestValues
@@ -56,21 +74,31 @@ __all__ = [
     "CollectionInfo",
     "Committer",
     "ConsumerHold",
+    "FileRead",
+    "KeyBounds",
     "LatestValues",
+    "NativePlan",
+    "Overwrite",
     "PartHandle",
     "ReadTask",
+    "Residual",
     "Scan",
     "StagedPart",
     "Stager",
+    "StreamCursor",
     "Token",
     "Watch",
     "Writers",
     "check_type",
     "consolidate",
     "describe",
+    "key_bounds",
     "parquet_files",
     "parquet_task",
+    "plan_native",
+    "read_native",
     "read_part",
     "read_task",
     "set_read_hold",
+    "settled",
 ]

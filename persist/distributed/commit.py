@@ -38,8 +38,11 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import pyarrow.compute as pc
+
 from persist import crashpoints
-from persist.distributed.stage import discard
+from persist.distributed.read import read_task
+from persist.distributed.stage import Stager, discard
 from persist.errors import Determinate, InvalidUsage, LockHeld, PersistError
 from persist.indexed.format.transfer import StagedPart, Token
 from persist.indexed.read.scan import Address
@@ -58,6 +61,86 @@ WriterKey = tuple[str, tuple[tuple[str, Any], ...], str]
 Plan = Callable[[Client], "Mapping[str, Any] | None"]
 
 _ARGS = ("parts", "writes", "seals", "sinces", "holds")
+
+#: An overwrite retracts the old contents one key range of about this many rows at a time, so
+#: the committing process holds about one range of them, never all.
+RETRACT_ROWS = 2_000_000
+
+
+class Overwrite:
+    """Overwrite as retraction: a commit ``plan`` (:meth:`Committer.commit`) that replaces
+    collection ``name``'s contents at time ``at`` (its upper when the job started): under the
+    writer lock, the snapshot as of ``at - 1`` with its diffs negated is staged at time ``at``,
+    and committed with the job's own parts (which the job staged at ``at``), so the collection
+    as of ``at`` holds exactly the new rows.
+
+        over = Overwrite("events", at, stager, schema_version=sid)
+        try:
+            committer.commit({"events": new_parts}, seals={"events": at + 1}, plan=over)
+        finally:
+            stager.release([*new_parts, *over.staged])
+
+    Its plan runs under the writer lock (the committer's client is the writer), so no other
+    write moves the collection meanwhile; its own background compaction may replace parts, but
+    replaced parts outlive their replacement by the GC grace period. The retraction is read one
+    key range at a time (about :data:`RETRACT_ROWS` rows), so this process holds about one
+    range of the old contents. The parts it staged are in :attr:`staged` (release them with
+    the job's: the committer discards them with the job's if the commit fails).
+    """
+
+    def __init__(self, name: str, at: int, stager: Stager, *, schema_version: int,
+                 rows_per_range: int | None = None) -> None:
+        self.name = name
+        self.at = at
+        self.stager = stager
+        self.schema_version = schema_version
+        self.rows_per_range = rows_per_range
+        #: Every part a plan call staged (a retried commit plans again).
+        self.staged: list[StagedPart] = []
+
+    def __call__(self, client: Client) -> dict[str, Any]:
+        """The plan: the retraction's parts, as ``Client.apply`` arguments.
+
+        Raises:
+            InvalidUsage: another write moved the upper past ``at`` since the overwrite
+                started, or the schema evolved meanwhile (nothing was written: run it again).
+        """
+        more = self.retraction(client)
+        self.staged.extend(more)
+        return {"parts": {self.name: more}}
+
+    def retraction(self, client: Client) -> list[StagedPart]:
+        """The snapshot as of ``at - 1`` negated, at time ``at``, as staged parts (none when
+        ``at`` is 0 or the snapshot is empty).
+
+        Raises:
+            InvalidUsage: as :meth:`__call__`.
+        """
+        name, at = self.name, self.at
+        c = client.info(name)
+        if c.upper != at:
+            raise InvalidUsage(
+                f"overwrite of {name!r} planned at its upper {at}, but another write moved "
+                f"the upper to {c.upper} meanwhile: nothing was written; run the overwrite again"
+            )
+        if c.schema_version != self.schema_version:
+            raise InvalidUsage(
+                f"overwrite of {name!r} planned with schema version {self.schema_version}, "
+                f"but the collection was evolved to {c.schema_version} meanwhile: nothing was "
+                f"written; run the overwrite again")
+        if at == 0:
+            return []
+        scan = c.snapshot(at - 1, schema_version=self.schema_version)
+        per = RETRACT_ROWS if self.rows_per_range is None else max(1, self.rows_per_range)
+        n = max(1, -(-scan.rows // per))
+        out: list[StagedPart] = []
+        for task in scan.tasks(consolidated=True, n=n):
+            for snap in read_task(task):
+                if len(snap) == 0:
+                    continue
+                negated = snap.set_column(3, snap.schema.field(3), pc.negate(snap.column("diff")))
+                out.append(self.stager.stage(negated, at=at))
+        return out
 
 
 class Writers:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -32,6 +33,8 @@ from persist.indexed.state import holds, requests
 from persist.location import open_writer, resolve
 from persist.runtime import commands as cmd
 from persist.runtime.branches import HoldDesk, hold_plan
+
+log = logging.getLogger("persist.distributed")
 
 #: The first wait between polls for an answer, and the longest.
 _POLL = (0.01, 0.1)
@@ -236,4 +239,40 @@ class ConsumerHold:
         return f"<ConsumerHold {self.name!r} on {self.collection!r} of {self.url}>"
 
 
-__all__ = ["ConsumerHold", "answer", "request"]
+#: The lease of a hold :func:`set_read_hold` takes: a century, so it never lapses in practice.
+PLAIN_LEASE = datetime.timedelta(days=36525)
+
+
+def set_read_hold(url: str, collection_name: str, hold_id: str, frontier: int | None, *,
+                  lock_timeout: float, storage_options: Mapping[str, Any] | None = None
+                  ) -> bool:
+    """Sets (or, with None, releases) hold ``hold_id`` of a collection from a process that is
+    not the writer: the older, one-call form of :class:`ConsumerHold` (prefer that: a hold
+    with a lease the consumer renews cannot outlive it). A thin alias over the same path
+    (:func:`request`, whether a writer runs or not): ``take`` at ``frontier`` with a lease of a
+    century (:data:`PLAIN_LEASE`), or ``release``.
+
+    Returns:
+        True once committed; False (logged) if no writer answered within ``lock_timeout``
+        or the frontier is below the collection's since: failing to set a hold is never
+        unsafe, only less protective, so the caller retries later.
+
+    Raises:
+        ExternalError, Corruption: storage failed.
+    """
+    try:
+        if frontier is None:
+            with contextlib.suppress(errors.UnknownHold):
+                request(url, collection_name, hold_id, "release",
+                        storage_options=storage_options, timeout=lock_timeout)
+        else:
+            ConsumerHold.take(url, collection_name, hold_id, frontier, lease=PLAIN_LEASE,
+                              storage_options=storage_options, timeout=lock_timeout)
+    except (Timeout, errors.InvalidUsage) as e:
+        log.warning("read hold %r on %r not set to %s: %s (retry later)", hold_id,
+                    collection_name, frontier, e)
+        return False
+    return True
+
+
+__all__ = ["PLAIN_LEASE", "ConsumerHold", "answer", "request", "set_read_hold"]

@@ -27,7 +27,9 @@ after the plan): a read that silently skips one is wrong.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import msgspec
 import pyarrow as pa
@@ -35,20 +37,22 @@ import pyarrow.compute as pc
 
 from persist import layout
 from persist.blob.base import BlobRead
+from persist.distributed.read import describe, record_reader
 from persist.distributed.stores import read_half
-from persist.errors import InvalidUsage, SchemaMismatch
+from persist.errors import InvalidUsage, PartMissing, PersistError, SchemaMismatch
 from persist.indexed.format import evolve
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.parquet import MAX_SIGNED_TIME
+from persist.indexed.format.stats import Phys
 from persist.indexed.read import buckets, split
-from persist.indexed.read.parts import PartReader
-from persist.indexed.read.scan import ReadTask, Scan
+from persist.indexed.read.scan import READ_ATTEMPTS, CollectionInfo, ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
+from persist.indexed.read.scan import settled as settled_task
 
 
-def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], str | None]:
-    """The URL another program reads part ``p`` at, for a snapshot as of ``as_of`` as version
-    ``target``'s types, or None."""
+def _stores(blob: BlobRead) -> Callable[[str | None], BlobRead | None]:
+    """The store a part's blob lives in, by its reference's root (None: ``blob`` itself; a
+    fork's part may live in another location), or None for a store that cannot name others."""
     siblings: dict[str, BlobRead | None] = {}
 
     def store(root: str | None) -> BlobRead | None:
@@ -60,6 +64,14 @@ def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], s
             except InvalidUsage:
                 siblings[root] = None  # a store that cannot name other locations
         return siblings[root]
+
+    return store
+
+
+def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], str | None]:
+    """The URL another program reads part ``p`` at, for a snapshot as of ``as_of`` as version
+    ``target``'s types, or None."""
+    store = _stores(blob)
 
     def url(p: PartMeta) -> str | None:
         # NB: a part of another schema version holds that version's types: migrating it
@@ -144,6 +156,250 @@ def parquet_task(task: ReadTask) -> tuple[tuple[str, ...], ReadTask]:
     return urls, msgspec.structs.replace(task, parts=rest)
 
 
+# -- the residual: what another reader applies to the files' rows -----------------------------
+
+
+@dataclass(frozen=True)
+class KeyBounds:
+    """A key range as a predicate another reader evaluates on the files' rows, with literals of
+    the key's type: ``lo <= key < hi`` (``lo`` None: no lower bound; ``hi`` None: no upper
+    bound), and ``key IS NULL`` too when ``nulls``.
+
+    The comparisons are meant in the order where NaN is above every number and a null key
+    satisfies no comparison (Spark's and DuckDB's): NaN and null keys belong to the last range
+    only (``hi`` None, ``nulls`` True), as in persist's own ranges
+    (:mod:`persist.indexed.read.split`). Strings compare by their UTF-8 bytes.
+
+    ``exact``: the predicate is the range exactly. Else it is looser (a bound has no literal of
+    the key's type here: a truncated string bound that is not UTF-8, a key of a type other than
+    integers, floats and strings), and :func:`consolidate` cuts the range exactly.
+    """
+
+    lo: int | float | str | None
+    hi: int | float | str | None
+    nulls: bool
+    exact: bool
+
+
+@dataclass(frozen=True)
+class Residual:
+    """What another reader applies to the rows it decodes from a piece's files.
+
+    * keep the rows with ``time <= as_of`` (push it down: the files hold later updates too),
+      and, with ``keys``, the rows of that key range (push it down too);
+    * every kept row's time becomes ``as_of`` (forwarded, as a snapshot's rows are);
+    * ``consolidate``: the kept rows, together with the piece's other parts (``FileRead.rest``),
+      must still be summed per ``(key, value)``, zero sums dropped (by :func:`consolidate`,
+      or by the reader's own aggregation where it groups as persist does); False: they already
+      are the answer (a raw read, or a consolidated read whose parts are settled,
+      :func:`persist.indexed.read.split.settled`).
+    """
+
+    as_of: int
+    keys: KeyBounds | None
+    consolidate: bool
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """One piece of a native read: ``urls`` for the other reader, what it applies to their
+    rows (``residual``), and, for a consolidated key range, the task of the range's other
+    parts (``rest``, None for a raw piece), summed with the files' rows by
+    :func:`consolidate` (or read alone by it, ``consolidate(rest, <no rows>)``, for a reader
+    that sums the two itself)."""
+
+    urls: tuple[str, ...]
+    residual: Residual
+    rest: ReadTask | None = None
+
+
+@dataclass(frozen=True)
+class NativePlan:
+    """A snapshot read planned for another engine's Parquet reader (:func:`plan_native`):
+    ``files`` for that reader, ``tasks`` read by persist (:func:`persist.distributed.read_task`,
+    one engine task each). The outputs of all pieces are disjoint and together are the read.
+    """
+
+    info: CollectionInfo
+    as_of: int
+    #: Whether the read is a snapshot's contents (True) or its raw updates.
+    consolidated: bool
+    files: tuple[FileRead, ...]
+    tasks: tuple[ReadTask, ...]
+    #: The parts the files are, to check that they are still there (:meth:`missing`).
+    file_parts: tuple[PartMeta, ...] = field(default=(), repr=False)
+
+    def missing(self) -> tuple[str, ...]:
+        """The blob keys of the plan's files that are gone from their store (GC removed them
+        after the plan's state): empty while the plan is readable. Lists the store once per
+        file; for a failure's diagnosis, not for every read.
+
+        Raises:
+            ExternalError: storage failed.
+        """
+        store = _stores(read_half(self.info.address))
+        gone: list[str] = []
+        for p in self.file_parts:
+            assert p.blob_key is not None
+            root, key, _ = layout.parse_ref(p.blob_key)
+            where = store(root)
+            if where is not None and key not in where.list_keys(key):
+                gone.append(p.blob_key)
+        return tuple(gone)
+
+
+def _literal(v: Phys | None, key_type: pa.DataType) -> int | float | str | None:
+    """A key range bound as a literal of ``key_type``, or None where none would be exact."""
+    if v is None:
+        return None
+    if pa.types.is_integer(key_type) and isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if pa.types.is_floating(key_type) and isinstance(v, float):
+        return v
+    if (pa.types.is_string(key_type) or pa.types.is_large_string(key_type)) \
+            and isinstance(v, bytes):
+        try:
+            return v.decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # a truncated stats bound
+    return None
+
+
+def key_bounds(task: ReadTask) -> KeyBounds | None:
+    """The key range of a consolidated ``task`` as a predicate another reader evaluates
+    (:class:`KeyBounds`); None for a task over every key."""
+    r = task.key_range
+    if r is None or r.whole:
+        return None
+    t = task.schema.field("key").type
+    lo, hi = _literal(r.lo, t), _literal(r.hi, t)
+    exact = (lo is None) == (r.lo is None) and (hi is None) == (r.hi is None)
+    return KeyBounds(lo=lo, hi=hi, nulls=r.hi is None, exact=exact)
+
+
+def settled(scan: Scan) -> bool:
+    """Whether ``scan``'s parts, times forwarded to its as-of time, are its consolidated
+    contents already, so that a consolidated read may skip summing them: every part is
+    consolidated at one time at or before the as-of time, the parts are key-disjoint by their
+    stats (:func:`persist.indexed.read.split.settled`), and every part is of the scan's schema
+    version (a migration could make two records equal). ``read_task`` of a consolidated task
+    skips the sum by the same rule.
+
+    Raises:
+        InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
+    """
+    if not isinstance(scan, Scan) or scan.kind != "snapshot":
+        raise InvalidUsage(f"settled takes a snapshot's persist.distributed.Scan, not "
+                           f"{scan!r:.80}")
+    return settled_task(scan.task(consolidated=True))
+
+
+def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
+                files: bool = True, rows_per_task: int | None = None) -> NativePlan:
+    """``scan`` (a snapshot) planned for another engine's Parquet reader: which parts it reads
+    as files, with what residual (:class:`Residual`), and the engine tasks of the rest.
+
+    * raw (``consolidated=False``), and consolidated reads of :func:`settled` parts: one piece
+      of every readable file (:func:`parquet_files`), residual ``time <= as_of``, forwarded,
+      nothing to sum; the other parts in raw tasks (up to ``rows_per_task`` rows each; at
+      least one task when there are no files);
+    * consolidated: per key range of ``scan.tasks(consolidated=True, n=n)``, a piece of the
+      range's files (:func:`parquet_task`) with the range's bounds (:func:`key_bounds`) and its
+      other parts (``rest``), or the whole task when none of its parts is a file.
+
+    ``files=False``: no files at all (a reader that cannot read these types): every part in
+    tasks.
+
+    Raises:
+        InvalidUsage: ``scan`` is not a snapshot's ``Scan``; its as-of time does not fit a
+            signed 64-bit integer (the time type of a file's rows as such readers read them).
+    """
+    if not isinstance(scan, Scan) or scan.kind != "snapshot":
+        raise InvalidUsage(f"plan_native takes a snapshot's persist.distributed.Scan, not "
+                           f"{scan!r:.80}")
+    as_of = scan.as_of
+    if as_of > MAX_SIGNED_TIME:
+        raise InvalidUsage(f"as_of {as_of} does not fit a signed 64-bit time (Spark's long): "
+                           f"a native read's times are signed")
+    pieces: list[FileRead] = []
+    tasks: list[ReadTask] = []
+    file_parts: list[PartMeta] = []
+    if not consolidated or settled(scan):
+        urls: tuple[str, ...] = ()
+        rest = scan
+        if files:
+            urls, rest = parquet_files(scan)
+        if urls:
+            pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False)))
+            others = {p.id for p in rest.kept}
+            file_parts.extend(p for p in scan.kept if p.id not in others)
+        if rest.kept or not urls:
+            tasks.extend(rest.tasks(rows_per_task=rows_per_task))
+    else:
+        for task in scan.tasks(consolidated=True, n=n):
+            if not files:
+                tasks.append(task)
+                continue
+            urls, left = parquet_task(task)
+            if not urls:
+                tasks.append(left)
+                continue
+            pieces.append(FileRead(urls, Residual(as_of, key_bounds(task), consolidate=True),
+                                   left))
+            others = {p.id for p in left.parts}
+            file_parts.extend(p for p in task.parts if p.id not in others)
+    return NativePlan(scan.info, as_of, consolidated, tuple(pieces), tuple(tasks),
+                      tuple(file_parts))
+
+
+_T = TypeVar("_T")
+
+
+def read_native(url: str, collection_name: str, build: Callable[[NativePlan], _T], *,
+                as_of: int | None = None, consolidated: bool = True, n: int | None = None,
+                files: bool | Callable[[CollectionInfo], bool] = True,
+                storage_options: Mapping[str, Any] | None = None) -> _T:
+    """Plans a snapshot read for another engine's Parquet reader (:func:`plan_native`, on the
+    latest metadata) and returns ``build(plan)``, planning again on newer metadata when a
+    part went meanwhile, within the engine's one read budget (``READ_ATTEMPTS`` states).
+
+    A part went when ``build`` raises ``PartMissing``, or raises anything but a
+    ``PersistError`` (the other engine's error when it lists a file that is no longer there,
+    whatever its wording) while :meth:`NativePlan.missing` names a file of the plan. Another
+    failure propagates as it is.
+
+    Args:
+        files: whether the other reader reads files at all (a callable: decided from the
+            collection as described, e.g. by its types).
+
+    Raises:
+        InvalidUsage: as :meth:`CollectionInfo.snapshot` and :func:`plan_native`.
+        PartMissing: parts kept disappearing for every attempt.
+        MissingResource, UnknownCollection: as :func:`persist.distributed.describe`.
+    """
+    gone: BaseException | None = None
+    for _ in range(READ_ATTEMPTS):
+        info = describe(url, collection_name, storage_options=storage_options)
+        use = files(info) if callable(files) else files
+        plan = plan_native(info.snapshot(as_of), consolidated=consolidated, n=n, files=use)
+        try:
+            return build(plan)
+        except PartMissing as e:
+            gone = e
+        except PersistError:
+            raise
+        except Exception as e:
+            missing = plan.missing()
+            if not missing:
+                raise
+            gone = PartMissing(f"{missing[0]} (and {len(missing) - 1} more) went after the "
+                               f"plan" if len(missing) > 1 else f"{missing[0]} went after the "
+                               f"plan")
+            gone.__cause__ = e
+    raise PartMissing(f"read of {collection_name!r}: parts kept disappearing while the read "
+                      f"was planned ({READ_ATTEMPTS} plans): {gone}")
+
+
 def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
     """The contents of ``task``'s keys as of its as-of time: ``rows`` (the updates another
     reader decoded from the files :func:`parquet_task` took out of the task) and the task's
@@ -160,6 +416,7 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
     Raises:
         SchemaMismatch: ``rows`` does not cast exactly to the task's schema.
         PartMissing: GC removed one of the task's parts (plan the read again).
+        DiffOverflow: a (key, value)'s diffs sum beyond int64 (never wrapped).
         Corruption, ExternalError: as :func:`persist.distributed.read_task`.
     """
     if not isinstance(task, ReadTask) or task.kind != "consolidated":
@@ -178,7 +435,7 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
             rows = split.rows_in(rows, task.key_range)
     # NB: no re-planning here (unlike read_task's consolidated retry): a re-planned task
     # would hold the files the other reader read as well, and count them twice.
-    reader = PartReader(read_half(task.address), cache_bytes=0)  # read once: no cache
+    reader = record_reader(task)  # read once: no cache; an address that won't open: Corruption
     tables = [t for t in _read_task(reader, task) if len(t)]
     if len(rows):
         tables.append(rows)
@@ -187,4 +444,5 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
     return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
-__all__ = ["consolidate", "parquet_files", "parquet_task"]
+__all__ = ["FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate", "key_bounds",
+           "parquet_files", "parquet_task", "plan_native", "read_native", "settled"]

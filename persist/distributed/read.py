@@ -3,8 +3,8 @@
 ``describe`` reads a collection's metadata into a ``CollectionInfo`` (a ``Watch`` keeps one
 fresh for a long-lived planner); its ``snapshot``/``changes`` plan a ``Scan`` of ``PartHandle``s
 and ``ReadTask``s (:mod:`persist.indexed.read.scan`), read on any machine by :func:`read_part`
-and :func:`read_task`. :func:`set_read_hold` keeps history readable for a reader that is not the
-writer. See :mod:`persist.distributed`.
+and :func:`read_task`. A reader that is not the writer keeps history readable with a
+:class:`~persist.distributed.holds.ConsumerHold`. See :mod:`persist.distributed`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 import pyarrow as pa
 
 from persist.distributed.stores import load_state, read_half
-from persist.errors import Corruption, InvalidUsage, LockHeld
-from persist.indexed.format.meta import SetHold, State
+from persist.errors import Corruption, InvalidUsage
+from persist.indexed.format.meta import State
 from persist.indexed.read.filter import Filter
 from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, rows_per_time
@@ -27,7 +27,6 @@ from persist.indexed.read.scan import read_part as _read_part
 from persist.indexed.read.scan import read_task as _read_task
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import collection
-from persist.location import open_writer, resolve
 
 log = logging.getLogger("persist.distributed")
 
@@ -50,7 +49,7 @@ def describe(url: str, collection_name: str, *,
     return CollectionInfo(address, collection(state.collections, collection_name), state.seq)
 
 
-def _reader(record: ReadTask | PartHandle) -> PartReader:
+def record_reader(record: ReadTask | PartHandle) -> PartReader:
     """The reader of ``record``'s location (a task's or a handle's).
 
     Raises:
@@ -96,7 +95,7 @@ def read_part(handle: PartHandle, *, filter: Filter | None = None,
             isinstance(c, str) for c in columns)):
         raise InvalidUsage(f"read_part: columns must be a list of column names, not "
                            f"{columns!r}")
-    table = _read_part(_reader(handle), handle, filter=filter, audit=bool(audit))
+    table = _read_part(record_reader(handle), handle, filter=filter, audit=bool(audit))
     if columns is None:
         return table
     unknown = [c for c in columns if c not in table.column_names]
@@ -130,7 +129,7 @@ def read_task(task: ReadTask) -> Iterator[pa.Table]:
     def fresh() -> State:
         return Machine(read_half(task.address)).load()
 
-    return _read_task(_reader(task), task, fresh)
+    return _read_task(record_reader(task), task, fresh)
 
 
 class Watch:
@@ -185,40 +184,4 @@ class Watch:
         return rows_per_time(self._reader, info, lo, hi)
 
 
-def set_read_hold(url: str, collection_name: str, hold_id: str, frontier: int | None, *,
-                  lock_timeout: float, storage_options: Mapping[str, Any] | None = None
-                  ) -> bool:
-    """Sets (or, with None, releases) durable read hold ``hold_id`` of a collection, from a
-    process that is not the location's writer (a streaming reader's driver).
-
-    Takes the writer lock briefly — acquire (waiting up to ``lock_timeout``), fence, one
-    commit, release — like any writer, without starting a runtime.
-
-    Returns:
-        True once committed; False if the lock stayed busy or the frontier is already below
-        the collection's since (both logged): failing to set a hold is never unsafe, only
-        less protective, so the caller retries later.
-
-    Raises:
-        ExternalError, Corruption: storage failed.
-    """
-    loc = resolve(url, storage_options=dict(storage_options or {}))
-    try:
-        w = open_writer(loc, f"persist-hold:{hold_id}", lock_timeout=lock_timeout)
-    except LockHeld as e:
-        log.warning("read hold %r on %r not moved to %s: %s (retry later; a writer holding "
-                    "the lock continuously can set it with WriteHandle.hold)", hold_id,
-                    collection_name, frontier, e)
-        return False
-    try:
-        w.engine.commit_ops([SetHold(name=collection_name, hold_id=hold_id,
-                                     frontier=frontier)])
-    except InvalidUsage as e:
-        log.warning("read hold %r on %r not set: %s", hold_id, collection_name, e)
-        return False
-    finally:
-        w.close()
-    return True
-
-
-__all__ = ["Watch", "describe", "read_part", "read_task", "set_read_hold"]
+__all__ = ["Watch", "describe", "read_part", "read_task"]

@@ -366,3 +366,35 @@ def test_async_apply_takes_parts_holds_and_tokens(tmp_path: Path) -> None:
     assert replay is None
     assert holds == {"reader": 0}
     assert _contents(url, 0) == {(f"k{i}", 1): 1 for i in range(4)}
+
+
+def test_an_overwrite_retracts_the_old_contents_range_by_range(tmp_path: Path) -> None:
+    """``Overwrite`` (the engine's overwrite as retraction): the collection as of the
+    overwrite's time holds the new rows only, history before it is unchanged, and the old
+    contents were read one key range at a time."""
+    url = str(tmp_path)
+    options = persist.Options(inline_threshold=0, batch_rows=8, background_compaction=False)
+    with persist.open(url, options=options) as client:
+        w, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        for t in range(4):
+            w.append([((f"k{(i * 7 + t) % 50:03d}", i % 3), t, 1 if i % 4 else -1)
+                      for i in range(60)], upper=t + 1).result()
+        before = r.snapshot(3).to_python()
+    stager = Stager.start(url, "c", job="overwrite", inline_bytes=0)
+    new = [stager.stage([(("x", 1), 4, 1), (("y", 2), 4, 3)])]
+    over = distributed.Overwrite("c", 4, stager, schema_version=0, rows_per_range=25)
+    with Committer(url, reentrance_id="over") as committer:
+        assert committer.commit({"c": new}, seals={"c": 5}, plan=over)
+    stager.release([*new, *over.staged])
+    assert len(over.staged) > 3  # range by range
+    with persist.open(url, read_only=True) as client:
+        _, r = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        assert r.upper == 5
+        assert r.snapshot(4).to_python() == [(("x", 1), 4, 1), (("y", 2), 4, 3)]
+        assert r.snapshot(3).to_python() == before
+    # another write moved the upper meanwhile: refused, nothing written
+    late = distributed.Overwrite("c", 4, stager, schema_version=0)
+    with Committer(url, reentrance_id="over") as committer, \
+            pytest.raises(persist.InvalidUsage, match="moved the upper to 5"):
+        committer.commit({"c": []}, seals={"c": 6}, plan=late)
+    assert late.staged == []

@@ -289,6 +289,18 @@ def test_read_holds_and_watch(tmp_path: Path) -> None:
     assert watch.rows_per_time(now, 1, 3) == Counter({1: 600, 2: 600})
     assert distributed.set_read_hold(url, "c", "stream", None, lock_timeout=5)
     assert watch.current(fresh=True).holds == {}
+    # the thin alias of ConsumerHold: a hold with a century's lease, released idempotently;
+    # a frontier below since is refused (False), changing nothing
+    assert distributed.set_read_hold(url, "c", "stream", None, lock_timeout=5)
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        w.allow_compaction(3).result()
+        assert not distributed.set_read_hold(url, "c", "stream", 1, lock_timeout=5)
+        # with a writer running, the request goes to it (no lock needed)
+        assert distributed.set_read_hold(url, "c", "stream", 4, lock_timeout=5)
+        have = client.info("c").hold("stream")
+        assert have is not None
+        assert (have.frontier, have.lease_seconds) == (4, 36525 * 86400.0)
 
 
 def test_raw_tasks_are_balanced_by_cutting_parts_between_record_batches(

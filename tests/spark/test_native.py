@@ -229,6 +229,13 @@ def test_wrong_arguments_are_typed_errors_before_any_job(spark: Any, tmp_path: P
     for bad in ({"as_of": "3"}, {"as_of": True}, {"consolidated": "yes"}, {"partitions": 0}):
         with pytest.raises(persist.InvalidUsage):
             table.toDF(**bad)
+    # a typo in a keyword names it and the valid ones
+    with pytest.raises(persist.InvalidUsage,
+                       match="toDF: unknown keyword asof; the keywords are as_of, "
+                             "consolidated, partitions"):
+        table.toDF(asof=3)
+    with pytest.raises(persist.InvalidUsage, match="unknown keyword storage_option;"):
+        PersistTable.forPath(spark, url, "c", storage_option={})
 
 
 def test_nothing_sealed_is_an_error(spark: Any, tmp_path: Path) -> None:
@@ -511,3 +518,26 @@ def test_forks_read_their_cut_through_the_files_or_persist(spark: Any, tmp_path:
         assert len(files) == n, (url, name, as_of, files)
         if name == "g":  # the source location's files
             assert all("/src/" in f for f in files)
+
+
+def test_a_sum_beyond_int64_is_persists_error_never_a_wrapped_sum(spark: Any,
+                                                                  tmp_path: Path) -> None:
+    """Spark's own aggregation (an int key: no float anywhere, so the native path sums by
+    groupBy) raises persist's DiffOverflow where the diffs of one (key, value) leave int64."""
+    ix = _engine(tmp_path)
+    ix.register("c", pa.int64(), pa.int64())
+    big = (1 << 62) + 1
+    for t in range(2):
+        ix.write({"c": pa.table({"key": pa.array([1, 2], pa.int64()),
+                                 "value": pa.array([0, 0], pa.int64()),
+                                 "time": pa.array([t, t], pa.uint64()),
+                                 "diff": pa.array([big, 1], pa.int64())})})
+    ix.seal("c", 2)
+    table = PersistTable.forPath(spark, str(tmp_path), "c")
+    df = table.toDF(as_of=1)
+    assert "try_sum" in df._jdf.queryExecution().executedPlan().toString()
+    with pytest.raises(Exception, match="DiffOverflow: the diffs of one"):
+        df.collect()
+    raw = table.toDF(as_of=1, consolidated=False)  # raw rows each fit: read as they are
+    assert sorted(r.diff for r in raw.collect()) == [1, 1, big, big]
+    assert sorted(r.diff for r in table.toDF(as_of=0).collect()) == [1, big]

@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql.types import StructType
 
 import persist
-from operators import sink as sink_mod
 from operators.sink import PersistBatchWriter, progress, sink_query, stage
+from persist.distributed import commit as commit_mod
 from tests.spark.support import canon, expected_updates, fill, location, sums, updates_at
 from tests.support.patience import PATIENCE
 
@@ -184,7 +184,7 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
         w, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         for t in range(6):
             w.append(updates_at(t, 60), upper=t + 1).result()
-    monkeypatch.setattr(sink_mod, "RETRACT_ROWS_PER_BUCKET", 25)
+    monkeypatch.setattr(commit_mod, "RETRACT_ROWS", 25)
     buckets: list[int] = []
     real = persist.distributed.read_task
 
@@ -192,7 +192,7 @@ def test_overwrite_retraction_in_buckets(spark: Any, tmp_path: Path,
         buckets.append(task.bucket)
         return real(task)
 
-    monkeypatch.setattr(sink_mod, "read_task", counted)
+    monkeypatch.setattr(commit_mod, "read_task", counted)
     with persist.open(url, read_only=True) as client:
         _, r = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         before = sums(r.snapshot(5).to_arrow())

@@ -12,7 +12,8 @@ import pytest
 
 import persist
 from operators.options import ReadOptions, WriteOptions
-from operators.source import PersistStreamReader, _upper
+from operators.source import PersistStreamReader
+from persist.distributed import StreamCursor
 from persist.errors import InvalidUsage
 from persist.indexed.format.columnar import contents_at, part_schema
 from persist.indexed.format.meta import PartMeta
@@ -59,7 +60,7 @@ def test_bucketed_consolidation_equals_contents_at() -> None:
         want = contents_at(table, as_of).to_pylist()
         got = []
         for b in range(3):
-            mine = table.filter(buckets.bucket_mask(table.column("key"), b, 3))
+            mine = table.filter(pa.array(buckets.hash_keys(table.column("key")) % 3 == b))
             mine = mine.filter(pa.compute.less_equal(mine.column("time"), as_of))
             got += buckets.consolidate(mine, as_of).to_pylist()
         key = lambda r: (r["key"], r["value"])  # noqa: E731
@@ -86,7 +87,7 @@ def test_options_are_read_lower_cased_and_checked() -> None:
     with pytest.raises(InvalidUsage, match="not an Arrow type"):
         WriteOptions.parse({"path": "p", "collection": "c", "value_type": "decimal"})
     with pytest.raises(InvalidUsage, match="not a persist offset"):
-        _upper({"offset": 3})
+        StreamCursor.frontier({"offset": 3})
 
 
 def test_exactness_rule() -> None:
@@ -126,8 +127,8 @@ def test_stream_reader_pickles_without_its_metadata_view(tmp_path: object) -> No
     assert reader.initialOffset() == {"upper": 0}
     assert reader.latestOffset({"upper": 0}, None) == {"upper": 1}
     clone = pickle.loads(pickle.dumps(reader))
-    assert clone._watch is None
-    assert reader._watch is not None
+    assert not clone.cursor.watching
+    assert reader.cursor.watching
     parts = reader.partitions({"upper": 0}, {"upper": 1})
     got = [b for p in parts for b in clone.read(pickle.loads(pickle.dumps(p)))]
     assert sum(b.num_rows for b in got) == 5

@@ -5,8 +5,8 @@ prints the chosen port on one line of stdout, then serves until killed (SIGTERM,
 ``--exit-on-stdin-eof``, until its stdin reaches end of file: the test session that started it
 with a pipe on stdin ended or died, and the server does not outlive it.
 
-Unlike moto's, ministack's server applies conditional writes atomically by itself (NOTES.md,
-"S3 and DynamoDB locally": 100 rounds x 8 threads, exactly one winner), so it runs bare: no
+Unlike moto's, ministack's server applies conditional writes atomically by itself (measured
+with ministack 1.5.33: races of 100 rounds x 8 threads had exactly one winner), so it runs bare: no
 serializing middleware. The socket is bound here and handed to hypercorn as ``fd://``, so the
 port is known before the first request and no other process can take it in between.
 

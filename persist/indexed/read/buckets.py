@@ -1,11 +1,9 @@
-"""Consolidating a snapshot in parallel: key-hash buckets, one per reading task (a Spark task, a
-Dask task, ...; see :mod:`persist.indexed.read.scan`).
+"""The consolidation of a read task's rows (:func:`consolidate`: diffs summed per ``(key,
+value)``, zeros dropped), and the 64-bit key hash it groups by.
 
-Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place,
-and storage parts are not partitioned by key: any part may hold any key. So each of ``n``
-consolidating tasks reads every part, keeps the rows whose key hashes to its bucket, and
-consolidates those. A key lands in exactly one bucket, so the buckets' results are disjoint and
-their union is exactly the snapshot's consolidated contents.
+Parallel reads no longer split by key hash: hash buckets had every task decode every part, so
+consolidated reads split by key range (:mod:`persist.indexed.read.split`). The hash remains
+consolidation's grouping aid.
 
 The hash must agree across processes and machines (Python's ``hash`` is salted per process),
 be vectorized (no Python per row) and never split keys that Arrow's ``group_by`` treats as
@@ -53,13 +51,6 @@ def hash_keys(col: pa.ChunkedArray | pa.Array) -> _Hashes:
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     out = [_hash_array(c) for c in chunks if len(c)]
     return np.concatenate(out) if out else np.zeros(0, dtype=np.uint64)
-
-
-def bucket_mask(col: pa.ChunkedArray | pa.Array, bucket: int, buckets: int) -> pa.Array:
-    """A boolean mask of the rows of ``col`` whose key falls in ``bucket`` of ``buckets``."""
-    if buckets == 1:
-        return pa.array(np.ones(len(col), dtype=bool))
-    return pa.array(hash_keys(col) % _U(buckets) == _U(bucket))
 
 
 def _hash_array(arr: pa.Array) -> _Hashes:

@@ -52,8 +52,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 import msgspec
-import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -123,6 +121,24 @@ def check_as_of(c: CollectionMeta, as_of: int) -> None:
             f"read of {c.name!r} as of {as_of} is not below its upper {c.upper}: times "
             f">= {c.upper} are not sealed yet"
         )
+
+
+def resolve_as_of(c: CollectionMeta, as_of: int | None) -> int:
+    """The time a snapshot of ``c`` reads as of: ``as_of``, checked (:func:`check_as_of`), or,
+    for None, the latest sealed time (``upper - 1``).
+
+    Raises:
+        InvalidUsage: nothing is sealed yet (upper 0: there is no time to read as of);
+            ``as_of`` is not a time or lies outside ``[since, upper)``.
+    """
+    if as_of is None:
+        if c.upper == 0:
+            raise InvalidUsage(f"collection {c.name!r} has nothing sealed yet (upper is 0): "
+                               f"there is no time to read as of")
+        as_of = c.upper - 1
+    check_as_of(c, as_of)
+    return as_of
+
 
 #: The newest encoding of a part handle this persist decodes (and the one it encodes,
 #: :meth:`PartHandle.to_bytes`).
@@ -201,9 +217,9 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
 
     * ``snapshot``: the raw updates of ``parts`` at or before ``hi - 1`` (the as-of time), with
       times forwarded to it;
-    * ``consolidated``: the contents as of ``hi - 1`` of the keys in ``key_range`` (or, without
-      one, in hash bucket ``bucket`` of ``buckets``): every ``(key, value)`` once, its diffs
-      summed (never 0), time ``hi - 1``;
+    * ``consolidated``: the contents as of ``hi - 1`` of the keys in ``key_range`` (None: every
+      key): every ``(key, value)`` once, its diffs summed (never 0), time ``hi - 1``. ``bucket``
+      is the task's index among ``buckets`` tasks of the plan (its share of the audit);
     * ``changes``: the updates of ``parts`` with ``lo <= time < hi``, original times.
 
     With a ``filter``, exactly the rows that match it. ``audit``: this task's share of the
@@ -226,9 +242,11 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     # tagged union, and a field typed as the base decoded nothing but the base (every task
     # with a filter failed ReadTask.from_bytes).
     filter: AnyFilter | None = None
+    #: The task's index among the plan's ``buckets`` consolidated tasks (the names are from
+    #: when they were key-hash buckets; the record keeps them).
     bucket: int = 0
     buckets: int = 1
-    #: A consolidated task over a key range (None: over hash bucket ``bucket``).
+    #: A consolidated task over a key range (None: over every key).
     key_range: split.KeyRange | None = None
     #: Raw and change tasks: parts read only in part, ``(part id, first batch, end batch)``
     #: (record batches ``first <= i < end``, as the part's stats count them); other parts are
@@ -246,6 +264,16 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     def rows(self) -> int:
         """Rows stored in the task's parts (an upper bound on what it reads)."""
         return sum(p.rows for p in self.parts)
+
+    @property
+    def handles(self) -> tuple[PartHandle, ...]:
+        """The task's parts as public views (``PartHandle``: id, rows, bytes, times, stats),
+        each readable on its own over the task's times. ``parts`` holds the engine's own
+        records (``PartMeta``, whose fields are the storage format's, not an API)."""
+        c = stripped(self.collection)
+        return tuple(PartHandle(address=self.address, collection=c,
+                                schema_version=self.schema_version, part=p, lo=self.lo,
+                                hi=self.hi) for p in self.parts)
 
     @property
     def view(self) -> evolve.View:
@@ -409,6 +437,15 @@ class CollectionInfo:
         return bind(f, t.key.arrow_type, t.value.arrow_type, key_codec=t.key.name,
                     value_codec=t.value.name)
 
+    def resolve_as_of(self, as_of: int | None = None) -> int:
+        """The time a snapshot as of ``as_of`` reads as of: ``as_of`` checked against the
+        frontiers, or (None) the latest sealed time, ``upper - 1`` (:func:`resolve_as_of`).
+
+        Raises:
+            InvalidUsage: nothing sealed yet; ``as_of`` outside ``[since, upper)``.
+        """
+        return resolve_as_of(self.meta, as_of)
+
     def exact(self, lo: int, hi: int) -> bool:
         """Whether the updates with ``lo <= time < hi`` can still be read exactly.
 
@@ -439,27 +476,21 @@ class CollectionInfo:
             SchemaMismatch: a filter that does not fit the types.
         """
         c = self.meta
-        if as_of is None:
-            if c.upper == 0:
-                raise InvalidUsage(f"collection {c.name!r} has nothing sealed yet (upper is 0): "
-                                   f"there is no time to read as of")
-            as_of = c.upper - 1
-        check_as_of(c, as_of)
+        as_of = resolve_as_of(c, as_of)
         sid = evolve.View.of(c, schema_version).target
         bound = None if filter is None else self._bind(filter, sid)
         kept, skipped = _prune(snapshot_parts(c, as_of), filter, c, sid, bound)
         return Scan(self, sid, "snapshot", 0, as_of + 1, filter, kept, skipped, audit, bound)
 
-    def changes(self, lo: int, hi: int, *, schema_version: int | None = None,
-                held: bool = False) -> Scan:
-        """Plans a read of the updates with ``lo <= time < hi``, with their original times.
-
-        Args:
-            held: the caller holds a read hold at ``lo - 1`` (or knows the range is exact).
+    def check_changes(self, lo: int, hi: int, *, held: bool = False) -> None:
+        """Checks that the updates with ``lo <= time < hi`` can be read: both are times, the
+        range is sealed (``hi <= upper``), not empty, and exact (:meth:`exact`) unless
+        ``held`` (the caller holds a read hold at ``lo - 1``). Every range plan checks it
+        (:meth:`changes`); a reader that names the range otherwise (a change feed's inclusive
+        versions) checks it here before planning.
 
         Raises:
-            InvalidUsage: ``hi`` beyond upper, ``lo >= hi``, or the range is no longer exact
-                (:meth:`exact`), naming the since.
+            InvalidUsage: naming what is wrong and, for a range no longer exact, the since.
         """
         c = self.meta
         for what, t in (("lo", lo), ("hi", hi)):
@@ -476,6 +507,20 @@ class CollectionInfo:
                 f"changes of {c.name!r} from {lo} are no longer exact: its since is "
                 f"{self.since} (updates before {lo} may have been compacted into the range); "
                 f"start at {self.since + 1} or later, or keep a read hold")
+
+    def changes(self, lo: int, hi: int, *, schema_version: int | None = None,
+                held: bool = False) -> Scan:
+        """Plans a read of the updates with ``lo <= time < hi``, with their original times.
+
+        Args:
+            held: the caller holds a read hold at ``lo - 1`` (or knows the range is exact).
+
+        Raises:
+            InvalidUsage: ``hi`` beyond upper, ``lo >= hi``, or the range is no longer exact
+                (:meth:`exact`), naming the since.
+        """
+        self.check_changes(lo, hi, held=held)
+        c = self.meta
         sid = evolve.View.of(c, schema_version).target
         return Scan(self, sid, "changes", lo, hi, None, range_parts(c, lo, hi), (), False)
 
@@ -593,7 +638,12 @@ def balanced(parts: Sequence[PartMeta], rows: int) -> list[Share]:
 @dataclass(frozen=True)
 class Scan:
     """A planned read: a snapshot as of ``hi - 1`` or the changes ``[lo, hi)`` of one
-    collection, as serializable part handles (:attr:`parts`) or tasks (:meth:`tasks`)."""
+    collection, as serializable part handles (:attr:`parts`) or tasks (:meth:`tasks`).
+
+    ``kept`` and ``skipped_parts`` are the engine's own part records (``PartMeta``, the
+    storage format's fields, not an API); their public views are :attr:`parts` and
+    :attr:`skipped` (``PartHandle``), counted by :attr:`counts`.
+    """
 
     info: CollectionInfo
     schema_version: int
@@ -636,6 +686,11 @@ class Scan:
     def rows(self) -> int:
         """Rows stored in the planned parts (an upper bound on what the read returns)."""
         return sum(p.rows for p in self.kept)
+
+    @property
+    def counts(self) -> tuple[int, int]:
+        """How many parts the read needs, and how many the filter's stats pruned."""
+        return len(self.kept), len(self.skipped_parts)
 
     def _common(self) -> dict[str, Any]:
         """What every task of this scan carries."""
@@ -956,31 +1011,26 @@ def _contents(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
 
 def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
             bound: Bound | None) -> pa.Table:
+    """An unordered read of a consolidated task: its key range (:func:`_ranged`), or every
+    key.
+
+    Raises:
+        InvalidUsage: a task of one hash bucket of several (planned by an older persist:
+            plans split by key range now).
+    """
     view = task.view
-    n, me = np.uint64(task.buckets), np.uint64(task.bucket)
     pr = _pruner(task.filter, task.collection, task.schema_version, audit=task.audited,
                  counts=counts, bound=bound)
     _audit(reader, pr, task.audit)
     if task.key_range is not None:
         return _ranged(reader, task, view, pr)
-    tables: list[pa.Table] = []
-    hashes: list[npt.NDArray[np.uint64]] = []
-    for part in task.parts:
-        t = _load(reader, view, pr, part, 0, task.hi)
-        if t is None:
-            continue
-        h = buckets.hash_keys(t.column("key"))
-        if task.buckets > 1:
-            # NB: filter each part to this bucket as it is read, so a task holds 1/n of the
-            # data; the key hashes are kept for the consolidation.
-            mine = h % n == me
-            t, h = t.filter(pa.array(mine)), h[mine]
-        tables.append(t)
-        hashes.append(h)
-    if not tables:
-        return view.schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(tables), task.as_of,
-                               key_hashes=np.concatenate(hashes))
+    if task.buckets > 1:
+        raise InvalidUsage(f"a consolidated task of hash bucket {task.bucket} of "
+                           f"{task.buckets}: planned by an older persist (reads split by key "
+                           f"range now); plan and read with the same persist version")
+    tables = [t for part in task.parts
+              if (t := _load(reader, view, pr, part, 0, task.hi)) is not None]
+    return _consolidated(tables, task)
 
 
 def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | None
@@ -1006,9 +1056,28 @@ def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | 
             t = _in_range(t, part, 0, task.hi)
         if len(t):
             tables.append(t)
+    return _consolidated(tables, task)
+
+
+def settled(task: ReadTask) -> bool:
+    """Whether a consolidated task's parts, times forwarded to its as-of time, are its contents
+    already (:func:`persist.indexed.read.split.settled`: consolidated, one time each, key-
+    disjoint), all read as the version they were written with (a migration could make two
+    records equal): its read may skip summing them."""
+    return (all(evolve.part_version(p) == task.view.target for p in task.parts)
+            and split.settled(task.parts, task.as_of, task.schema.field("key").type))
+
+
+def _consolidated(tables: list[pa.Table], task: ReadTask) -> pa.Table:
+    """The task's rows (``tables``, at or before its as-of time) consolidated; skipped where
+    the parts are :func:`settled` (times forwarded only)."""
+    schema = task.view.schema
     if not tables:
-        return view.schema.empty_table()
-    return buckets.consolidate(pa.concat_tables(tables), task.as_of)
+        return schema.empty_table()
+    t = pa.concat_tables(tables)
+    if settled(task):
+        return t.set_column(2, schema.field(2), columnar.constant_times(task.as_of, len(t)))
+    return buckets.consolidate(t, task.as_of)
 
 
 class SnapshotRead:

@@ -1,7 +1,7 @@
 """Key-range splits of a snapshot: disjoint key ranges that parallel consolidated reads own.
 
 Consolidation (summing diffs per ``(key, value)``) needs every update of a key in one place.
-Hash buckets (:mod:`persist.indexed.read.buckets`) give that, but every task must then decode
+Hash buckets (what persist planned before) give that, but every task must then decode
 every part: ``n`` tasks read the collection ``n`` times. A split by key *range* lets each task
 decode only the record batches that may hold its keys: every blob part persist writes is sorted
 by key (``PartMeta.ordered``: part format 4, and compaction output, which is also cut into
@@ -48,7 +48,7 @@ stats of a part written under any schema version apply to the current key type u
 **Supported key types** (:func:`splittable`): integers, bools, float32/64, strings and
 binaries (also large, and Python-object keys stored as msgpack ``binary``: their byte order),
 date32, timestamps and decimals. Records (structs, lists) and the rest have no such order here:
-:func:`plan` returns None and the caller falls back to hash buckets.
+:func:`plan` returns None and the caller reads them in one task.
 
 **Null and NaN keys.** Stats count them per part, not per batch. In a sorted part they sit at
 its ends (a sort puts nulls at one end and NaN at one end of the numbers: Arrow's, which
@@ -315,7 +315,7 @@ def _check_kind(key_type: pa.DataType) -> _Kind:
     kind = _kind(key_type)
     if kind is None:
         raise InvalidUsage(f"keys of type {key_type} cannot be split by range (records and "
-                           f"types without an order: use hash buckets)")
+                           f"types without an order: read them in one task)")
     return kind
 
 
@@ -681,3 +681,55 @@ def _common_prefix(bs: list[bytes]) -> int:
 
 __all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "batches_in", "decoded_bytes",
            "load", "mask", "part_in", "plan", "rows_in", "splittable"]
+
+
+# -- reads that need no consolidation ---------------------------------------------------------
+
+
+def disjoint(parts: Sequence[PartMeta], key_type: pa.DataType) -> bool:
+    """Whether the parts' key stats prove that no key lies in two of ``parts``.
+
+    Exact and conservative: every part's part-level key bounds must be known (a part without
+    stats, or with a key whose bounds the budget dropped, proves nothing), the parts' bound
+    intervals ``[lo, hi]`` must be strictly ordered (``hi`` of one below ``lo`` of the next:
+    equal bounds on both sides, ``-0.0`` against ``0.0`` included, are not disjoint), and at
+    most one part may hold NaN or null keys (which no bound covers). Stats bounds are loose
+    outward, never tighter (a truncated string bound rounds outward), so a proof from them
+    holds for the rows. One part (or none) is disjoint trivially; keys without an order
+    (records) are disjoint only then.
+    """
+    live = [p for p in parts if p.rows]
+    if len(live) <= 1:
+        return True
+    kind = _kind(key_type)
+    if kind is None:
+        return False
+    spans: list[tuple[Phys, Phys]] = []
+    special = 0
+    for p in live:
+        ks = _key_stats(p, kind)
+        if ks.special is None or ks.lo is None or ks.hi is None:
+            return False
+        if ks.special:
+            special += 1
+        spans.append((ks.lo, ks.hi))
+    if special > 1:
+        return False
+    spans.sort(key=lambda s: s[0])
+    return all(_lt(a[1], b[0]) for a, b in itertools.pairwise(spans))
+
+
+def settled(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> bool:
+    """Whether the parts' rows, times forwarded to ``as_of``, already are the consolidated
+    contents as of ``as_of`` (every ``(key, value)`` once, no zero diff): a read may skip
+    summing them.
+
+    True when every part is consolidated (compaction output: one row per ``(key, value,
+    time)``, zero sums dropped), holds a single time at or before ``as_of``
+    (``min_time == max_time <= as_of``: one row per ``(key, value)``), and the parts are
+    key-disjoint (:func:`disjoint`), so no ``(key, value)`` lies in two of them. The parts
+    must all be read as the schema version they were written with (the caller's to check: a
+    migration may make two records equal).
+    """
+    return all(p.consolidated and p.min_time == p.max_time <= as_of for p in parts if p.rows) \
+        and disjoint(parts, key_type)
