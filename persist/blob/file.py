@@ -129,6 +129,33 @@ class FileBlob(Blob):
             raise Determinate(f"listing {prefix!r}: {e}") from e
         return out
 
+    @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        # NB: one scandir of the prefix's directory, keeping the names past ``start_after`` by
+        # a string comparison (no path arithmetic per entry): the kernel still reads the whole
+        # directory (~0.45 us an entry here: 45 ms for 100 k log entries), but no key before
+        # ``start_after`` becomes a Python path. A subdirectory (none under ``meta/log/``) is
+        # walked as ``_list`` walks it.
+        head, _, _ = prefix.rpartition("/")
+        base = head + "/" if head else ""
+        start = os.path.join(self.root, *head.split("/")) if head else self.root
+        out: list[str] = []
+        try:
+            with os.scandir(start) as entries:
+                for entry in entries:
+                    key = base + entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        if (key + "/").startswith(prefix):
+                            out.extend(k for k in self._list(key + "/") if k > start_after)
+                    elif (key > start_after and key.startswith(prefix)
+                          and not entry.name.startswith(_TMP)):
+                        out.append(key)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise Determinate(f"listing {prefix!r} after {start_after!r}: {e}") from e
+        return out
+
     def _write_durably(self, key: str, data: bytes | Framed, *, exclusive: bool) -> bool:
         """The one place durability happens. Returns False if ``exclusive`` and the key exists."""
         path = self._path(key)
