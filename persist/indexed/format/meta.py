@@ -27,7 +27,10 @@ is right only for fields whose absence an older reader may assume: ``PartMeta.st
 that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
 compaction that ignores it may merge the part again, which only costs), and a collection's
 seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
-informational, derived by replay). None of them bumps the format version.
+informational, derived by replay), and a rollup's :attr:`State.trim` (the metadata trim's
+progress: an older writer trims by listing as before, and the rollups it writes drop the
+field, which a newer writer then recovers with one listing). None of them bumps the format
+version.
 
 Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
