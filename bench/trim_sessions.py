@@ -112,16 +112,25 @@ def main() -> None:
             print(f"{s:7d}  {open_ms:7.1f}  {full:4d}/{len(log_lists) - full:<4d}"
                   f"               {sum(n for _, n in log_lists):15d}  {logs:11d}  {rollups:7d}"
                   f"  {(lb + rb) / 1e6:7.1f}", flush=True)
+        if s == 1:
+            first = _fresh_opens(loc, args.grace)
     print(f"ran {time.monotonic() - started:.0f}s")
-    env = dict(os.environ)
-    fresh = []
-    for _ in range(3):
-        out = subprocess.run([sys.executable, "-m", "bench.trim_sessions", "--fresh-open", loc,
-                              "--grace", str(args.grace)], capture_output=True, text=True,
-                             env=env, check=True).stdout
-        fresh.append(float(out.strip().splitlines()[-1]) * 1000)
-    print(f"fresh-process writer open after {args.sessions} sessions: best {min(fresh):.1f} ms "
-          f"(all: {', '.join(f'{x:.1f}' for x in fresh)})")
+    last = _fresh_opens(loc, args.grace)
+    for n, ms in ((1, first), (args.sessions, last)):
+        print(f"fresh-process writer open after {n} sessions: best {min(ms):.1f} ms "
+              f"(all: {', '.join(f'{x:.1f}' for x in ms)})")
+    print(f"ratio (best after {args.sessions} / best after 1): {min(last) / min(first):.2f}")
+
+
+def _fresh_opens(loc: str, grace: float, times: int = 3) -> list[float]:
+    """Writer open times (ms) of ``times`` fresh processes, one after another."""
+    out = []
+    for _ in range(times):
+        got = subprocess.run([sys.executable, "-m", "bench.trim_sessions", "--fresh-open", loc,
+                              "--grace", str(grace)], capture_output=True, text=True,
+                             env=dict(os.environ), check=True).stdout
+        out.append(float(got.strip().splitlines()[-1]) * 1000)
+    return out
 
 
 if __name__ == "__main__":
