@@ -302,7 +302,7 @@ class PinGuard:
         """Whether pin ``p``'s destination's newest state reads one of its keys (a blob of
         the location at root ``me``). Unknown (storage failed) counts as read."""
         try:
-            # NB: scan (LIST the log), never probe: a probe trusts a missing entry for half
+            # NB: scan (LIST the log after the rollup), never probe: a probe trusts a miss for half
             # of this process's grace, and a destination writer with a shorter one may have
             # trimmed it, which would make its state look empty and the pin dead.
             state = Machine(blob.sibling(p.location).read_only()).load(scan=True)
