@@ -185,7 +185,7 @@ def open_writer(loc: Location, writer: str, *, lock_timeout: float,
     try:
         ix = Indexed.open(metered(loc.blob), epoch=lease.generation, writer=writer,
                           options=options)
-        ix.fence()
+        ix.fence(reload=False)
     except BaseException:
         try:
             lock.release(lease)

@@ -93,13 +93,22 @@ class BlobRead(ABC):
         """
         return self._external_url(key)
 
-    def list_keys(self, prefix: str) -> list[str]:
-        """Returns every key starting with ``prefix``, sorted.
+    def list_keys(self, prefix: str, *, start_after: str | None = None) -> list[str]:
+        """Returns every key starting with ``prefix``, sorted; with ``start_after``, only
+        those that sort after it.
+
+        ``start_after`` lets a reader list only the end of a long run of keys: the metadata log
+        after the entry a rollup covers (``meta/log/<seq>`` sorts by seq). Every store serves it
+        at the cost of the keys it returns where it can (one S3 request per 1,000 keys
+        returned, ``StartAfter``); a directory of files is read whole by the kernel, and only
+        the names past ``start_after`` become keys.
 
         Raises:
             ExternalError: the store failed.
         """
-        return sorted(self._list(prefix))
+        if start_after is None:
+            return sorted(self._list(prefix))
+        return sorted(self._list_after(prefix, start_after))
 
     def close(self) -> None:  # noqa: B027 (optional hook)
         """Releases resources (connections). Idempotent."""
@@ -128,6 +137,15 @@ class BlobRead(ABC):
     @abstractmethod
     def _list(self, prefix: str) -> list[str]:
         """Returns the keys under ``prefix`` in any order."""
+
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        """Returns the keys under ``prefix`` that sort after ``start_after``, in any order.
+
+        NB: this default lists the whole prefix and filters: correct for any store, and what
+        a store that cannot do better costs. Every store of persist and every wrapper
+        overrides it (a wrapper must forward it, or it would list the whole prefix below).
+        """
+        return [k for k in self._list(prefix) if k > start_after]
 
     def _external_url(self, key: str) -> str | None:
         """The URL of ``key`` for other programs (see :meth:`external_url`); None: none.
@@ -241,6 +259,9 @@ class ReadOnlyView(BlobRead):
 
     def _list(self, prefix: str) -> list[str]:
         return self._inner._list(prefix)
+
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        return self._inner._list_after(prefix, start_after)
 
     def _external_url(self, key: str) -> str | None:
         return self._inner._external_url(key)

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import os
 import pathlib
+import stat
 import uuid
 
 import pyarrow as pa
@@ -127,6 +128,47 @@ class FileBlob(Blob):
                            if not name.startswith(_TMP) and (base + name).startswith(prefix))
         except OSError as e:
             raise Determinate(f"listing {prefix!r}: {e}") from e
+        return out
+
+    @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        # NB: one listdir of the prefix's directory. The kernel still reads every name (the
+        # cost that remains: ~0.4 us an entry here, 38-45 ms for 100 k log entries); names at
+        # or before the start key are dropped by one string comparison each, so no key before
+        # it is ever built or stat'ed (building each one and asking whether it is a directory,
+        # as ``_list`` does, cost ~3x that). A subdirectory (none under ``meta/log/``) is
+        # walked as ``_list`` walks it.
+        head, _, name_prefix = prefix.rpartition("/")
+        base = head + "/" if head else ""
+        if start_after.startswith(base):
+            after = start_after[len(base):]
+        elif base > start_after:
+            after = ""  # every key of this directory sorts after it
+        else:
+            return []
+        # the one entry that may be a directory holding keys past the start key though its
+        # own name sorts before it ("a" for "a/b")
+        inside = after.split("/", 1)[0] if "/" in after else None
+        start = os.path.join(self.root, *head.split("/")) if head else self.root
+        try:
+            names = os.listdir(start)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise Determinate(f"listing {prefix!r} after {start_after!r}: {e}") from e
+        out: list[str] = []
+        for name in [n for n in names
+                     if (n > after or n == inside) and n.startswith(name_prefix)]:
+            try:
+                mode = os.stat(os.path.join(start, name), follow_symlinks=False).st_mode
+            except FileNotFoundError:
+                continue  # deleted since the listing
+            except OSError as e:
+                raise Determinate(f"listing {prefix!r} after {start_after!r}: {e}") from e
+            if stat.S_ISDIR(mode):
+                out.extend(k for k in self._list(base + name + "/") if k > start_after)
+            elif name > after and not name.startswith(_TMP):
+                out.append(base + name)
         return out
 
     def _write_durably(self, key: str, data: bytes | Framed, *, exclusive: bool) -> bool:

@@ -54,6 +54,11 @@ class MemoryBlob(Blob):
             return [k for k in self._data if k.startswith(prefix)]
 
     @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        with self._lock:
+            return [k for k in self._data if k.startswith(prefix) and k > start_after]
+
+    @override
     def _set(self, key: str, data: bytes | Framed) -> None:
         value = bytes(data)
         with self._lock:

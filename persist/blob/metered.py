@@ -50,6 +50,14 @@ class MeteredBlob(Wrapping):
             raise
 
     @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        try:
+            return self.inner._list_after(prefix, start_after)
+        except PersistError as e:
+            metrics.blob_error("list", e)
+            raise
+
+    @override
     def _set(self, key: str, data: bytes | Framed) -> None:
         try:
             self.inner._set(key, data)

@@ -366,6 +366,23 @@ class S3Blob(Blob):
         return aws.call(listing, what=f"list s3://{self.bucket}/{root}{prefix}", write=False,
                         idempotent=True, retry=self.retry)
 
+    @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        root = f"{self.prefix}/" if self.prefix else ""
+
+        def listing() -> list[str]:
+            # NB: StartAfter: S3 returns only the keys past it (in UTF-8 binary order, which
+            # is Python's order of str), one request per 1,000 of them.
+            out: list[str] = []
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix,
+                                           StartAfter=root + start_after):
+                out.extend(obj["Key"][len(root):] for obj in page.get("Contents", ()))
+            return out
+
+        return aws.call(listing, what=f"list s3://{self.bucket}/{root}{prefix} after "
+                        f"{start_after!r}", write=False, idempotent=True, retry=self.retry)
+
     # -- writes ------------------------------------------------------------------------------
 
     @contextlib.contextmanager

@@ -251,6 +251,11 @@ class UnreliableBlob(FaultInjecting, Wrapping):
         return self.plan.run("list", lambda: self.inner._list(prefix), mutates=False)
 
     @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        return self.plan.run("list", lambda: self.inner._list_after(prefix, start_after),
+                             mutates=False)
+
+    @override
     def _external_url(self, key: str) -> str | None:
         # NB: no dice: naming a key's URL asks the store nothing (no request to fail).
         return self.inner._external_url(key)

@@ -356,8 +356,17 @@ class Indexed:
         self.options = _checked_options(options)
         self.reader = PartReader(self.store, cache_bytes=self.options.cache_bytes)
         self.state = state
-        self._last_rollup_seq = self.state.seq
-        self._rollups: list[tuple[int, float]] = []  # (seq, monotonic time written)
+        loaded = machine.loaded
+        # NB: counted from the rollup the state was loaded from, not from the state: a writer
+        # that opens on a log tail of ``rollup_every`` entries or more rolls up at its first
+        # round, so the tail every open reads stays bounded however short each session is.
+        self._last_rollup_seq = self.state.seq if loaded is None else loaded.rollup
+        #: The metadata trim (by seq; its progress is recorded in each rollup).
+        self._trim = gc.MetaTrim()
+        self._trim.observe(loaded)
+        #: The trim's progress was found by a LIST (:meth:`MetaTrim.survey`) and is not yet
+        #: recorded in a rollup: the next round writes one, so no later writer LISTs again.
+        self._surveyed = False
         #: No budgeted rewrite of an old part starts before this (monotonic): see rewrite.
         self._next_rewrite = 0.0
         self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
@@ -432,10 +441,18 @@ class Indexed:
 
     # -- commits ---------------------------------------------------------------------------
 
-    def fence(self) -> State:
-        """Claims the log for this writer's epoch with an empty commit (see machine.py)."""
+    def fence(self, *, reload: bool = True) -> State:
+        """Claims the log for this writer's epoch with an empty commit (see machine.py).
+
+        Args:
+            reload: load the newest state first. ``False`` (a writer that has just opened,
+                after taking the lock) commits after the state it holds, and loads only if
+                another commit came first: an open then reads the log once, not twice.
+        """
         while True:
-            self.state = self.machine.load()
+            if reload:
+                self.reload()
+            reload = True
             try:
                 return self.commit(Txn(self.state), force=True)
             except CommitConflict:
@@ -534,6 +551,7 @@ class Indexed:
     def reload(self) -> State:
         """Reads the truth from storage (after an indeterminate commit, or to follow a writer)."""
         self.state = self.machine.load()
+        self._trim.observe(self.machine.loaded)
         return self.state
 
     def refresh(self) -> State:
@@ -829,14 +847,24 @@ class Indexed:
         return True
 
     def rollup_and_trim(self, state: State) -> bool:
-        """Writes a rollup of ``state`` if it is due (:meth:`maybe_rollup`) and trims the
-        metadata a rollup made obsolete (:meth:`trim_metadata`); returns whether it rolled up.
+        """Trims the metadata a rollup made obsolete (:meth:`trim_metadata`) and writes a
+        rollup of ``state`` if it is due (:meth:`maybe_rollup`), recording the trim's
+        progress; returns whether it rolled up.
 
         Raises:
             ExternalError: a write or delete failed (the next round tries again).
         """
-        did = self.maybe_rollup(state)
-        self.trim_metadata()
+        # NB: the trim first, so the rollup records it; the rollup is written even if the
+        # trim failed (a GC failing every delete must not stop rollups, which bound the log
+        # an open replays), and the trim's error is raised after it.
+        failed: ExternalError | None = None
+        try:
+            self.trim_metadata()
+        except ExternalError as e:
+            failed = e
+        did = self.maybe_rollup(state, force=self._surveyed)
+        if failed is not None:
+            raise failed
         return did
 
     def unpinned(self, keys: tuple[str, ...]) -> tuple[str, ...]:
@@ -858,31 +886,43 @@ class Indexed:
         keep = self._pins.protected(self.blob, keys, time.monotonic())
         return tuple(k for k in keys if k not in keep)
 
-    def maybe_rollup(self, state: State | None = None) -> bool:
+    def maybe_rollup(self, state: State | None = None, *, force: bool = False) -> bool:
         """Writes a rollup of ``state`` (default the newest) if ``rollup_every`` commits passed
-        since the last one; returns whether it did.
+        since the last one (``force``: if any did), recording the metadata trim's progress in
+        it; returns whether it did.
 
         Raises:
             ExternalError: the write failed (the next call tries again).
         """
         state = state or self.state
-        if state.seq - self._last_rollup_seq < self.options.rollup_every:
+        due = state.seq - self._last_rollup_seq
+        if due < (1 if force else self.options.rollup_every):
             return False
-        self.machine.write_rollup(state)
+        record = self._trim.record(state.seq, _now_ms())
+        self.machine.write_rollup(state, record)
         crashpoints.hit("rollup.written")
         self._last_rollup_seq = state.seq
-        self._rollups.append((state.seq, time.monotonic()))
+        self._trim.written(state.seq, _now_ms())
+        if record is not None:
+            self._surveyed = False
         return True
 
     def trim_metadata(self) -> int:
-        """Deletes metadata older than the newest rollup that is at least ``grace`` old."""
-        now = time.monotonic()
-        ripe = [seq for seq, at in self._rollups if now - at >= self.options.gc_grace_seconds]
-        if not ripe:
+        """Deletes, by seq, the log entries up to the newest rollup that is at least ``grace``
+        old and the rollups before it (:class:`~persist.indexed.maintenance.gc.MetaTrim`);
+        returns how many keys it deleted. Lists nothing, except once on a location whose trim
+        progress no rollup records (an older persist's): then it LISTs the log once.
+
+        Raises:
+            ExternalError: a listing or delete failed; what was deleted stays deleted.
+        """
+        if self._trim.trimmed is None:
+            self._trim.survey(self.blob)
+            self._surveyed = True
+        upto = self._trim.ripe(self.options.gc_grace_seconds)
+        if upto is None:
             return 0
-        r = max(ripe)
-        self._rollups = [(s, at) for s, at in self._rollups if s > r]
-        return gc.trim_metadata(self.blob, r)
+        return self._trim.trim(self.blob, upto)
 
     def reclaim_leaked(self, state: Callable[[], State]) -> bool:
         """Sweeps for leaked data blobs (:class:`~persist.indexed.maintenance.gc.LeakSweeper`)

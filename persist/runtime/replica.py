@@ -79,6 +79,12 @@ class CountingRead(BlobRead):
         return self._inner._list(prefix)
 
     @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        with self._lock:
+            self._counts["list"] += 1
+        return self._inner._list_after(prefix, start_after)
+
+    @override
     def _external_url(self, key: str) -> str | None:
         return self._inner._external_url(key)
 

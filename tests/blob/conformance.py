@@ -134,6 +134,31 @@ class BlobConformance:
         for i in range(1100):
             blob.set(f"many/{i:05d}", b"")
         assert len(blob.list_keys("many/")) == 1100
+        assert blob.list_keys("many/", start_after="many/00050") == [
+            f"many/{i:05d}" for i in range(51, 1100)]
+        assert blob.list_keys("many/", start_after="many/01098") == ["many/01099"]
+
+    def test_list_keys_after_a_key(self, blob: Blob) -> None:
+        keys = ["meta/log/001", "meta/log/002", "meta/log/003", "meta/rollup/002",
+                "data/1/abc", "data/1/sub/x", "data/10/x", "data/2"]
+        for k in keys:
+            blob.set(k, b"v")
+        log = "meta/log/"
+        assert blob.list_keys(log, start_after="meta/log/001") == ["meta/log/002", "meta/log/003"]
+        assert blob.list_keys(log, start_after="meta/log/0015") == ["meta/log/002", "meta/log/003"]
+        assert blob.list_keys(log, start_after="meta/log/003") == []
+        assert blob.list_keys(log, start_after="meta/log/999") == []
+        assert blob.list_keys(log, start_after="") == blob.list_keys(log)
+        assert blob.list_keys(log, start_after="a") == blob.list_keys(log)  # before the prefix
+        assert blob.list_keys(log, start_after="z") == []  # past the prefix
+        assert blob.list_keys("meta/", start_after="meta/log/003") == ["meta/rollup/002"]
+        # nested keys and prefixes that are not a directory
+        assert blob.list_keys("data/1", start_after="data/1/abc") == ["data/1/sub/x", "data/10/x"]
+        assert blob.list_keys("data/", start_after="data/1/sub/x") == ["data/10/x", "data/2"]
+        assert blob.list_keys("", start_after="data/2") == [
+            "meta/log/001", "meta/log/002", "meta/log/003", "meta/rollup/002"]
+        assert blob.list_keys("zzz", start_after="a") == []
+        assert blob.read_only().list_keys(log, start_after="meta/log/002") == ["meta/log/003"]
 
     def test_read_only_view_cannot_write(self, blob: Blob) -> None:
         blob.set("r", b"v")

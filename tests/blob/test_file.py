@@ -139,3 +139,17 @@ def test_external_url_is_an_absolute_file_url(tmp_path: Path) -> None:
         blob.external_url("../outside")
     counted = CountingRead(blob.read_only())
     assert counted.external_url("data/3/abc") == url
+
+
+def test_listing_after_a_key_skips_temp_files_and_a_missing_directory(tmp_path: Path) -> None:
+    """A write in flight (its temp file beside the log entries) is no key, with or without a
+    start key; a prefix whose directory was never made lists nothing."""
+    blob = FileBlob(tmp_path)
+    for seq in (1, 2, 3):
+        blob.set(f"meta/log/{seq:03d}", b"v")
+    (tmp_path / "meta" / "log" / ".tmp-inflight").write_bytes(b"half")
+    assert blob.list_keys("meta/log/") == ["meta/log/001", "meta/log/002", "meta/log/003"]
+    assert blob.list_keys("meta/log/", start_after="meta/log/001") == [
+        "meta/log/002", "meta/log/003"]
+    assert blob.list_keys("meta/log/", start_after="") == blob.list_keys("meta/log/")
+    assert blob.list_keys("nothing/here/", start_after="nothing/here/0") == []

@@ -12,9 +12,11 @@ from persist.indexed.format.meta import (
     Register,
     ReplaceParts,
     Retired,
+    RollupAt,
     Seal,
     SetHold,
     State,
+    Trim,
 )
 
 _PART_INLINE = PartMeta(id="p1", rows=2, nbytes=5, min_time=3, max_time=4, inline=b"\x01\x02")
@@ -41,3 +43,10 @@ def fixed_state() -> State:
     return State(seq=7, epoch=3, writer="w", wall_ms=1_700_000_000_000, next_cid=2,
                  collections={"events": _COLLECTION},
                  retired=(Retired("data/1/old", 6, 1_699_999_999_000),))
+
+
+def fixed_trim() -> Trim:
+    """The trim progress a rollup at seq 7 records: the log trimmed to seq 2, rollups 3 and 5
+    still kept."""
+    return Trim(written_ms=1_700_000_000_500, trimmed=2,
+                rollups=(RollupAt(3, 1_699_999_000_000), RollupAt(5, 1_699_999_500_000)))

@@ -47,6 +47,7 @@ SEAMS: dict[str, tuple[int, ...]] = {
     "gc.before_delete": (1, 6),
     "gc.after_delete": (1, 6),
     "rollup.written": (1, 5),
+    "trim.log_deleted": (1, 12),
 }
 
 

@@ -27,7 +27,10 @@ is right only for fields whose absence an older reader may assume: ``PartMeta.st
 that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
 compaction that ignores it may merge the part again, which only costs), and a collection's
 seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
-informational, derived by replay). None of them bumps the format version.
+informational, derived by replay), and a rollup's :attr:`State.trim` (the metadata trim's
+progress: an older writer trims by listing as before, and the rollups it writes drop the
+field, which a newer writer then recovers with one listing). None of them bumps the format
+version.
 
 Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
@@ -394,6 +397,35 @@ class Retired(msgspec.Struct, frozen=True):
     wall_ms: int
 
 
+class RollupAt(msgspec.Struct, frozen=True, array_like=True):
+    """A rollup (``meta/rollup/<seq>``) and when it was written (a writer's wall clock, ms)."""
+
+    seq: int
+    wall_ms: int
+
+
+class Trim(msgspec.Struct, frozen=True, kw_only=True):
+    """What a rollup records of the metadata trim (DESIGN.md §9): enough for any later writer
+    to go on trimming by sequence number, without listing the log.
+
+    Stored in :attr:`State.trim` of a rollup record only; a state in memory never has it
+    (:func:`decode_rollup` takes it out). An older persist ignores it, which is safe: its
+    writer trims as it always did (listing, by the rollups it wrote itself), and the rollups
+    it writes drop the field, which a newer writer meets as a location whose trim is unknown
+    (one listing of the log, then recorded again).
+    """
+
+    #: When this rollup was written: the writer's wall clock, in ms.
+    written_ms: int
+    #: Every log entry ``<= trimmed`` is deleted, or left over by an interrupted trim and
+    #: never read again (every reader starts from a rollup above it); a later trim deletes
+    #: the entries after it, by seq.
+    trimmed: int
+    #: The older rollups that may still exist, ascending, with when each was written (the
+    #: writer that found one without a record counts the time it listed it).
+    rollups: tuple[RollupAt, ...] = ()
+
+
 class State(msgspec.Struct, frozen=True, kw_only=True):
     """The whole metadata state of a location as of ``seq`` (a rollup)."""
 
@@ -405,6 +437,10 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     next_cid: int = 1
     collections: dict[str, CollectionMeta] = msgspec.field(default_factory=dict)
     retired: tuple[Retired, ...] = ()
+    #: A rollup record's trim progress (:class:`Trim`); UNSET on every state in memory and in
+    #: rollups written before it (or by an older persist). Not part of the state: two
+    #: rollups of one seq may differ in it, and replay never sets it.
+    trim: Trim | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Versioned(msgspec.Struct):
@@ -583,8 +619,28 @@ def decode_state(key: str, data: bytes) -> State:
         Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
         IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
     """
+    return decode_rollup(key, data)[0]
+
+
+def decode_rollup(key: str, data: bytes) -> tuple[State, Trim | None]:
+    """Decodes the rollup stored under ``key``: the state, without the trim progress the
+    record carries (:class:`Trim`), and that progress (None: the record has none).
+
+    Raises:
+        Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
+        IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
+    """
     state: State = _decode_at(key, data, _STATE_DEC, "rollup")
-    return state
+    trim = state.trim
+    if isinstance(trim, msgspec.UnsetType):
+        return state, None
+    return msgspec.structs.replace(state, trim=msgspec.UNSET), trim
+
+
+def encode_rollup(state: State, trim: Trim | None) -> bytes:
+    """Returns the stored bytes of the rollup of ``state`` recording ``trim`` (None: no
+    trim progress, the bytes a persist before :class:`Trim` wrote)."""
+    return encode(state if trim is None else msgspec.structs.replace(state, trim=trim))
 
 
 def _decode_at(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any], what: str) -> Any:

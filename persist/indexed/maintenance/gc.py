@@ -6,7 +6,8 @@ Three kinds of garbage, each with its own rule:
   ``retired``. They are deleted ``grace`` after retirement (a reader still working from an older
   state has that long to finish; after it, it retries on a newer state), then forgotten by a
   ``Forget`` op.
-* Old metadata: log entries ``<= R`` and rollups ``< R`` once rollup ``R`` is ``grace`` old.
+* Old metadata: log entries ``<= R`` and rollups ``< R`` once rollup ``R`` is ``grace`` old,
+  deleted by sequence number (:class:`MetaTrim`), never by listing the log.
 * Leaked blobs: data written by a commit that never landed (a crash between writing a part and
   committing it). A commit that fails definitely deletes its own blobs, so these are rare. They
   are found by listing (``leaked``) and deleted only once they stayed unreferenced for a grace
@@ -23,14 +24,17 @@ deletes, and the sweeps count a pinned blob as referenced.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import ExternalError, MissingResource, PersistError
-from persist.indexed.format.meta import Forget, State
+from persist.indexed.format.meta import Forget, RollupAt, State, Trim
 from persist.indexed.state import lease, pins, refs
-from persist.indexed.state.machine import Machine
+from persist.indexed.state.machine import Loaded, Machine
 
 log = logging.getLogger("persist.gc")
 
@@ -65,24 +69,152 @@ def delete_retired(blob: Blob, keys: tuple[str, ...]) -> Forget:
     return Forget(keys=tuple(done))
 
 
-def trim_metadata(blob: Blob, rollup_seq: int) -> int:
-    """Deletes log entries ``<= rollup_seq`` and rollups ``< rollup_seq``. Returns the count.
+#: Log entries a trim deletes per call at most: the first trim of a location an older persist
+#: left with a long log (or of a log no short-lived writer trimmed) goes on in later rounds
+#: instead of holding one round for minutes (one DELETE per entry on S3).
+TRIM_BATCH = 4096
 
-    Only call once rollup ``rollup_seq`` has existed for the grace period.
 
-    Raises:
-        ExternalError: a listing or delete failed; what was deleted before stays deleted.
+@dataclass
+class _Rollup:
+    """A rollup the trim knows of: written no later than ``wall_ms`` (a writer's wall clock)
+    and no later than ``mono`` (this process's monotonic clock); ``own``: this writer wrote
+    it, so its age is its monotonic age alone."""
+
+    wall_ms: int
+    mono: float
+    own: bool
+
+
+class MetaTrim:
+    """A writer's trim of old metadata, by sequence number: once rollup ``R`` is ``grace``
+    old, the log entries ``<= R`` and the rollups ``< R`` are deleted, each by its key.
+
+    What it needs is in the state, never in a listing of the log: ``trimmed`` (every log entry
+    ``<= trimmed`` is gone, so a trim to ``R`` deletes ``trimmed+1 .. R``) and the rollups
+    that may exist with when each was written. Each rollup records both (:class:`Trim`), so a
+    later writer goes on where this one stopped, whoever wrote the rollups and however short
+    its life: the rollups come from the LIST of rollups every load makes anyway, their times
+    from the newest rollup's record.
+
+    A rollup's age: for one this writer wrote, the time since its write returned on the
+    monotonic clock (the rule of every persist before this); for one it found, the longer of
+    the time since the load that listed it (it existed then) and the wall-clock time since
+    its record says it was written (a writer's clock: a rollup whose writer stopped is
+    trimmed by the next writer that finds it old enough, as retired blobs are collected by
+    their ``Retired.wall_ms``). A rollup the record does not name (written by an older
+    persist, or by a writer fenced after its successor listed) counts from that listing.
+
+    Unknown progress (``trimmed`` None: the newest rollup has no record, written by an older
+    persist, or no load yet) is found by one LIST of the log (:meth:`survey`); the writer then
+    writes a rollup at once, recording it, so that LIST is made once per location.
     """
-    n = 0
-    for key in blob.list_keys(layout.LOG_PREFIX):
-        if layout.seq_of(key) <= rollup_seq:
-            blob.delete(key)
+
+    def __init__(self) -> None:
+        """Knows nothing: the first :meth:`observe` (or :meth:`survey`) tells it."""
+        self.trimmed: int | None = None
+        self.rollups: dict[int, _Rollup] = {}
+        # NB: the maintenance thread trims while the commit thread may reload (after a failed
+        # commit), which observes: the two meet only under this lock, never across a request.
+        self._lock = threading.Lock()
+
+    def observe(self, loaded: Loaded | None) -> None:
+        """Takes in what a load found: the rollups it listed, and the trim progress the newest
+        one records (the rollups this writer already knows keep what it knows of them)."""
+        if loaded is None:
+            return
+        rec = loaded.trim
+        times = {} if rec is None else {r.seq: r.wall_ms for r in rec.rollups}
+        with self._lock:
+            if rec is not None:
+                times[loaded.rollup] = rec.written_ms
+                self.trimmed = max(self.trimmed or 0, rec.trimmed)
+            elif not loaded.rollups and self.trimmed is None:
+                # NB: no rollup at all: no trim ever ran (each keeps the rollup it trimmed
+                # to), so the log is whole from seq 1.
+                self.trimmed = 0
+            for seq in loaded.rollups:
+                if seq not in self.rollups:
+                    self.rollups[seq] = _Rollup(
+                        wall_ms=min(times.get(seq, loaded.listed_ms), loaded.listed_ms),
+                        mono=loaded.listed_at, own=False)
+
+    def survey(self, blob: BlobRead) -> None:
+        """Finds unknown progress with one LIST of the log and one of the rollups (a location
+        an older persist trimmed, or a writer made without a load).
+
+        Raises:
+            ExternalError: a listing failed (progress stays unknown).
+        """
+        logs = blob.list_keys(layout.LOG_PREFIX)
+        rollups = blob.list_keys(layout.ROLLUP_PREFIX)
+        now, now_ms = time.monotonic(), _now_ms()
+        with self._lock:
+            for key in rollups:
+                self.rollups.setdefault(layout.seq_of(key), _Rollup(now_ms, now, own=False))
+            # NB: entries below the first listed are gone for good (a seq is never created
+            # again below the head); with none listed, every one up to the newest rollup is.
+            first = layout.seq_of(logs[0]) if logs else max(self.rollups, default=0) + 1
+            self.trimmed = first - 1
+
+    def written(self, seq: int, wall_ms: int) -> None:
+        """This writer has just written rollup ``seq`` (its write returned now)."""
+        with self._lock:
+            self.rollups[seq] = _Rollup(wall_ms=wall_ms, mono=time.monotonic(), own=True)
+
+    def record(self, seq: int, written_ms: int) -> Trim | None:
+        """What rollup ``seq``, written at ``written_ms``, records (None: progress unknown)."""
+        with self._lock:
+            if self.trimmed is None:
+                return None
+            older = tuple(RollupAt(s, r.wall_ms) for s, r in sorted(self.rollups.items())
+                          if s < seq)
+            return Trim(written_ms=written_ms, trimmed=self.trimmed, rollups=older)
+
+    def ripe(self, grace_seconds: float) -> int | None:
+        """The newest rollup at least ``grace_seconds`` old, if any (see the class doc)."""
+        now, now_ms = time.monotonic(), _now_ms()
+        with self._lock:
+            ripe = [s for s, r in self.rollups.items()
+                    if now - r.mono >= grace_seconds
+                    or (not r.own and now_ms - r.wall_ms >= grace_seconds * 1000)]
+        return max(ripe, default=None)
+
+    def trim(self, blob: Blob, upto: int) -> int:
+        """Deletes the log entries ``trimmed+1 .. upto`` (at most :data:`TRIM_BATCH`, in
+        order) and then, once the log is trimmed to ``upto``, the known rollups ``< upto``;
+        returns how many keys it deleted. Progress is kept delete by delete.
+
+        Only call with a rollup ``upto`` at least a grace period old (:meth:`ripe`).
+
+        Raises:
+            ExternalError: a delete failed; what was deleted before stays deleted.
+        """
+        from persist import crashpoints
+
+        start = self.trimmed
+        assert start is not None, "survey first"
+        n = 0
+        for seq in range(start + 1, min(upto, start + TRIM_BATCH) + 1):
+            blob.delete(layout.log_key(seq))
+            with self._lock:
+                self.trimmed = max(self.trimmed or 0, seq)
             n += 1
-    for key in blob.list_keys(layout.ROLLUP_PREFIX):
-        if layout.seq_of(key) < rollup_seq:
-            blob.delete(key)
+            crashpoints.hit("trim.log_deleted")
+        if start + TRIM_BATCH < upto:
+            return n
+        with self._lock:
+            older = sorted(s for s in self.rollups if s < upto)
+        for seq in older:
+            blob.delete(layout.rollup_key(seq))
+            with self._lock:
+                self.rollups.pop(seq, None)
             n += 1
-    return n
+        return n
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 def referenced(state: State) -> set[str]:
@@ -170,7 +302,7 @@ class PinGuard:
         """Whether pin ``p``'s destination's newest state reads one of its keys (a blob of
         the location at root ``me``). Unknown (storage failed) counts as read."""
         try:
-            # NB: scan (LIST the log), never probe: a probe trusts a missing entry for half
+            # NB: scan (LIST the log after the rollup), never probe: a probe trusts a miss for half
             # of this process's grace, and a destination writer with a shorter one may have
             # trimmed it, which would make its state look empty and the pin dead.
             state = Machine(blob.sibling(p.location).read_only()).load(scan=True)

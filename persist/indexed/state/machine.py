@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -24,7 +25,7 @@ from persist import layout
 from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
 from persist.indexed.format import meta
-from persist.indexed.format.meta import Commit, State
+from persist.indexed.format.meta import Commit, State, Trim
 from persist.indexed.state.transitions import apply
 
 T = TypeVar("T")
@@ -43,6 +44,23 @@ class CommitConflict(Determinate):
     Nothing was written; reload and re-plan."""
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """What the last load found besides the state: where it started, and what a writer's
+    metadata trim needs (:class:`persist.indexed.maintenance.gc.MetaTrim`)."""
+
+    #: The seq of the rollup the state was loaded from (0: none, the log from its start).
+    rollup: int
+    #: That rollup's record of the trim (None: it has none).
+    trim: Trim | None
+    #: The rollups the load listed, ascending.
+    rollups: tuple[int, ...]
+    #: When that LIST returned (``time.monotonic()``, and the wall clock in ms): every
+    #: rollup listed was written before then.
+    listed_at: float
+    listed_ms: int
+
+
 class Machine:
     """Reads and writes the metadata log of one location."""
 
@@ -50,6 +68,8 @@ class Machine:
         self.blob = blob
         self.gc_grace_seconds = gc_grace_seconds
         self._last_sync = float("-inf")
+        #: What the last successful :meth:`load` found (None: none yet).
+        self.loaded: Loaded | None = None
 
     # -- reading -------------------------------------------------------------------------
 
@@ -59,13 +79,14 @@ class Machine:
         Retries a few times when a concurrent GC deletes log entries under it.
 
         Args:
-            scan: LIST the whole log to find the entries after the rollup, so an entry missing
-                in the middle (a gap: storage lost it) is caught instead of read as the end of
-                the log. Default: when this machine can write. A writer must scan: it commits
-                the entry after the state it loaded, and would fork history into such a gap.
-                A reader probes forward from the rollup with GETs instead, as ``refresh``
-                does: its cost is the entries since the rollup, not the whole log (thousands
-                of keys on a busy location, which trims only a grace period after a rollup).
+            scan: LIST the log after the rollup (``start_after`` its entry) to find the
+                entries to replay, so an entry missing in the middle (a gap: storage lost it)
+                is caught instead of read as the end of the log. Default: when this machine
+                can write. A writer must scan: it commits the entry after the state it loaded,
+                and would fork history into such a gap. A reader probes forward from the
+                rollup with GETs instead, as ``refresh`` does. Either way the cost is the
+                entries since the rollup, never the whole log (thousands of keys on a busy
+                location, which trims only a grace period after a rollup).
 
         Raises:
             Corruption, IncompatibleFormat: storage holds bytes persist cannot trust.
@@ -77,7 +98,7 @@ class Machine:
         for attempt in range(5):
             started = time.monotonic()
             try:
-                state = self._load_once(scan)
+                state, self.loaded = self._load_once(scan)
                 self._last_sync = started
                 return state
             except _GapError as e:
@@ -88,9 +109,12 @@ class Machine:
         assert last is not None
         raise Corruption(layout.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
 
-    def _load_once(self, scan: bool) -> State:
+    def _load_once(self, scan: bool) -> tuple[State, Loaded]:
         listed = time.monotonic()
         rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
+        loaded = Loaded(rollup=0, trim=None,
+                        rollups=tuple(layout.seq_of(k) for k in rollups),
+                        listed_at=time.monotonic(), listed_ms=int(time.time() * 1000))
         state = State()
         if rollups:
             key = rollups[-1]
@@ -101,8 +125,11 @@ class Machine:
             # it) and says nothing about the state in memory; replaying a commit drops it too
             # (``apply``). Dropped here as well, so a state reads the same however it was
             # reached (a writer's, a replica's, one loaded from a rollup with no log after it).
-            state = msgspec.structs.replace(meta.decode_state(key, data),
-                                            version=meta.BASE_FORMAT_VERSION)
+            # So is the record's trim progress (not part of the state): kept in ``loaded``.
+            state, trim = meta.decode_rollup(key, data)
+            state = msgspec.structs.replace(state, version=meta.BASE_FORMAT_VERSION)
+            loaded = Loaded(rollup=state.seq, trim=trim, rollups=loaded.rollups,
+                            listed_at=loaded.listed_at, listed_ms=loaded.listed_ms)
         if not scan:
             # NB: the miss that ends the probe is the end of the log unless GC trimmed past a
             # rollup newer than the one we listed; that rollup must then have been written
@@ -118,8 +145,9 @@ class Machine:
                 rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
                 if rollups and layout.seq_of(rollups[-1]) > state.seq:
                     raise _GapError(f"rollup {rollups[-1]} appeared beyond seq {state.seq}")
-            return state
-        logs = [k for k in self._read(self.blob.list_keys, layout.LOG_PREFIX) if layout.seq_of(k) > state.seq]
+            return state, loaded
+        after = layout.log_key(state.seq)
+        logs = self._read(lambda p: self.blob.list_keys(p, start_after=after), layout.LOG_PREFIX)
         for key in logs:
             if layout.seq_of(key) != state.seq + 1:
                 raise _GapError(f"expected seq {state.seq + 1}, found {key}")
@@ -127,7 +155,7 @@ class Machine:
             if data is None:
                 raise _GapError(f"log entry {key} vanished")
             state = apply(state, meta.decode_commit(key, data))
-        return state
+        return state, loaded
 
     def _read(self, read: Callable[[str], T], key: str) -> T:
         """``read(key)``, retried briefly on a definite failure.
@@ -226,10 +254,12 @@ class Machine:
             f"before {commit.writer!r} (generation {commit.epoch}); reload"
         )
 
-    def write_rollup(self, state: State) -> str:
-        """Stores the whole ``state`` (idempotent: state at a seq is unique)."""
+    def write_rollup(self, state: State, trim: Trim | None = None) -> str:
+        """Stores the whole ``state``, recording the metadata trim's progress ``trim`` (the
+        state at a seq is unique, so writing it again changes at most the record of the trim,
+        which no reader of the state reads)."""
         key = layout.rollup_key(state.seq)
-        self._writable().set(key, meta.encode(state))
+        self._writable().set(key, meta.encode_rollup(state, trim))
         return key
 
     def _writable(self) -> Blob:

@@ -1,0 +1,137 @@
+"""Short-lived writers and the metadata they leave: writer open time and LISTs after many
+sessions.
+
+    python -m bench.trim_sessions [--sessions N] [--commits C] [--grace G] [--dir D]
+
+Runs ``N`` writer sessions one after another on a fresh file location (``fsync`` off: the
+open, not the disk, is measured), each opening with ``persist.open``, appending ``C`` one-row
+updates (each its own commit) and closing, as a service that restarts or a job that opens,
+writes and closes does. Reports, per session, the writer's open time (lock, load and fence),
+the LISTs that open made of ``meta/log/`` and how many keys they returned, and at the end the
+log entries and rollups left and their bytes, and the open time of a fresh process after the
+last session (best of 3). With ``--grace`` shorter than a session, old sessions' metadata is
+due for trimming while the next sessions run.
+
+Counting LISTs patches :class:`persist.blob.file.FileBlob` in this process (a measurement, not
+a behaviour).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+
+import persist
+from persist import layout
+from persist.blob.file import FileBlob
+
+_lists: list[tuple[str, bool, int]] = []
+
+
+def _count_lists() -> None:
+    plain = FileBlob._list
+    after = getattr(FileBlob, "_list_after", None)
+
+    def counted(self: FileBlob, prefix: str) -> list[str]:
+        keys = plain(self, prefix)
+        _lists.append((prefix, False, len(keys)))
+        return keys
+
+    FileBlob._list = counted  # type: ignore[method-assign]
+    if after is not None:
+        def counted_after(self: FileBlob, prefix: str, start_after: str) -> list[str]:
+            keys: list[str] = after(self, prefix, start_after)
+            _lists.append((prefix, True, len(keys)))
+            return keys
+
+        FileBlob._list_after = counted_after  # type: ignore[method-assign]
+
+
+def _open(loc: str, grace: float) -> persist.Client:
+    return persist.open(loc, reentrance_id="svc", options=persist.Options(gc_grace_seconds=grace),
+                        storage_options={"fsync": False})
+
+
+def _meta(root: Path, prefix: str) -> tuple[int, int]:
+    d = root / prefix
+    if not d.exists():
+        return 0, 0
+    files = [f for f in d.iterdir() if f.is_file()]
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+def fresh_open(loc: str, grace: float) -> float:
+    """One writer open in this process (a child's job): seconds."""
+    started = time.perf_counter()
+    client = _open(loc, grace)
+    took = time.perf_counter() - started
+    client.stop()
+    return took
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sessions", type=int, default=60)
+    p.add_argument("--commits", type=int, default=1000)
+    p.add_argument("--grace", type=float, default=300.0)
+    p.add_argument("--dir", default=None)
+    p.add_argument("--fresh-open", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.fresh_open:
+        print(fresh_open(args.fresh_open, args.grace))
+        return
+    _count_lists()
+    root = Path(tempfile.mkdtemp(dir=args.dir)) / "loc"
+    loc = str(root)
+    print(f"{args.sessions} sessions x {args.commits} commits, grace {args.grace:g}s, at {loc}")
+    print("session  open_ms  log_lists(full/after)  log_keys_listed  log_entries  rollups  meta_MB")
+    started = time.monotonic()
+    for s in range(1, args.sessions + 1):
+        _lists.clear()
+        t0 = time.perf_counter()
+        client = _open(loc, args.grace)
+        open_ms = (time.perf_counter() - t0) * 1000
+        log_lists = [(after, n) for prefix, after, n in _lists
+                     if layout.LOG_PREFIX.startswith(prefix)]
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for i in range(args.commits):
+            t = r.upper
+            w.append([((i, t), t, 1)], t + 1).result()
+        client.stop()
+        if s in (1, 2) or s % max(1, args.sessions // 10) == 0 or s == args.sessions:
+            logs, lb = _meta(root, layout.LOG_PREFIX)
+            rollups, rb = _meta(root, layout.ROLLUP_PREFIX)
+            full = sum(1 for after, _ in log_lists if not after)
+            print(f"{s:7d}  {open_ms:7.1f}  {full:4d}/{len(log_lists) - full:<4d}"
+                  f"               {sum(n for _, n in log_lists):15d}  {logs:11d}  {rollups:7d}"
+                  f"  {(lb + rb) / 1e6:7.1f}", flush=True)
+        if s == 1:
+            first = _fresh_opens(loc, args.grace)
+    print(f"ran {time.monotonic() - started:.0f}s")
+    last = _fresh_opens(loc, args.grace)
+    for n, ms in ((1, first), (args.sessions, last)):
+        print(f"fresh-process writer open after {n} sessions: best {min(ms):.1f} ms "
+              f"(all: {', '.join(f'{x:.1f}' for x in ms)})")
+    print(f"ratio (best after {args.sessions} / best after 1): {min(last) / min(first):.2f}")
+
+
+def _fresh_opens(loc: str, grace: float, times: int = 3) -> list[float]:
+    """Writer open times (ms) of ``times`` fresh processes, one after another."""
+    out = []
+    for _ in range(times):
+        got = subprocess.run([sys.executable, "-m", "bench.trim_sessions", "--fresh-open", loc,
+                              "--grace", str(grace)], capture_output=True, text=True,
+                             env=dict(os.environ), check=True).stdout
+        out.append(float(got.strip().splitlines()[-1]) * 1000)
+    return out
+
+
+if __name__ == "__main__":
+    main()
