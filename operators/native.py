@@ -139,6 +139,8 @@ class PersistTable:
                 ``spark.read.format("persist")``, there).
             SchemaMismatch: the key or value has no Spark type.
             PartMissing: GC kept removing parts while this read was planned.
+            ChecksumMismatch: a part file's footer or page index (which Spark's reader
+                trusts, and no page checksum covers) is not what persist wrote.
         """
         if as_of is not None and (isinstance(as_of, bool) or not isinstance(as_of, int)):
             raise InvalidUsage(f"toDF: as_of must be an int time or None, not {as_of!r}")
@@ -160,6 +162,8 @@ class PersistTable:
                     scan, consolidated=consolidated, partitions=partitions)
             except _Gone as e:
                 gone = e.__cause__  # a part went between the plan and Spark's listing
+            except persist.PartMissing as e:
+                gone = e  # ... or before its tail was verified
         raise persist.PartMissing(
             f"read of {self._target.collection!r}: parts kept disappearing while the read "
             f"was planned ({PLAN_ATTEMPTS} plans): {gone}")
