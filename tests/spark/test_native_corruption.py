@@ -210,7 +210,8 @@ def _location(root: Path, string: bool) -> None:
         ix.write({"c": _updates(rng, 2000, string)})
     ix.seal("c", 4)
     parts = ix.state.collections["c"].parts
-    assert len(parts) == 2 and all(p.parquet for p in parts)
+    assert len(parts) == 2
+    assert all(p.parquet for p in parts)
 
 
 def _files(root: Path) -> list[Path]:
