@@ -27,7 +27,14 @@ is right only for fields whose absence an older reader may assume: ``PartMeta.st
 that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
 compaction that ignores it may merge the part again, which only costs), and a collection's
 seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
-informational, derived by replay). None of them bumps the format version.
+informational, derived by replay). None of them bumps the format version. Nor does
+``PartStats.tail`` (:class:`persist.indexed.format.stats.Tail`), a Parquet part's checksum of
+its page index and footer: ``PartMeta`` has no 16th field to give (see its NB), so it is nested
+in the part's stats, omitted while None (so every part without one keeps its bytes, and a part
+written with a stats budget of 0 gets stats holding only it); an older persist ignores it
+(and hands part files to another engine unverified, as it always did), and this one hands
+another engine only files whose tail it verified (:mod:`persist.indexed.read.tail`);
+``tests/golden/tail-commit.bin`` pins it.
 
 Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its
