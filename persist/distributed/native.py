@@ -33,7 +33,8 @@ the bytes it trusts are covered in two halves:
   recorded) is not handed out: persist reads it, verifying the whole file.
 
 What neither half covers are the page headers (sizes, counts, encodings, each page's own
-statistics); DESIGN.md §11a says what flipping them does to Spark's reader.
+statistics); DESIGN.md §11 (the native path's *Integrity and GC*) says what flipping them
+does to Spark's reader.
 """
 
 from __future__ import annotations
