@@ -4,9 +4,10 @@ file truncated, over an int64 and a string key. Every read through the client's 
 Python source (``format("persist")``) and the native path (``PersistTable.toDF()``), raw,
 consolidated and filtered, is the undamaged answer or an error: never a silent wrong answer.
 
-The Python source reads one damaged file per region and key type (each read of a damaged
-file costs seconds: Spark replaces the Python worker that failed), rotating over the three
-modes; it verifies with the client's part reader, which reads every damaged file.
+The Python source reads one damaged file per region (each read of a damaged file costs
+seconds: Spark replaces the Python worker that failed), alternating key types and rotating
+over the three modes; it verifies with the client's part reader, which reads every damaged
+file.
 
 Regions are found by parsing the file's Thrift structures (:func:`regions`): the footer (its
 ``Statistics`` structs apart), the page index between the last page and the footer, and each
@@ -15,8 +16,9 @@ expected answers are read once from the undamaged location.
 
 What each path must raise: the client and the Python source a persist ``Corruption`` (the
 whole file's crc32c); the native path ``ChecksumMismatch`` before any job for every byte of
-the tail (page index, footer, length, magic: :mod:`persist.indexed.read.tail`), and Spark's
-"CRC checksum verification failed" for a page body. A page header is covered by neither
+the tail (page index, footer, length, trailing magic: :mod:`persist.indexed.read.tail`; the
+leading magic Spark does not read), and Spark's "CRC checksum verification failed" for a page
+body. A page header is covered by neither
 checksum (Parquet's page CRC covers the body only): there any error of Spark's reader counts,
 and the counts are recorded (``-s`` prints them).
 """
@@ -321,10 +323,11 @@ def test_every_damaged_part_reads_exactly_or_fails(spark: Any, tmp_path: Path,
             target.write_bytes(_damage(rng, data, region, regions(data).get(region, [])))
             for r in READS:
                 # NB: a Python-source read of a damaged part costs seconds (the failing
-                # worker is replaced), so it reads each region's first damaged file once, in
-                # a mode that rotates over regions and key types. It verifies as the client
-                # does (the same part reader, whole-file crc32c), which reads every one.
-                if r.path == "python" and (i or r.mode != MODES[(n + string) % 3]):
+                # worker is replaced), so it reads one damaged file per region (the first,
+                # of the int64 key for even regions, the string key for odd ones), in a mode
+                # that rotates over regions. It verifies as the client does (the same part
+                # reader, whole-file crc32c), which reads every one.
+                if r.path == "python" and (i or (n + string) % 2 or r.mode != MODES[n % 3]):
                     continue
                 got = outcome(lambda r=r, root=root: read(spark, root, r, string),
                               want[Read("client", r.mode)])
@@ -342,3 +345,7 @@ def test_every_damaged_part_reads_exactly_or_fails(spark: Any, tmp_path: Path,
             assert got in ("persist", "exact"), (region, path, got)
         elif region == "page body":
             assert got in ("crc", "exact"), (region, path, got)
+    # every flip in the tail is refused before Spark plans with it, in every mode
+    for region in ("page index", "footer", "footer stats", "footer length", "truncation"):
+        assert seen[(region, "native", "persist")] == len(MODES) * TRIALS[region], region
+    assert seen[("page body", "native", "crc")] > 0
