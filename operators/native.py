@@ -152,6 +152,8 @@ class PersistTable:
                 ``spark.read.format("persist")``, there).
             SchemaMismatch: the key or value has no Spark type.
             PartMissing: GC kept removing parts while this read was planned.
+            ChecksumMismatch: a part file's footer or page index (which Spark's reader
+                trusts, and no page checksum covers) is not what persist wrote.
         """
         _no_unknown("toDF", unknown, ("as_of", "consolidated", "partitions"))
         if as_of is not None and (isinstance(as_of, bool) or not isinstance(as_of, int)):

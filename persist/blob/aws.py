@@ -333,18 +333,28 @@ def bucket_missing(client: Any, bucket: str) -> bool:
     return False
 
 
-def get_object(client: Any, bucket: str, key: str) -> tuple[bytes, str] | None:
+def get_object(client: Any, bucket: str, key: str, *, byte_range: str | None = None
+               ) -> tuple[bytes, str] | None:
     """One GET of ``s3://bucket/key``: ``(body, ETag)``, or None if there is no such object.
+
+    Args:
+        byte_range: an HTTP ``Range`` (``bytes=100-``, ``bytes=100-199``): only those bytes;
+            empty (ETag ``""``) when the range starts past the object's end.
 
     Raises the botocore error for anything else (a missing *bucket* too): wrap the call in
     :func:`call` for retries and the persist error tree.
     """
     try:
-        response = client.get_object(Bucket=bucket, Key=key)
+        if byte_range is None:
+            response = client.get_object(Bucket=bucket, Key=key)
+        else:
+            response = client.get_object(Bucket=bucket, Key=key, Range=byte_range)
     except AWS_ERRORS as e:
         code, status = error_code(e)
         if code == "NoSuchKey" or (status == 404 and code != "NoSuchBucket"):
             return None
+        if byte_range is not None and (code == "InvalidRange" or status == 416):
+            return b"", ""  # NB: S3 refuses a range that starts at or past the end
         raise
     body = response["Body"]
     try:

@@ -14,7 +14,8 @@ file Spark reads), their checksum is returned by ``set_plain`` for the caller to
 reference (``PartMeta.checksum``) and is checked by ``get_plain`` before a byte is returned. The
 check lives here too, so no implementation can skip it. ``external_url`` tells such a program
 where a key lives (a ``file://`` URL, ``s3://bucket/prefix/key``), or None for a store no other
-process can reach (memory).
+process can reach (memory). ``get_range`` reads a stretch of a plain value as it is stored (a
+Parquet file's tail, which the caller checks against a checksum it keeps of that stretch).
 
 Invariant: a key once created by ``set_if_absent`` is never overwritten by a later
 ``set_if_absent``; exactly one of any number of racing creators of a key wins.
@@ -81,6 +82,21 @@ class BlobRead(ABC):
         if raw is None:
             return None
         return envelope.verify_plain(key, raw, checksum, size)
+
+    def get_range(self, key: str, start: int, end: int | None = None) -> bytes | None:
+        """The stored bytes of ``key`` from offset ``start`` up to ``end`` (None: its end),
+        as they are stored: unverified, for a plain value (:meth:`Blob.set_plain`) whose
+        reference keeps a checksum of that stretch (a Parquet part's tail). Shorter than
+        asked where the value ends first (empty past its end); None if there is no value.
+
+        Raises:
+            InvalidUsage: ``start`` is negative or ``end`` below ``start``.
+            ExternalError: the store failed.
+        """
+        if start < 0 or (end is not None and end < start):
+            raise InvalidUsage(f"get_range of {key!r}: bad range [{start}, {end})")
+        raw = self._get_range(key, start, end)
+        return None if raw is None else bytes(raw)
 
     def external_url(self, key: str) -> str | None:
         """Where another program (Spark's own Parquet reader, ...) finds the value of ``key``:
@@ -151,6 +167,15 @@ class BlobRead(ABC):
         """The URL of ``key`` for other programs (see :meth:`external_url`); None: none.
         Wrappers forward it to the store they wrap."""
         return None
+
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        """The raw bytes ``[start, end)`` of ``key`` (see :meth:`get_range`), or None.
+
+        NB: this default reads the whole value; a store that can read a stretch (a file, an
+        S3 ranged GET) overrides it, and a wrapper forwards it to the store it wraps.
+        """
+        raw = self._get(key)
+        return None if raw is None else memoryview(raw)[start:end]
 
 
 class Blob(BlobRead):
@@ -265,6 +290,9 @@ class ReadOnlyView(BlobRead):
 
     def _external_url(self, key: str) -> str | None:
         return self._inner._external_url(key)
+
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        return self._inner._get_range(key, start, end)
 
     def locator(self) -> tuple[str, str] | None:
         """The viewed store's (see :meth:`BlobRead.locator`)."""

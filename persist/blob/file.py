@@ -109,6 +109,17 @@ class FileBlob(Blob):
             raise Determinate(f"reading {key!r}: {e}") from e
 
     @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read() if end is None else f.read(end - start)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise Determinate(f"reading {key!r} from byte {start}: {e}") from e
+
+    @override
     def _external_url(self, key: str) -> str:
         return pathlib.Path(self._path(key)).as_uri()
 

@@ -49,6 +49,12 @@ class MemoryBlob(Blob):
             return self._data.get(key)
 
     @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | None:
+        with self._lock:
+            data = self._data.get(key)
+        return None if data is None else data[start:end]
+
+    @override
     def _list(self, prefix: str) -> list[str]:
         with self._lock:
             return [k for k in self._data if k.startswith(prefix)]

@@ -38,6 +38,17 @@ class MeteredBlob(Wrapping):
         return data
 
     @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        try:
+            data = self.inner._get_range(key, start, end)
+        except PersistError as e:
+            metrics.blob_error("get", e)
+            raise
+        if data is not None:
+            metrics.blob_bytes("read", len(data))
+        return data
+
+    @override
     def _external_url(self, key: str) -> str | None:
         return self.inner._external_url(key)
 

@@ -327,6 +327,22 @@ class S3Blob(Blob):
             self.cache.put(key, data)
         return data
 
+    @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        hit = self.cache.get(key) if layout.is_immutable(key) else None
+        if hit is not None:
+            return memoryview(hit)[start:end]
+        if end is not None and end == start:
+            return b"" if self._exists(self.full_key(key)) else None
+        full = self.full_key(key)
+        span = f"bytes={start}-" + ("" if end is None else str(end - 1))
+        got = aws.call(lambda: aws.get_object(self.client, self.bucket, full, byte_range=span),
+                       what=f"get s3://{self.bucket}/{full} ({span})", write=False,
+                       idempotent=True, retry=self.retry)
+        if got is None and self._decided_by_dynamodb(key):
+            return super()._get_range(key, start, end)  # rolls a decided commit forward
+        return None if got is None else got[0]
+
     def _fetch(self, full: str) -> bytes | None:
         got = aws.call(lambda: aws.get_object(self.client, self.bucket, full),
                        what=f"get s3://{self.bucket}/{full}", write=False, idempotent=True,

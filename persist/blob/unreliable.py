@@ -247,6 +247,11 @@ class UnreliableBlob(FaultInjecting, Wrapping):
         return self.plan.run("get", lambda: self.inner._get(key), mutates=False)
 
     @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        return self.plan.run("get", lambda: self.inner._get_range(key, start, end),
+                             mutates=False)
+
+    @override
     def _list(self, prefix: str) -> list[str]:
         return self.plan.run("list", lambda: self.inner._list(prefix), mutates=False)
 

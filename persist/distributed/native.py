@@ -18,15 +18,30 @@ here:
   other parts. Consolidation stays persist's job, range by range: a key lives in exactly one
   range, so no shuffle is needed.
 
-The native reader must verify what persist's own readers verify: page checksums
-(``parquet.page.verify-checksum.enabled`` in Spark; the part's whole-file crc32c is checked
-only by persist), and it must fail on a missing file rather than skip it (a part GC removed
-after the plan): a read that silently skips one is wrong.
+The native reader must verify what persist's own readers verify, and it must fail on a
+missing file rather than skip it (a part GC removed after the plan): a read that silently
+skips one is wrong. Persist checks the part's whole-file crc32c; the other reader cannot, so
+the bytes it trusts are covered in two halves:
+
+* page bodies by Parquet's page checksums, which the reader must verify
+  (``parquet.page.verify-checksum.enabled`` in Spark);
+* the file's tail (page index, footer with its statistics and page offsets, footer length,
+  magic), which no page checksum covers and which the reader trusts to skip row groups and
+  pages, here, before a URL is handed out: each file's tail is checked against the tail
+  checksum persist recorded when it wrote the part (:mod:`persist.indexed.read.tail`; one
+  ranged read per file, once per process). A part without one (written before it was
+  recorded) is not handed out: persist reads it, verifying the whole file.
+
+What neither half covers are the page headers (sizes, counts, encodings, each page's own
+statistics); DESIGN.md §11 (the native path's *Integrity and GC*) says what flipping them
+does to Spark's reader.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -44,10 +59,14 @@ from persist.indexed.format import evolve
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.parquet import MAX_SIGNED_TIME
 from persist.indexed.format.stats import Phys
-from persist.indexed.read import buckets, split
+from persist.indexed.read import buckets, split, tail
 from persist.indexed.read.scan import READ_ATTEMPTS, CollectionInfo, ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
 from persist.indexed.read.scan import settled as settled_task
+
+#: How many parts' tails are verified at once while a read is planned (each is one ranged
+#: read of the store, the first time this process hands the part out).
+TAIL_READS = 16
 
 
 def _stores(blob: BlobRead) -> Callable[[str | None], BlobRead | None]:
@@ -87,22 +106,46 @@ def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], s
         where = store(root)
         if where is None or (upto is not None and upto < as_of):
             return None
-        return where.external_url(key)
+        found = where.external_url(key)
+        if found is None or not _trusted(where, key, p):
+            return None
+        return found
 
     return url
+
+
+def _trusted(blob: BlobRead, key: str, p: PartMeta) -> bool:
+    """Whether another engine's reader may read part ``p`` (at ``key`` of ``blob``) as a
+    file: its tail (the footer and page index that reader trusts to skip row groups and
+    pages, which no page checksum covers) is verified against the checksum persist recorded
+    (:func:`persist.indexed.read.tail.verify_tail`). A part that recorded none (written
+    before tails were) is persist's to read: its reader verifies the whole file.
+
+    Raises:
+        ChecksumMismatch: the tail is damaged (naming the part).
+        PartMissing: the part is gone (plan again).
+    """
+    return tail.verify_tail(blob, key, p)
 
 
 def _split(parts: tuple[PartMeta, ...], url: Callable[[PartMeta], str | None]
            ) -> tuple[tuple[str, ...], tuple[PartMeta, ...]]:
     urls: list[str] = []
     rest: list[PartMeta] = []
-    for p in parts:
-        u = url(p)
+    # NB: in parallel: each part's tail is one ranged read (once per process), which on S3
+    # is a round trip.
+    found = list(_pool().map(url, parts)) if len(parts) > 1 else [url(p) for p in parts]
+    for p, u in zip(parts, found, strict=True):
         if u is None:
             rest.append(p)
         else:
             urls.append(u)
     return tuple(urls), tuple(rest)
+
+
+@functools.cache
+def _pool() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(TAIL_READS, thread_name_prefix="persist-tail")
 
 
 def parquet_files(scan: Scan) -> tuple[tuple[str, ...], Scan]:
@@ -118,13 +161,20 @@ def parquet_files(scan: Scan) -> tuple[tuple[str, ...], Scan]:
     version, times that fit a signed long) and where a store serves them
     (``BlobRead.external_url``); the other engine sees only the URLs.
 
+    Every file's tail (its footer and page index, which the other reader trusts to skip rows
+    and no page checksum covers) is verified first (see the module docstring).
+
     Returns:
         The URLs (``file://`` paths, ``s3://bucket/key``) and the scan of the other parts
         (inline parts, parts of formats 1-3, of other schema versions, of a store no other
-        process can reach, or a fork's parts whose cut hides rows at or before the as-of time).
+        process can reach, a fork's parts whose cut hides rows at or before the as-of time,
+        or parts that recorded no tail checksum).
 
     Raises:
         InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
+        ChecksumMismatch: a file's tail is not what persist wrote (naming the part).
+        PartMissing: a file is gone (GC removed it after the plan: plan again).
+        ExternalError: the store failed.
     """
     if not isinstance(scan, Scan):
         raise InvalidUsage(f"parquet_files takes a persist.distributed.Scan, not "
@@ -147,6 +197,7 @@ def parquet_task(task: ReadTask) -> tuple[tuple[str, ...], ReadTask]:
 
     Raises:
         InvalidUsage: ``task`` is not a consolidated ``ReadTask``.
+        ChecksumMismatch, PartMissing, ExternalError: as :func:`parquet_files`.
     """
     if not isinstance(task, ReadTask) or task.kind != "consolidated":
         raise InvalidUsage(f"parquet_task takes a consolidated persist.distributed.ReadTask, "
@@ -381,7 +432,14 @@ def read_native(url: str, collection_name: str, build: Callable[[NativePlan], _T
     for _ in range(READ_ATTEMPTS):
         info = describe(url, collection_name, storage_options=storage_options)
         use = files(info) if callable(files) else files
-        plan = plan_native(info.snapshot(as_of), consolidated=consolidated, n=n, files=use)
+        try:
+            # NB: planning verifies the files' tails (one read each): a part GC removed
+            # since describe() is a PartMissing here, planned again like one gone later.
+            plan = plan_native(info.snapshot(as_of), consolidated=consolidated, n=n,
+                               files=use)
+        except PartMissing as e:
+            gone = e
+            continue
         try:
             return build(plan)
         except PartMissing as e:

@@ -73,6 +73,12 @@ class CountingRead(BlobRead):
         return self._inner._get(key)
 
     @override
+    def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
+        with self._lock:
+            self._counts["get_data" if key.startswith(layout.DATA_PREFIX) else "get_meta"] += 1
+        return self._inner._get_range(key, start, end)
+
+    @override
     def _list(self, prefix: str) -> list[str]:
         with self._lock:
             self._counts["list"] += 1

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pytest
 
 from persist.blob.base import Blob
-from persist.errors import ChecksumMismatch, Corruption, ExternalError
+from persist.errors import ChecksumMismatch, Corruption, ExternalError, InvalidUsage
 
 #: Reads the bytes at a URL ``external_url`` gave, as another program would (None: absent).
 ReadExternal = Callable[[str], bytes | None]
@@ -238,6 +238,30 @@ class BlobConformance:
         blob._set("data/1/v", other)  # another key's value, same length
         with pytest.raises(ChecksumMismatch):
             blob.get_plain("data/1/v", crc, size=len(value))
+
+    def test_get_range_reads_a_stretch_as_stored(self, blob: Blob) -> None:
+        value = bytes(range(256)) * 40  # 10,240 bytes
+        blob.set_plain("data/1/r", value)
+        n = len(value)
+        for start, end in ((0, None), (0, n), (7, None), (n - 9, None), (100, 612), (5, 5),
+                           (n, None), (n + 10, None), (n - 3, n + 50), (0, 1)):
+            got = blob.get_range("data/1/r", start, end)
+            assert isinstance(got, bytes)
+            assert got == value[start:end], (start, end)
+        assert blob.read_only().get_range("data/1/r", 10, 20) == value[10:20]
+        assert blob.get_range("data/1/missing", 0) is None
+        assert blob.get_range("data/1/missing", 3, 9) is None
+        blob.set_plain("data/1/empty", b"")
+        assert blob.get_range("data/1/empty", 0) == b""
+        assert blob.get_range("data/1/empty", 4) == b""
+        # unverified: what is stored, flipped bits included (the caller keeps the checksum)
+        flipped = bytearray(value)
+        flipped[-2] ^= 0x01
+        blob._set("data/1/r", bytes(flipped))
+        assert blob.get_range("data/1/r", n - 4) == bytes(flipped[-4:])
+        for start, end in ((-1, None), (5, 4)):
+            with pytest.raises(InvalidUsage):
+                blob.get_range("data/1/r", start, end)
 
     def test_plain_value_is_no_enveloped_value(self, blob: Blob) -> None:
         crc = blob.set_plain("data/1/p", b"a plain value, no envelope")

@@ -437,3 +437,46 @@ def test_parquet_files_and_consolidate_give_the_snapshot(tmp_path: Path) -> None
     with pytest.raises(SchemaMismatch):
         distributed.consolidate(tasks[0], pa.table({"key": ["x"], "value": [1], "time": [0],
                                                    "diff": [1]}))
+
+
+def test_files_are_handed_out_only_with_a_verified_tail(tmp_path: Path) -> None:
+    """``parquet_files`` and ``parquet_task`` check each file's tail (the footer and page index
+    another reader trusts to skip rows) first: a damaged one is ``ChecksumMismatch`` naming the
+    part, a part that recorded no tail is left to persist's reader."""
+    import dataclasses
+
+    import msgspec
+
+    from persist.indexed.read import tail
+
+    url = str(tmp_path)
+    with persist.open(url, options=persist.Options(inline_threshold=0, batch_rows=100,
+                                                   background_compaction=False)) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(2):
+            w.append([((k, t), t, 1) for k in range(t, 600, 2)], upper=t + 1).result()
+    scan = distributed.describe(url, "c").snapshot(1)
+    assert len(distributed.parquet_files(scan)[0]) == 2
+    (task,) = scan.tasks(consolidated=True, n=1)
+    assert len(distributed.parquet_task(task)[0]) == 2
+    # a part written before tails were recorded: persist reads it
+    first, second = scan.kept
+    assert not isinstance(first.stats, msgspec.UnsetType)
+    old = msgspec.structs.replace(first, stats=msgspec.structs.replace(first.stats, tail=None))
+    urls, rest = distributed.parquet_files(dataclasses.replace(scan, kept=(old, second)))
+    assert len(urls) == 1
+    assert rest.kept == (old,)
+    # a flipped bit in a footer: refused before any other reader sees the file
+    assert first.blob_key is not None
+    path = tmp_path / first.blob_key
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x04
+    path.write_bytes(bytes(data))
+    tail.forget()
+    with pytest.raises(persist.ChecksumMismatch, match=f"part {first.id}"):
+        distributed.parquet_files(scan)
+    with pytest.raises(persist.ChecksumMismatch, match=f"part {first.id}"):
+        distributed.parquet_task(task)
+    path.unlink()
+    with pytest.raises(persist.PartMissing, match=first.id):
+        distributed.parquet_files(scan)

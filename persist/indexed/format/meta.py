@@ -30,7 +30,14 @@ seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``r
 informational, derived by replay), and a rollup's :attr:`State.trim` (the metadata trim's
 progress: an older writer trims by listing as before, and the rollups it writes drop the
 field, which a newer writer then recovers with one listing). None of them bumps the format
-version.
+version. Nor does
+``PartStats.tail`` (:class:`persist.indexed.format.stats.Tail`), a Parquet part's checksum of
+its page index and footer: ``PartMeta`` has no 16th field to give (see its NB), so it is nested
+in the part's stats, omitted while None (so every part without one keeps its bytes, and a part
+written with a stats budget of 0 gets stats holding only it); an older persist ignores it
+(and hands part files to another engine unverified, as it always did), and this one hands
+another engine only files whose tail it verified (:mod:`persist.indexed.read.tail`);
+``tests/golden/tail-commit.bin`` pins it.
 
 Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its

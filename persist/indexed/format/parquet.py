@@ -62,10 +62,31 @@ _ZSTD_LEVEL = 1
 
 @dataclass(frozen=True)
 class Encoded:
-    """A part's Parquet file and the row count of each of its row groups, in order."""
+    """A part's Parquet file, the row count of each of its row groups, in order, and where
+    its tail starts (:func:`tail_offset`)."""
 
     data: pa.Buffer
     batch_rows: tuple[int, ...]
+    tail: int
+
+
+def tail_offset(md: pq.FileMetaData) -> int:
+    """Where the tail of a Parquet file starts: the end of its last column chunk's pages
+    (``dictionary or data page offset + total_compressed_size``, which counts the page
+    headers), 4 (after the leading magic) if it has none. From there to the end lie the bloom
+    filters, the page index (column and offset indexes), the footer, its length and the
+    magic: everything a reader trusts to choose and find pages, and no page checksum covers.
+    """
+    end = 4
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            start = c.data_page_offset
+            if c.has_dictionary_page and c.dictionary_page_offset:
+                start = min(start, c.dictionary_page_offset)
+            end = max(end, start + c.total_compressed_size)
+    return end
 
 
 def encode(table: pa.Table, *, batch_rows: int, schema_id: int, sorted: bool,
@@ -113,7 +134,7 @@ def encode(table: pa.Table, *, batch_rows: int, schema_id: int, sorted: bool,
         metadata_collector=collected)
     md = collected[0]
     rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-    return Encoded(sink.getvalue(), rows)
+    return Encoded(sink.getvalue(), rows, tail_offset(md))
 
 
 @dataclass(frozen=True)
@@ -293,4 +314,4 @@ def _sorting_columns(schema: pa.Schema) -> tuple[pq.SortingColumn, ...]:
     return tuple(out)
 
 
-__all__ = ["PART_FORMAT", "Decoded", "Encoded", "decode", "encode"]
+__all__ = ["PART_FORMAT", "Decoded", "Encoded", "decode", "encode", "tail_offset"]

@@ -139,16 +139,44 @@ class BatchStats(msgspec.Struct, frozen=True, array_like=True):
     hi: tuple[int | float | bytes | None, ...]
 
 
+class Tail(msgspec.Struct, frozen=True, array_like=True):
+    """The checksum of a Parquet part's *tail*: its bytes from ``offset`` (the end of the
+    last column chunk's pages) to the end of the file, which are its bloom filters, page
+    index, footer (row-group and column statistics, page offsets), footer length and magic.
+
+    What another engine's Parquet reader trusts before it reads a page, and what no Parquet
+    page checksum covers: a flipped bit in a column's statistics makes a reader skip row
+    groups it should read (:mod:`persist.distributed.native` checks the tail before handing
+    the file to one, :func:`persist.indexed.read.tail.verify_tail`).
+
+    Invariant: ``crc == crc32c(file[offset:])`` and ``offset < len(file)``.
+    """
+
+    offset: int
+    crc: int
+
+
 class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A part's stats (stored in ``PartMeta.stats``): per-field entries, and, when the part has
     several record batches, each batch's row count and per-batch bounds of some fields. A
-    field with no entry is unknown."""
+    field with no entry is unknown.
+
+    Also, for a Parquet part written since the tail checksum was introduced, its
+    :class:`Tail` (outside the stats budget: 10-20 bytes). It lives here because ``PartMeta``
+    is at its 15-field limit (a 16th changes every part's stored bytes); ``omit_defaults``
+    keeps every part without one byte for byte what it was, and an older persist ignores the
+    field (it never hands files to another engine by it). A part with a tail and no field
+    entries (stats budget 0) has ``leaves == ()``: every field unknown, as with no stats.
+    """
 
     leaves: tuple[LeafStats, ...] = ()
     #: Rows of each Arrow record batch of the part's IPC stream, in order (empty: no batch
     #: stats).
     batch_rows: tuple[int, ...] = ()
     batches: tuple[BatchStats, ...] = ()
+    #: The Parquet file's tail checksum (None: not recorded; a part of formats 1-3, or one
+    #: written before it was).
+    tail: Tail | None = None
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -347,5 +375,5 @@ def _batch_stats(path: str, per: list[tuple[Phys | None, Phys | None]], *, nan: 
 
 
 __all__ = ["BATCH_PREFIX_BYTES", "MAX_STATS_BYTES", "PART_PREFIX_BYTES", "STATS_BYTES",
-           "BatchStats", "Bounds", "LeafStats", "PartStats", "Phys", "batch_bounds",
+           "BatchStats", "Bounds", "LeafStats", "PartStats", "Phys", "Tail", "batch_bounds",
            "compute", "orderable", "part_bounds", "path_key", "physical"]

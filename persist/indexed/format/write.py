@@ -20,6 +20,7 @@ import logging
 import os
 import uuid
 
+import crc32c
 import msgspec
 import numpy as np
 import pyarrow as pa
@@ -115,12 +116,16 @@ def new_part(
     encoded = parquet.encode(table, batch_rows=batch_rows, schema_id=sid, sorted=True,
                              max_time=hi)
     computed = stats.compute(table, encoded.batch_rows, stats_bytes)
+    # NB: the tail's checksum (the footer and page index another engine's reader trusts,
+    # which no page checksum covers) rides in the stats: PartMeta has no field left.
+    tail = stats.Tail(encoded.tail, crc32c.crc32c(memoryview(encoded.data)[encoded.tail:]))
+    part_stats = (stats.PartStats(tail=tail) if computed is None
+                  else msgspec.structs.replace(computed, tail=tail))
     key = layout.data_key(c.id, part_id)
     checksum = blob.set_plain(key, memoryview(encoded.data))
     return PartMeta(id=part_id, rows=len(table), nbytes=encoded.data.size, min_time=lo,
                     max_time=hi, consolidated=consolidated, blob_key=key, full=flag,
-                    inserted=inserted, retracted=retracted,
-                    stats=msgspec.UNSET if computed is None else computed,
+                    inserted=inserted, retracted=retracted, stats=part_stats,
                     checksum=checksum, sorted=True)
 
 

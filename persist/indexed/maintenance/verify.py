@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import crc32c
 import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -184,6 +185,14 @@ def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
     problems: list[str] = []
     if len(data) != p.nbytes:
         problems.append(f"{name}: {where} holds {len(data)} bytes, metadata says {p.nbytes}")
+    tail = None if isinstance(p.stats, msgspec.UnsetType) else p.stats.tail
+    if tail is not None:
+        # NB: the bytes verified whole already: a wrong tail record is the writer's bug, and
+        # it would make the native path refuse a sound file (or check the wrong bytes).
+        view = memoryview(data)
+        if not 4 <= tail.offset < len(view) or crc32c.crc32c(view[tail.offset:]) != tail.crc:
+            problems.append(f"{name}: {where}'s recorded Parquet tail (from byte "
+                            f"{tail.offset}, crc32c {tail.crc:#010x}) is not its tail")
     try:
         table = evolve.View.of(c).stored(_Data(data), p)
     except Corruption as e:
