@@ -109,9 +109,10 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: (:mod:`persist.indexed.format.stats`); what a filtered read prunes by. UNSET: none (inline
     #: parts, parts written before stats). An older persist ignores the field.
     stats: PartStats | msgspec.UnsetType = msgspec.UNSET
-    #: Compaction cut this part when it reached its size target
-    #: (``CompactionPolicy.part_target_bytes``): it is never merged again. An older persist
-    #: ignores the field (and may merge it, which is only a cost).
+    #: Written by older persists on parts they meant never to merge again (a compaction's
+    #: output cut at its size target, a big append's key-disjoint pieces). Still read, and
+    #: ignored: today's compaction merges such parts into the base like any other run
+    #: (:mod:`persist.indexed.maintenance.compact`). Nothing writes it any more.
     full: bool | msgspec.UnsetType = msgspec.UNSET
     #: The sums of the part's positive diffs and of its negative diffs' magnitudes (what a
     #: seal's history entry reports as inserted and retracted). UNSET: not counted (a part

@@ -73,8 +73,8 @@ def new_part(
             renews the lease before staging.
         stats_bytes: the budget of the part's stats (:mod:`persist.indexed.format.stats`), in encoded
             bytes; 0: none. A blob part gets them; an inline part never does (see below).
-        full: compaction cut this part at its size target: it is never merged again
-            (``PartMeta.full``).
+        full: mark the part ``PartMeta.full`` (an older persist's compaction then never merges
+            it; this one ignores the flag). Nothing persist writes now sets it.
         batch_rows: rows per record batch (row group) of the stored part (the unit per-batch
             stats describe and a filtered read skips).
         schema_id: the schema version of ``c`` the rows are of, recorded in a Parquet part's
@@ -139,10 +139,9 @@ def new_parts(
     batch_rows: int = columnar.BATCH_ROWS, schema_id: int | None = None,
 ) -> list[PartMeta]:
     """``table`` (an append) as parts of ``c``: one part (:func:`new_part`), or, for an append
-    of at least ``final_rows`` rows (a part that would never be merged) and at least
+    of at least ``final_rows`` rows (a run compaction merges only into the base) and at least
     :data:`PARALLEL_ROWS` rows per piece, sorted once and cut where the key changes into
-    key-disjoint pieces, each encoded and stored on its own thread and marked ``full`` (never
-    merged, as the whole would not have been).
+    key-disjoint pieces, each encoded and stored on its own thread.
 
     NB: sorting and encoding are nearly all of a big append's acknowledgement (1 M rows of four
     int64 columns: 33-41 ms to sort, 41-49 ms to encode, 10 ms to store). Encoding releases the
@@ -165,10 +164,9 @@ def new_parts(
     table = sorting.sort_updates(table)
     pieces = _key_slices(table, k)
     sid = _schema_id(c, table.schema) if schema_id is None else schema_id
-    full = len(pieces) > 1
     futures = [_executor().submit(new_part, blob, c, piece, inline_threshold=0,
                                   consolidated=False, ordered=True, stats_bytes=stats_bytes,
-                                  batch_rows=batch_rows, schema_id=sid, full=full)
+                                  batch_rows=batch_rows, schema_id=sid)
                for piece in pieces]
     concurrent.futures.wait(futures)
     failed = [f.exception() for f in futures if f.exception() is not None]
