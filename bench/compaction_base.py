@@ -10,8 +10,9 @@ rows, whether the base's key ranges are disjoint and every part is a base part) 
 it wrote (the blobs of the parts its merges added).
 
 ``amplification``: ``--appends`` appends of ``--rows`` rows each, of which ``--updates`` retract
-an earlier row and insert its new value (the rest are new keys), with background compaction
-on and the since following the upper; then maintenance until it is idle. Reports the lifetime
+an earlier row and insert its new value (the rest are new keys), the since following
+the upper and maintenance run until idle after each append (what the background does given
+the time; ``--background`` leaves it to the background instead, which a fast loop outruns). Reports the lifetime
 write amplification: rows written by appends and merges over rows appended, and the same in
 bytes, and the layout at the end. ``--part-target`` scales the part target down with the rows
 (the default, 64 MiB, would make a small run one part).
@@ -20,6 +21,7 @@ bytes, and the layout at the end. ``--part-target`` scales the part target down 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import tempfile
 import time
@@ -45,7 +47,7 @@ def _layout(client: persist.Client, name: str) -> dict[str, Any]:
     base, runs = compact.layout(c, c.since)
     bounds = [compact.key_bounds(p) for p in base]
     disjoint = all(a is not None and b is not None and a[1] is not None and b[0] is not None
-                   and a[1] < b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+                   and a[1] < b[0] for a, b in itertools.pairwise(bounds))
     return {"parts": len(c.parts), "base_parts": len(base), "runs": len(runs),
             "rows": sum(p.rows for p in c.parts), "base_rows": sum(p.rows for p in base),
             "base_disjoint": disjoint,
@@ -56,7 +58,7 @@ def _layout(client: persist.Client, name: str) -> dict[str, Any]:
 
 def _written(client: persist.Client) -> dict[str, int]:
     """Rows and bytes of the parts appends and merges added, from the commit log."""
-    ix = client._writer().ix  # noqa: SLF001 - a benchmark reads the log of its own writer
+    ix = client._writer().ix
     out = {"append_rows": 0, "append_bytes": 0, "merge_rows": 0, "merge_bytes": 0, "merges": 0}
     from persist import layout
     from persist.indexed.format.meta import decode_commit
@@ -104,7 +106,8 @@ def amplification(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(11)
     policy = persist.CompactionPolicy(part_target_bytes=args.part_target,
                                       final_rows=max(1, args.rows // 2))
-    opts = persist.Options(compaction=policy, rollup_every=1 << 20, gc_grace_seconds=3600.0)
+    opts = persist.Options(compaction=policy, rollup_every=1 << 20, gc_grace_seconds=3600.0,
+                           background_compaction=not args.maintain_each)
     live_keys = np.zeros(0, np.int64)
     live_vals = np.zeros(0, np.int64)
     with persist.open(tempfile.mkdtemp(), options=opts) as client:
@@ -120,6 +123,8 @@ def amplification(args: argparse.Namespace) -> dict[str, Any]:
             diffs = np.concatenate([-np.ones(nu, np.int64), np.ones(nu + len(fresh), np.int64)])
             write.append(_table(keys, vals, t, diffs), upper=t + 1).result()
             write.allow_compaction(t).result()
+            while args.maintain_each and client.maintain():
+                pass
             live_vals[pick] = new_v
             live_keys = np.concatenate([live_keys, fresh])
             live_vals = np.concatenate([live_vals, vals[2 * nu:]])
@@ -146,6 +151,9 @@ def main() -> None:
     a.add_argument("--rows", type=int, default=10_000)
     a.add_argument("--updates", type=float, default=0.01)
     a.add_argument("--part-target", type=int, default=64 << 10)
+    a.add_argument("--background", dest="maintain_each", action="store_false",
+                   help="leave compaction to the background (timing-dependent) instead of "
+                        "running maintenance to idle after each append")
     args = ap.parse_args()
     out = bulk(args) if args.what == "bulk" else amplification(args)
     print(json.dumps(out, indent=1, default=msgspec.to_builtins))

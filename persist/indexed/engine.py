@@ -761,7 +761,8 @@ class Indexed:
         self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
     ) -> ReplaceParts:
         """Merges ``parts`` (reads and blob writes; no commit). Safe off the commit thread.
-        The output joins the base when it can (``compact.into_base``), else it is one run."""
+        The output joins the base when it can (``compact.into_base``), else it is a run (a
+        single full part, rewritten, stays full)."""
         c = state.collections[name]
         opts = self.options
         # NB: a merged part of the flush size or more goes to a blob whatever the inline
@@ -775,7 +776,8 @@ class Indexed:
         return compact.merge(self.blob, self.reader, c, parts,
                              inline_threshold=threshold, frontier=frontier,
                              stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
-                             part_target_bytes=opts.compaction.part_target_bytes, base=base)
+                             part_target_bytes=opts.compaction.part_target_bytes, base=base,
+                             keep_full=len(parts) == 1 and parts[0].full is True)
 
     def _discard(self, op: ReplaceParts) -> None:
         """Deletes the blobs of a merge that was never committed."""

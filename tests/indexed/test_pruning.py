@@ -408,9 +408,8 @@ def test_split_by_key_keeps_tied_keys_together() -> None:
                   "time": pa.array([0] * 8, pa.uint64()), "diff": pa.array([1] * 8)})
     assert compact.key_starts(t.column("key")).tolist() == [1, 5, 7]
     pieces = compact.split_by_key(t, 1)
-    assert [len(p) for p, _ in pieces] == [1, 4, 2, 1]
-    assert [full for _, full in pieces] == [True, True, True, False]
-    assert compact.split_by_key(t, None) == [(t, False)]
+    assert [len(p) for p in pieces] == [1, 4, 2, 1]
+    assert compact.split_by_key(t, None) == [t]
     assert compact.split_by_key(t.slice(0, 0), 1) == []
 
 

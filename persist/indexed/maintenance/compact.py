@@ -16,26 +16,34 @@ its collections keep only the tiered runs below.
 **Leveled merging into the base.** A run whose rows are all at or before the frontier the merge
 may forward to (the effective since, or a lower in-process hold) is *ready*. Once the ready runs
 hold at least ``1 / base_ratio`` of the rows of the base parts their key ranges overlap (part
-key stats; a run without them overlaps every base part), they are merged with exactly those base
-parts (:func:`merge`). The output is cut by key into parts of about ``part_target_bytes``, also
+key stats; a run without them overlaps every base part), or ``max_runs`` of them are big, they
+are merged with exactly those base parts (:func:`merge`). The output is cut by key into parts of about ``part_target_bytes``, also
 at every untouched base part's key range, so it joins the base as key-disjoint parts and the
 untouched ones stay as they are. The merge works key range by key range: a range's rows of the
 runs, and the base parts in it, read one range at a time. Big appends, sink batches and
 ``full`` parts an older persist wrote are runs like any other: a bulk load ends up in the base.
-A collection with no base starts one once its ready runs hold ``inline_flush_bytes``.
+A collection with no base starts one once a ready run is a blob or its ready inline runs hold
+``inline_flush_bytes`` (a small collection stays inline).
 
 **Tiered runs.** Below the base, runs of fewer than ``final_rows`` rows are merged size-tiered:
 a run's level is ``floor(log4(rows))``, and a level of ``fanin`` runs is merged with every
-smaller run into one part (uncut), consolidated, times forwarded. Inline parts are also flushed
-into a blob part once they total ``inline_flush_bytes``. Each merge of two or more runs leaves
-one, so tiering always ends; each base merge leaves no ready run, so the planner never loops.
+smaller run, consolidated, times forwarded (what a collection whose since stays behind its
+writes gets, since only rows at or before the since can join the base). The output is cut by
+key into parts of about ``part_target_bytes``; every piece but the last is marked ``full``
+(``PartMeta.full``), as is every piece of a big append (:func:`persist.indexed.format.write.
+new_parts`): a full run, like one of ``final_rows`` rows, is not tiered again and waits for a
+merge into the base. Inline parts are also flushed into a blob part once they total
+``inline_flush_bytes``. Each tier merge of two or more runs leaves at most one run that can be
+tiered again, so tiering always ends; each base merge leaves no ready run, so the planner never
+loops.
 
 **Write amplification** (DESIGN.md §8 derives it): each base merge rewrites the base parts it
 overlaps; with runs spread over the whole key range that is the base, which has then grown by at
 least ``1 / base_ratio`` since its last rewrite, so over a collection's life every row is
 rewritten about ``1 + base_ratio`` times by base merges, plus ``log_fanin(final_rows / append
 rows)`` times while tiered. Runs on top: fewer than ``fanin`` per level below ``final_rows``,
-plus at most ``base rows / (base_ratio * final_rows)`` bigger ones.
+plus fewer than ``max_runs`` bigger ones (that cap makes a base merge come sooner than the ratio
+alone once the base holds more than ``base_ratio * max_runs`` big runs' rows).
 
 **Rewriting old parts.** A blob part not in part format 4 (an Arrow stream of an older persist,
 unsorted) is rewritten on its own (:func:`plan_rewrite`: a merge of one part) into a sorted
@@ -99,6 +107,10 @@ class CompactionPolicy:
     #: base parts they overlap (>= 1). Large: more base rewrites (write amplification about
     #: ``1 + base_ratio``), fewer runs on top; small: the opposite.
     base_ratio: int = 4
+    #: ... or once this many ready runs of ``final_rows`` rows or more (or ``full``) wait
+    #: (>= 1): what bounds the parts a read merges on top of a large base, at the cost of
+    #: rewriting it more often than ``base_ratio`` alone would.
+    max_runs: int = 16
     #: Inline parts are flushed into a blob part once they hold this many bytes together, and
     #: a collection starts a base once its ready runs hold this many (>= 0).
     inline_flush_bytes: int = 1 << 20
@@ -113,7 +125,7 @@ class CompactionPolicy:
     rewrite_share: float = 0.25
 
     def __post_init__(self) -> None:
-        for name, lo in (("fanin", 2), ("final_rows", 1), ("base_ratio", 1),
+        for name, lo in (("fanin", 2), ("final_rows", 1), ("base_ratio", 1), ("max_runs", 1),
                          ("inline_flush_bytes", 0), ("part_target_bytes", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
@@ -234,11 +246,14 @@ def plan(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = Non
             bounds = [key_bounds(p) for p in ready]
             hit = {b.id for b in base if any(overlap(x, key_bounds(b)) for x in bounds)}
             rows = sum(p.rows for p in ready)
-            if (base or sum(p.nbytes for p in ready) >= policy.inline_flush_bytes) and \
-                    rows * policy.base_ratio >= sum(b.rows for b in base if b.id in hit):
+            big = sum(1 for p in ready if p.full is True or p.rows >= policy.final_rows)
+            if (base or any(p.blob_key is not None for p in ready)
+                    or sum(p.nbytes for p in ready) >= policy.inline_flush_bytes) and (
+                    rows * policy.base_ratio >= sum(b.rows for b in base if b.id in hit)
+                    or big >= policy.max_runs):
                 chosen = {p.id for p in ready} | hit
                 return tuple(p for p in c.parts if p.id in chosen)
-    live = [p for p in runs if p.rows < policy.final_rows]
+    live = [p for p in runs if p.rows < policy.final_rows and p.full is not True]
     if len(live) < 2:
         return ()
     inline = [p for p in live if p.inline is not None]
@@ -257,7 +272,8 @@ def into_base(c: CollectionMeta, parts: Sequence[PartMeta], frontier: int | None
               flush_bytes: int = 0) -> bool:
     """Whether merging ``parts`` of ``c`` (forwarded to ``frontier``) writes base parts: every
     row is at or before the frontier, every base part a run among them overlaps is among
-    them, and they hold a base part or ``flush_bytes``. Else the merge writes one run."""
+    them, and they hold a base part, a blob part or ``flush_bytes`` (inline parts alone
+    stay inline until then). Else the merge writes a run."""
     if not has_base(c) or not parts:
         return False
     f = _frontier(c, frontier)
@@ -269,7 +285,8 @@ def into_base(c: CollectionMeta, parts: Sequence[PartMeta], frontier: int | None
     runs = [key_bounds(p) for p in parts if p.id not in base_ids]
     if any(overlap(r, key_bounds(b)) for b in base if b.id not in ids for r in runs):
         return False
-    return bool(ids & base_ids) or sum(p.nbytes for p in parts) >= flush_bytes
+    return (bool(ids & base_ids) or any(p.blob_key is not None for p in parts)
+            or sum(p.nbytes for p in parts) >= flush_bytes)
 
 
 def outdated(p: PartMeta) -> bool:
@@ -291,15 +308,17 @@ def merge(
     blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...],
     *, inline_threshold: int, frontier: int | None = None, stats_bytes: int = stats.STATS_BYTES,
     batch_rows: int = columnar.BATCH_ROWS, part_target_bytes: int | None = None,
-    base: bool = False,
+    base: bool = False, keep_full: bool = False,
 ) -> ReplaceParts:
     """Merges ``parts`` of ``c`` into new parts (written to ``blob``), forwarding times to
     ``frontier`` (default and maximum: the effective since). Parts written with older schema
     versions are migrated to the current one, which the new parts are.
 
     ``base`` (see :func:`into_base`): the output joins the base, key range by key range, cut
-    by key into blob parts of about ``part_target_bytes`` and at every untouched base part;
-    else it is one part (inline if at most ``inline_threshold`` bytes).
+    by key into blob parts of about ``part_target_bytes`` and at every untouched base part.
+    Else the output is a run, cut the same way by size (None: one part), every piece but the
+    last ``full`` (not tiered again); ``keep_full``: the last too (a rewrite of one full part).
+    A run of at most ``inline_threshold`` bytes rides inline.
 
     Raises:
         ExternalError: reading or writing a part failed (the parts it wrote are deleted again,
@@ -320,9 +339,14 @@ def merge(
         else:
             table = pa.concat_tables([view.read(reader, p) for p in parts])
             merged = columnar.consolidate(columnar.forward(table, f))
-            if len(merged):
+            pieces = split_by_key(merged, part_target_bytes)
+            for i, piece in enumerate(pieces):
+                full = keep_full or i < len(pieces) - 1
+                # NB: a full run is never tiered again, only merged into a base, so it must
+                # not ride inline: every rollup would carry it until then.
                 added.append(evolve.tag(new_part(
-                    blob, c, merged, consolidated=True, inline_threshold=inline_threshold,
+                    blob, c, piece, consolidated=True, full=full,
+                    inline_threshold=0 if full else inline_threshold,
                     stats_bytes=stats_bytes, batch_rows=batch_rows), view.target))
     except BaseException:
         for p in added:
