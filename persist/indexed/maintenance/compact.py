@@ -415,7 +415,8 @@ def _base_chunks(reader: PartReader, view: evolve.View, c: CollectionMeta,
                 cuts.add((int(v), "left"))
     order = sorted(cuts, key=lambda cut: (cut[0], cut[1] == "right"))
     index = {cut: i + 1 for i, cut in enumerate(order)}
-    pos = [[0, *(int(np.searchsorted(k, v, side=s)) for v, s in order), len(k)] for k in keys]
+    pos = [[0, *(int(np.searchsorted(k, v, side="left" if s == "left" else "right"))
+                 for v, s in order), len(k)] for k in keys]
     last = len(order)
     null_range = last
     where: dict[str, int] = {}
