@@ -110,7 +110,7 @@ class CompactionPolicy:
     #: ... or once this many ready runs of ``final_rows`` rows or more (or ``full``) wait
     #: (>= 1): what bounds the parts a read merges on top of a large base, at the cost of
     #: rewriting it more often than ``base_ratio`` alone would.
-    max_runs: int = 16
+    max_runs: int = 64
     #: Inline parts are flushed into a blob part once they hold this many bytes together, and
     #: a collection starts a base once its ready runs hold this many (>= 0).
     inline_flush_bytes: int = 1 << 20
