@@ -255,7 +255,8 @@ class Options:
     leak_grace_seconds: float | None = 600.0
     #: The budget of each blob part's stats (:mod:`persist.indexed.format.stats`: per-field null
     #: counts and bounds, what filtered reads prune by), in encoded bytes; every rollup holds
-    #: every part's. 0: no stats (filtered reads then read every part); at most
+    #: every part's. 0: no stats (filtered reads then read every part), but for a base part's
+    #: key bounds (``compact.KEY_STATS_BYTES``, what the base relies on); at most
     #: ``stats.MAX_STATS_BYTES``.
     stats_bytes: int = stats.STATS_BYTES
     #: Rows per Arrow record batch of a stored part (>= 1): the unit a filtered read skips
