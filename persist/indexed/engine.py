@@ -668,7 +668,7 @@ class Indexed:
         """Plans and runs merges, each committed on its own, until nothing is planned (at
         most :data:`MAX_CASCADE` plans); returns whether it merged anything.
 
-        ``budgeted`` (the background's rounds): a merge of ``CompactionPolicy.final_rows``
+        ``budgeted`` (the background's rounds): a merge of ``compact.BUDGETED_ROWS``
         rows or more runs under the same budget as a rewrite (:meth:`rewrite`): only while no
         command waits, within ``rewrite_share`` of the time, at most one per round.
 
@@ -688,7 +688,7 @@ class Indexed:
             ran = False
             for name, parts in planned:
                 policy = self.options.compaction
-                big = sum(p.rows for p in parts) >= policy.final_rows
+                big = sum(p.rows for p in parts) >= compact.BUDGETED_ROWS
                 started = time.monotonic()
                 if budgeted and big and (big_done or policy.rewrite_share <= 0
                                          or started < self._next_rewrite or not idle()):

@@ -48,8 +48,8 @@ alone once the base holds more than ``base_ratio * max_runs`` big runs' rows).
 **Rewriting old parts.** A blob part not in part format 4 (an Arrow stream of an older persist,
 unsorted) is rewritten on its own (:func:`plan_rewrite`: a merge of one part) into a sorted
 Parquet part. The runtime rewrites one part at a time, only while no command waits, and spends
-at most ``CompactionPolicy.rewrite_share`` of the maintenance thread's time on it and on base
-merges of ``final_rows`` rows or more (one that took ``d`` seconds is followed by
+at most ``CompactionPolicy.rewrite_share`` of the maintenance thread's time on it and on
+merges of :data:`BUDGETED_ROWS` input rows or more (one that took ``d`` seconds is followed by
 ``d * (1 / share - 1)`` seconds without another), so big merges never starve the commit path.
 
 Merging never changes the contents as of any time at or after the frontier it forwards to, so
@@ -81,6 +81,9 @@ from persist.indexed.read.parts import PartReader
 from persist.indexed.state.transitions import effective_since
 
 FANIN = 4
+#: A background merge of this many input rows or more (about 0.1 s of CPU) runs within the
+#: rewrite budget (``CompactionPolicy.rewrite_share``); smaller ones run at once.
+BUDGETED_ROWS = 1 << 18
 #: The smallest stats budget of a base part: its ``key`` leaf with both bounds always fits,
 #: whatever ``Options.stats_bytes`` (the base's reads and its merges rely on the bounds).
 KEY_STATS_BYTES = 64
@@ -100,8 +103,8 @@ class CompactionPolicy:
     #: the base (reads merge more of them).
     fanin: int = FANIN
     #: Runs of this many rows or more are not tiered with other runs: they wait for a merge
-    #: into the base (and an append this big is written as key-disjoint pieces in parallel).
-    #: A background base merge of this many rows or more runs within ``rewrite_share`` (>= 1).
+    #: into the base (and an append this big is written as key-disjoint pieces in parallel)
+    #: (>= 1).
     final_rows: int = 1 << 19
     #: Ready runs are merged into the base once their rows times this reach the rows of the
     #: base parts they overlap (>= 1). Large: more base rewrites (write amplification about
@@ -119,7 +122,7 @@ class CompactionPolicy:
     #: key-disjoint parts.
     part_target_bytes: int = 64 << 20
     #: The share of the maintenance thread's time spent rewriting old parts into part format
-    #: 4 and on base merges of ``final_rows`` rows or more (in ``[0, 1]``; 0: the background
+    #: 4 and on merges of ``BUDGETED_ROWS`` rows or more (in ``[0, 1]``; 0: the background
     #: does neither, an explicit maintenance round still does). Large: sooner, at more CPU
     #: beside the commit path.
     rewrite_share: float = 0.25
