@@ -65,6 +65,7 @@ import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 import numpy as np
@@ -374,6 +375,53 @@ def _keys(table: pa.Table) -> npt.NDArray[np.generic]:
     return np.asarray(col.to_numpy())
 
 
+@dataclass(frozen=True)
+class _Lazy:
+    """A run of a base merge read range by range: its stored bytes (verified, compressed) and
+    the key bounds of its record batches, which are decoded only for the ranges they reach."""
+
+    part: PartMeta
+    data: memoryview
+    rows: tuple[int, ...]
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    @classmethod
+    def of(cls, reader: PartReader, view: evolve.View, p: PartMeta) -> _Lazy | None:
+        """``p`` read lazily, or None when it cannot be: not a sorted Parquet part of the
+        target schema version, one batch, null keys, or no exact per-batch key bounds."""
+        st = p.stats
+        if (st is msgspec.UNSET or not (p.parquet and p.ordered) or p.blob_key is None
+                or evolve.part_version(p) != view.target or len(st.batch_rows) < 2):
+            return None
+        leaf = next((leaf for leaf in st.leaves if leaf.path == "key"), None)
+        b = next((b for b in st.batches if b.path == "key"), None)
+        if leaf is None or leaf.nulls or b is None or len(b.lo) != len(st.batch_rows):
+            return None
+        if not all(isinstance(x, int) for x in (*b.lo, *b.hi)):
+            return None
+        return cls(p, reader.fetch(p), st.batch_rows, tuple(b.lo), tuple(b.hi))  # type: ignore[arg-type]
+
+    def read(self, reader: PartReader, view: evolve.View, f: int,
+             lower: tuple[int, str] | None, upper: tuple[int, str] | None) -> pa.Table:
+        """Its rows with keys from ``lower`` to ``upper`` (cuts as in :func:`_base_chunks`;
+        None: unbounded), forwarded to ``f``."""
+        keep = [(lower is None or (h >= lower[0] if lower[1] == "left" else h > lower[0]))
+                and (upper is None or (lo < upper[0] if upper[1] == "left" else lo <= upper[0]))
+                for lo, h in zip(self.lo, self.hi, strict=True)]
+        if not any(keep):
+            return view.schema.empty_table()
+        t = reader.decode_batches(self.part, self.data, view.schema, keep, self.rows)
+        k = _keys(t)
+        a = 0 if lower is None else int(np.searchsorted(k, lower[0], side=_side(lower[1])))
+        b = len(k) if upper is None else int(np.searchsorted(k, upper[0], side=_side(upper[1])))
+        return columnar.forward(t.slice(a, max(0, b - a)), f)
+
+
+def _side(s: str) -> Literal["left", "right"]:
+    return "left" if s == "left" else "right"
+
+
 def _base_chunks(reader: PartReader, view: evolve.View, c: CollectionMeta,
                  parts: tuple[PartMeta, ...], f: int, target_bytes: int | None
                  ) -> Iterator[pa.Table]:
@@ -381,17 +429,23 @@ def _base_chunks(reader: PartReader, view: evolve.View, c: CollectionMeta,
     key ranges in key order (a key's rows all in one), cut where an untouched base part or a
     rewritten one starts and, between them, about every two part targets of run rows.
 
-    The runs are read once; each rewritten base part is read only for its range, so a merge
-    holds the runs and one range's base parts (runs are at most ``1 / base_ratio`` of what
-    they overlap once there is a base). Null keys, which sort last, go to the range of the
+    Memory: a sorted Parquet run with per-batch key bounds is held as its stored bytes and
+    only the record batches a range reaches are decoded (:class:`_Lazy`); other runs (inline,
+    unsorted, of another schema version, with null keys) are decoded once. Each rewritten
+    base part is read only for its range. Null keys, which sort last, go to the range of the
     base part holding null keys (at most one does), else to the last range."""
     base, _ = layout(c, f)
     ids = {p.id for p in parts}
     base_ids = {b.id for b in base}
     hit = [b for b in base if b.id in ids]
     runs: list[pa.Table] = []
+    lazy: list[_Lazy] = []
     for p in parts:
         if p.id in base_ids or not p.rows:
+            continue
+        lz = _Lazy.of(reader, view, p)
+        if lz is not None:
+            lazy.append(lz)
             continue
         t = columnar.forward(view.read(reader, p), f)
         same = p.ordered and evolve.part_version(p) == view.target
@@ -408,18 +462,35 @@ def _base_chunks(reader: PartReader, view: evolve.View, c: CollectionMeta,
             cuts.add((hi, "right"))
     spans = [(lo, hi) for b in hit for lo, hi, _ in (key_bounds(b) or (None, None, 0),)
              if lo is not None and hi is not None]
-    n = sum(len(k) for k in keys)
+    n = sum(len(k) for k in keys) + sum(lz.part.rows for lz in lazy)
     if n and target_bytes is not None:
-        per_row = max(1, sum(t.nbytes for t in runs) // max(1, sum(len(t) for t in runs)))
-        big = max(range(len(keys)), key=lambda i: len(keys[i]))
-        step = max(1, 2 * max(1, target_bytes // per_row) * len(keys[big]) // n)
-        for v in keys[big][step::step].tolist():
+        # NB: candidate cuts from the biggest run: its keys, or its batches' lower bounds
+        # (each standing for a batch of rows), spaced about two part targets of all runs apart
+        if runs:
+            per_row = max(1, sum(t.nbytes for t in runs) // max(1, sum(len(t) for t in runs)))
+        else:
+            first = lazy[0].read(reader, view, f, None, (lazy[0].hi[0], "right"))
+            per_row = max(1, first.nbytes // max(1, len(first)))
+        share = 2 * max(1, target_bytes // per_row)
+        eager = max(range(len(keys)), key=lambda i: len(keys[i]), default=None)
+        big_lazy = max(lazy, key=lambda lz: lz.part.rows, default=None)
+        values: list[int]
+        if big_lazy is not None and (eager is None or big_lazy.part.rows > len(keys[eager])):
+            per_batch = max(1, big_lazy.part.rows // len(big_lazy.rows))
+            step = max(1, share * big_lazy.part.rows // n // per_batch)
+            values = list(big_lazy.lo[step::step])
+        elif eager is not None:
+            step = max(1, share * len(keys[eager]) // n)
+            values = keys[eager][step::step].tolist()
+        else:
+            values = []
+        for v in values:
             if not any(lo < v <= hi for lo, hi in spans):
                 cuts.add((int(v), "left"))
     order = sorted(cuts, key=lambda cut: (cut[0], cut[1] == "right"))
     index = {cut: i + 1 for i, cut in enumerate(order)}
-    pos = [[0, *(int(np.searchsorted(k, v, side="left" if s == "left" else "right"))
-                 for v, s in order), len(k)] for k in keys]
+    pos = [[0, *(int(np.searchsorted(k, v, side=_side(s))) for v, s in order), len(k)]
+           for k in keys]
     last = len(order)
     null_range = last
     where: dict[str, int] = {}
@@ -432,6 +503,10 @@ def _base_chunks(reader: PartReader, view: evolve.View, c: CollectionMeta,
     for r in range(last + 1):
         pieces = [t.slice(p[r], p[r + 1] - p[r]) for t, p in zip(runs, pos, strict=True)
                   if p[r + 1] > p[r]]
+        lower = order[r - 1] if r > 0 else None
+        upper = order[r] if r < last else None
+        pieces.extend(t for t in (lz.read(reader, view, f, lower, upper) for lz in lazy)
+                      if len(t))
         pieces.extend(columnar.forward(view.read(reader, b), f) for b in hit
                       if where[b.id] == r)
         if r == null_range:
