@@ -7,7 +7,9 @@
 int64, one time per append) with background compaction off, since advanced to the upper, then
 one ``Client.maintain()``: its wall and CPU time (this process's), the layout it leaves (parts,
 rows, whether the base's key ranges are disjoint and every part is a base part) and the bytes
-it wrote (the blobs of the parts its merges added).
+it wrote (the blobs of the parts its merges added), and this process's RSS before it and its
+peak during it, and the peak of Arrow's allocated bytes during it over those before (what the
+merge itself holds: RSS also counts what the allocator keeps after freeing).
 
 ``amplification``: ``--appends`` appends of ``--rows`` rows each, of which ``--updates`` retract
 an earlier row and insert its new value (the rest are new keys), the since following
@@ -21,9 +23,11 @@ bytes, and the layout at the end. ``--part-target`` scales the part target down 
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import tempfile
+import threading
 import time
 import uuid
 from typing import Any
@@ -33,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 import persist
+from bench.common import RssSampler
 from persist.indexed.format.meta import AddPart, ReplaceParts
 from persist.indexed.maintenance import compact
 
@@ -91,14 +96,34 @@ def bulk(args: argparse.Namespace) -> dict[str, Any]:
                                 np.ones(args.rows, np.int64)), upper=t + 1).result()
         write.allow_compaction(args.appends - 1).result()
         before = _layout(client, "w9")
+        gc.collect()
+        rss0 = RssSampler.rss()
+        sampler = RssSampler().start()
+        arrow_peak = [pa.total_allocated_bytes()]
+        arrow0 = arrow_peak[0]
+        done = threading.Event()
+
+        def sample_arrow() -> None:
+            while not done.wait(0.002):
+                arrow_peak[0] = max(arrow_peak[0], pa.total_allocated_bytes())
+
+        arrow_thread = threading.Thread(target=sample_arrow, daemon=True)
+        arrow_thread.start()
         w0, c0 = time.perf_counter(), time.process_time()
         rounds = 0
         while client.maintain():
             rounds += 1
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        sampler.stop()
+        done.set()
+        arrow_thread.join()
         written = _written(client)
         return {"before": before, "after": _layout(client, "w9"), "maintain_rounds": rounds,
                 "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                "rss_before_mib": round(rss0 / (1 << 20)),
+                "rss_peak_during_maintain_mib": round(sampler.peak / (1 << 20)),
+                "arrow_allocated_peak_over_before_mib": round(
+                    (arrow_peak[0] - arrow0) / (1 << 20)),
                 "merge_bytes_written": written["merge_bytes"],
                 "merge_rows_written": written["merge_rows"], "merges": written["merges"]}
 
