@@ -47,7 +47,10 @@ def policy(**kw: Any) -> CompactionPolicy:
 
 def options(**kw: Any) -> Options:
     pol = policy(**kw.pop("compaction", {}))
-    base: dict[str, Any] = {"stats_bytes": 1024, "background_compaction": False}
+    # NB: pinned too: record batches of the default size (the bulk test's 1.2 M rows in 4-row
+    # batches, a knob set's, took minutes to write and to merge)
+    base: dict[str, Any] = {"stats_bytes": 1024, "batch_rows": 1 << 16,
+                            "background_compaction": False}
     return Options(**{**base, **kw}, compaction=pol)
 
 

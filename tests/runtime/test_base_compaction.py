@@ -33,7 +33,8 @@ def _in_base(client: persist.Client, name: str) -> bool:
 
 def _policy(**kw: object) -> persist.CompactionPolicy:
     # NB: pinned: the default merging, with the whole maintenance time allowed for big merges
-    # (the budget only spaces them; this asserts where they lead, not how soon)
+    # (the budget only spaces them; this asserts where they lead, not how soon). The options
+    # pin batches and stats of the default sizes (4-row batches of 1.2 M rows take minutes)
     return persist.CompactionPolicy(fanin=4, final_rows=1 << 19, base_ratio=4, max_runs=16,
                                     inline_flush_bytes=1 << 20, part_target_bytes=8 << 20,
                                     **kw)  # type: ignore[arg-type]
@@ -41,7 +42,8 @@ def _policy(**kw: object) -> persist.CompactionPolicy:
 
 def test_the_background_merges_a_bulk_load_into_the_base_while_appends_commit(
         tmp_path: Path) -> None:
-    options = persist.Options(background_compaction=True, compaction=_policy(rewrite_share=1.0))
+    options = persist.Options(background_compaction=True, batch_rows=1 << 16, stats_bytes=1024,
+                              compaction=_policy(rewrite_share=1.0))
     with persist.open(tmp_path, options=options) as client:
         w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         for t in range(2):
@@ -65,7 +67,8 @@ def test_the_background_merges_a_bulk_load_into_the_base_while_appends_commit(
 
 
 def test_maintain_merges_at_once_and_says_when_it_did(tmp_path: Path) -> None:
-    options = persist.Options(background_compaction=False, compaction=_policy())
+    options = persist.Options(background_compaction=False, batch_rows=1 << 16, stats_bytes=1024,
+                              compaction=_policy())
     with persist.open(tmp_path, options=options) as client:
         w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         for t in range(2):
