@@ -256,7 +256,8 @@ class Options:
     leak_grace_seconds: float | None = 600.0
     #: The budget of each blob part's stats (:mod:`persist.indexed.format.stats`: per-field null
     #: counts and bounds, what filtered reads prune by), in encoded bytes; every rollup holds
-    #: every part's. 0: no stats (filtered reads then read every part); at most
+    #: every part's. 0: no stats (filtered reads then read every part), but for a base part's
+    #: key bounds (``compact.KEY_STATS_BYTES``, what the base relies on); at most
     #: ``stats.MAX_STATS_BYTES``.
     stats_bytes: int = stats.STATS_BYTES
     #: Rows per Arrow record batch of a stored part (>= 1): the unit a filtered read skips
@@ -369,7 +370,7 @@ class Indexed:
         self._surveyed = False
         #: No budgeted rewrite of an old part starts before this (monotonic): see rewrite.
         self._next_rewrite = 0.0
-        self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy,
+        self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy, int | None,
                                      tuple[Any, ...]]] = {}
         #: Merges (and rewrites) refused because a diff sum left int64, by collection: the ids
         #: of their parts, not planned again (see _refused).
@@ -615,9 +616,10 @@ class Indexed:
             held: the lowest in-process read hold on a collection (a listener's), if any:
                 compaction forwards times no further.
             now_ms: GC's wall clock (default: now).
-            budgeted: rewrite old parts within their budget (:meth:`rewrite`): a background
-                round's; an explicit one rewrites whatever the budget.
-            idle: whether no command waits (a budgeted rewrite starts only then).
+            budgeted: rewrite old parts and run big merges within their budget
+                (:meth:`rewrite`, :meth:`compact`): a background round's; an explicit one
+                does whatever the budget.
+            idle: whether no command waits (budgeted work starts only then).
             stop: whether the writer is stopping: no further step or merge starts (one under
                 way finishes and is committed, so that it leaves no blob behind).
 
@@ -635,7 +637,8 @@ class Indexed:
             lambda: self.rollup_and_trim(state()),
             lambda: self.reclaim_leaked(state)]
         if compaction:
-            steps[:0] = [lambda: self.compact(state, commit, held=held, stop=stop),
+            steps[:0] = [lambda: self.compact(state, commit, held=held, budgeted=budgeted,
+                                              idle=idle, stop=stop),
                          lambda: self.rewrite(state, commit, held=held, budgeted=budgeted,
                                               idle=idle)]
         did = False
@@ -691,17 +694,19 @@ class Indexed:
                 self._discard(op)  # refused before sending: nothing references its parts
                 raise
         finally:
-            if share > 0:
-                self._next_rewrite = time.monotonic() + (time.monotonic() - started) * (
-                    1 / share - 1)
+            self._budget(started)
         return True
 
     def compact(self, state: Callable[[], State], commit: Committer, *,
-                held: Callable[[str], int | None] = _no_hold,
-                stop: Callable[[], bool] = _never) -> bool:
+                held: Callable[[str], int | None] = _no_hold, budgeted: bool = False,
+                idle: Callable[[], bool] = _always, stop: Callable[[], bool] = _never) -> bool:
         """Plans and runs merges, each committed on its own, until nothing is planned (at
         most :data:`MAX_CASCADE` plans) or ``stop()`` says the writer is stopping; returns
         whether it merged anything.
+
+        ``budgeted`` (the background's rounds): a merge of ``compact.BUDGETED_ROWS``
+        rows or more runs under the same budget as a rewrite (:meth:`rewrite`): only while no
+        command waits, within ``rewrite_share`` of the time, at most one per round.
 
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
@@ -715,26 +720,35 @@ class Indexed:
         # round per interval must not leave those for later rounds, in which the lowest level
         # (refilled by new writes meanwhile) would always be chosen first.
         did = False
+        big_done = False
         for _ in range(MAX_CASCADE):
             if stop():
                 break
             newest = state()
-            planned = self.plan_compaction(newest)
-            if not planned:
-                break
+            planned = self.plan_compaction(newest, held=held)
+            ran = False
             for name, parts in planned:
                 if stop():
                     break
+                policy = self.options.compaction
+                big = sum(p.rows for p in parts) >= compact.BUDGETED_ROWS
+                started = time.monotonic()
+                if budgeted and big and (big_done or policy.rewrite_share <= 0
+                                         or started < self._next_rewrite or not idle()):
+                    continue
                 hold = held(name)
                 c = newest.collections[name]
                 frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
-                started = time.monotonic()
                 try:
                     op = self.run_compaction(newest, name, parts, frontier)
                 except DiffOverflow as e:
                     self._refused(name, parts, e)
                     refused = refused or e
                     continue
+                finally:
+                    if big:
+                        big_done = True
+                        self._budget(started)
                 try:
                     commit((op,), started)
                 except CommitDeadline:
@@ -744,7 +758,9 @@ class Indexed:
                     # data.)
                     self._discard(op)
                     raise
-                did = True
+                did = ran = True
+            if not ran:
+                break
         if refused is not None:
             raise refused
         return did
@@ -770,8 +786,18 @@ class Indexed:
         refused = self._overflowed.get(name)
         return refused is not None and frozenset(p.id for p in parts) in refused
 
-    def plan_compaction(self, state: State) -> list[tuple[str, tuple[Any, ...]]]:
-        """The merges the compaction policy wants now: ``(collection, parts)`` pairs. Pure."""
+    def _budget(self, started: float) -> None:
+        """After a big merge or a rewrite begun at ``started``: none other starts for
+        ``d (1 / share - 1)`` seconds, ``d`` the time it took."""
+        share = self.options.compaction.rewrite_share
+        if share > 0:
+            took = time.monotonic() - started
+            self._next_rewrite = time.monotonic() + took * (1 / share - 1)
+
+    def plan_compaction(self, state: State, *, held: Callable[[str], int | None] = _no_hold
+                        ) -> list[tuple[str, tuple[Any, ...]]]:
+        """The merges the compaction policy wants now: ``(collection, parts)`` pairs (``held``:
+        the in-process hold of a collection, how far its merges may forward). Pure."""
         # NB: maintenance plans after every commit, but a commit changes few collections. The
         # plan is a pure function of a (frozen, immutable) CollectionMeta, so a collection
         # whose meta is the very object planned last time keeps its last plan: an identity
@@ -781,13 +807,14 @@ class Indexed:
         policy = self.options.compaction
         for name, c in state.collections.items():
             last = memo.get(name)
+            hold = held(name)
             # NB: the policy is part of the key: set_options may replace it, and a plan made
             # under the old one (say, nothing to merge at fanin 4) is stale under fanin 2.
-            if last is not None and last[0] is c and last[1] is policy:
-                chosen = last[2]
+            if last is not None and last[0] is c and last[1] is policy and last[2] == hold:
+                chosen = last[3]
             else:
-                chosen = compact.plan(c, policy)
-                memo[name] = (c, policy, chosen)
+                chosen = compact.plan(c, policy, hold)
+                memo[name] = (c, policy, hold, chosen)
             if chosen and not self._skipped(name, chosen):
                 out.append((c.name, chosen))
         return out
@@ -804,8 +831,9 @@ class Indexed:
     def run_compaction(
         self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
     ) -> ReplaceParts:
-        """Merges ``parts`` (reads and a blob write; no commit). Safe off the commit thread.
-        A single full part (a rewrite of an old one) stays full."""
+        """Merges ``parts`` (reads and blob writes; no commit). Safe off the commit thread.
+        The output joins the base when it can (``compact.into_base``), else it is a run (a
+        single full part, rewritten, stays full)."""
         c = state.collections[name]
         opts = self.options
         # NB: a merged part of the flush size or more goes to a blob whatever the inline
@@ -814,10 +842,12 @@ class Indexed:
         # with the next small part, rewriting all of the collection's inline data each round
         # (found while adding the knob set inline-max to the matrix).
         threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
+        base = compact.into_base(c, parts, frontier,
+                                 flush_bytes=opts.compaction.inline_flush_bytes)
         return compact.merge(self.blob, self.reader, c, parts,
                              inline_threshold=threshold, frontier=frontier,
                              stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
-                             part_target_bytes=opts.compaction.part_target_bytes,
+                             part_target_bytes=opts.compaction.part_target_bytes, base=base,
                              keep_full=len(parts) == 1 and parts[0].full is True)
 
     def _discard(self, op: ReplaceParts) -> None:

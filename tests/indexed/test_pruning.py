@@ -26,7 +26,7 @@ from persist.blob.file import FileBlob
 from persist.errors import Corruption, InvalidUsage
 from persist.indexed.engine import Options, Txn
 from persist.indexed.format import columnar, stats
-from persist.indexed.format.meta import AddPart
+from persist.indexed.format.meta import AddPart, PartMeta
 from persist.indexed.format.write import new_part
 from persist.indexed.maintenance import compact
 from persist.indexed.maintenance.compact import CompactionPolicy
@@ -350,12 +350,12 @@ def test_compaction_cuts_key_disjoint_parts_of_the_target_size(tmp_path: Path) -
     ix.fence()
     ix.register("r", pa.int64(), pa.int64())
     # keys 0..499, each written 8 times (8 values) in interleaved order: a key's 8 rows must
-    # land in one part
-    rows = [((k, v), 0, 1) for v in range(8) for k in range(500)]
+    # land in one part. At time 1, past the since (0): tiered runs, not a base (test_base.py)
+    rows = [((k, v), 1, 1) for v in range(8) for k in range(500)]
     for i in range(0, len(rows), 1000):
         ix.write({"r": rows[i:i + 1000]})
-    ix.seal("r", 1)
-    before = ix.snapshot("r", 0).to_arrow()
+    ix.seal("r", 2)
+    before = ix.snapshot("r", 1).to_arrow()
     ix.maintain()
     parts = ix.state.collections["r"].parts
     assert len(parts) > 3
@@ -372,13 +372,13 @@ def test_compaction_cuts_key_disjoint_parts_of_the_target_size(tmp_path: Path) -
     for (_, hi), (lo, _) in itertools.pairwise(ranges):
         assert hi < lo  # disjoint: no key in two parts
     assert sum(len(t) for t in tables) == 4000
-    assert rows_of(ix.snapshot("r", 0).to_arrow()) == rows_of(before)
+    assert rows_of(ix.snapshot("r", 1).to_arrow()) == rows_of(before)
 
 
 def test_split_output_is_never_merged_again(tmp_path: Path) -> None:
     """The planner terminates: after any number of small appends, merging until nothing is
-    planned takes a bounded number of rounds, never picks a full part, and each merge leaves at
-    most one mergeable part."""
+    planned takes a bounded number of rounds, never tiers a full part, and each merge leaves
+    fewer runs that can be tiered (the rows at the since, 0, join the base instead)."""
     opts = pinned(compaction={"fanin": 2, "part_target_bytes": 600})
     ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=opts)
     ix.fence()
@@ -388,13 +388,17 @@ def test_split_output_is_never_merged_again(tmp_path: Path) -> None:
         ix.write({"r": [((t * 7 + i, t), t, 1) for i in range(7)]})
         ix.seal("r", t + 1)
         rounds = 0
+        def tierable() -> list[PartMeta]:
+            return [p for p in compact.layout(ix.state.collections["r"], 0)[1]
+                    if p.full is not True]
+
         while chosen := compact.plan(ix.state.collections["r"], policy):
-            assert all(p.full is not True for p in chosen)
-            mergeable = [p for p in ix.state.collections["r"].parts if p.full is not True]
+            assert all(p.full is not True for p in chosen if p.max_time > 0)
+            mergeable = tierable()
             txn = Txn(ix.state)
             txn.stage(ix.run_compaction(ix.state, "r", chosen))
             ix.commit(txn)
-            after = [p for p in ix.state.collections["r"].parts if p.full is not True]
+            after = tierable()
             assert len(after) < len(mergeable)
             rounds += 1
             assert rounds < 20
@@ -411,9 +415,8 @@ def test_split_by_key_keeps_tied_keys_together() -> None:
                   "time": pa.array([0] * 8, pa.uint64()), "diff": pa.array([1] * 8)})
     assert compact.key_starts(t.column("key")).tolist() == [1, 5, 7]
     pieces = compact.split_by_key(t, 1)
-    assert [len(p) for p, _ in pieces] == [1, 4, 2, 1]
-    assert [full for _, full in pieces] == [True, True, True, False]
-    assert compact.split_by_key(t, None) == [(t, False)]
+    assert [len(p) for p in pieces] == [1, 4, 2, 1]
+    assert compact.split_by_key(t, None) == [t]
     assert compact.split_by_key(t.slice(0, 0), 1) == []
 
 

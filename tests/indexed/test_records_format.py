@@ -129,7 +129,9 @@ def _log_versions(loc: Path) -> list[int]:
 #: NB: these tests pin inline parts, whatever knob set the suite runs under: the versions they
 #: assert are those of inline parts and of commits carrying them (a blob part is a format-4
 #: Parquet file, and a commit adding one is metadata format 4).
-INLINE = persist.Options(inline_threshold=64 << 10)
+#: Nor is a lone inline part flushed into a blob (a base part) by compaction.
+INLINE = persist.Options(inline_threshold=64 << 10,
+                         compaction=persist.CompactionPolicy(inline_flush_bytes=1 << 20))
 
 
 def test_only_what_carries_records_is_version_2(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ omitted from the bytes while unset, so every record that does not use it keeps i
 bytes, and an older reader decodes a record that does use it by ignoring the unknown field. That
 is right only for fields whose absence an older reader may assume: ``PartMeta.stats`` (a reader
 that ignores them reads every part, which filtering never needs) and ``PartMeta.full`` (a
-compaction that ignores it may merge the part again, which only costs), and a collection's
+compaction that ignores it may tier the part again, which only costs), and a collection's
 seal history (``CollectionMeta.history``/``unsealed``, ``PartMeta.inserted``/``retracted``:
 informational, derived by replay), and a rollup's :attr:`State.trim` (the metadata trim's
 progress: an older writer trims by listing as before, and the rollups it writes drop the
@@ -119,9 +119,10 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     #: (:mod:`persist.indexed.format.stats`); what a filtered read prunes by. UNSET: none (inline
     #: parts, parts written before stats). An older persist ignores the field.
     stats: PartStats | msgspec.UnsetType = msgspec.UNSET
-    #: Compaction cut this part when it reached its size target
-    #: (``CompactionPolicy.part_target_bytes``): it is never merged again. An older persist
-    #: ignores the field (and may merge it, which is only a cost).
+    #: A run that reached its size target (a tier merge's output cut at
+    #: ``CompactionPolicy.part_target_bytes``, a piece of a big append): it is not tiered with
+    #: other runs again, only merged into the collection's base (an older persist never merged
+    #: it again). An older persist ignores the field (and may merge it, which is only a cost).
     full: bool | msgspec.UnsetType = msgspec.UNSET
     #: The sums of the part's positive diffs and of its negative diffs' magnitudes (what a
     #: seal's history entry reports as inserted and retracted). UNSET: not counted (a part

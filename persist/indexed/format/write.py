@@ -74,8 +74,8 @@ def new_part(
             renews the lease before staging.
         stats_bytes: the budget of the part's stats (:mod:`persist.indexed.format.stats`), in encoded
             bytes; 0: none. A blob part gets them; an inline part never does (see below).
-        full: compaction cut this part at its size target: it is never merged again
-            (``PartMeta.full``).
+        full: the part is a run at its size target: compaction does not tier it again, only
+            merges it into the base (``PartMeta.full``).
         batch_rows: rows per record batch (row group) of the stored part (the unit per-batch
             stats describe and a filtered read skips).
         schema_id: the schema version of ``c`` the rows are of, recorded in a Parquet part's
@@ -144,10 +144,10 @@ def new_parts(
     batch_rows: int = columnar.BATCH_ROWS, schema_id: int | None = None,
 ) -> list[PartMeta]:
     """``table`` (an append) as parts of ``c``: one part (:func:`new_part`), or, for an append
-    of at least ``final_rows`` rows (a part that would never be merged) and at least
+    of at least ``final_rows`` rows (a run compaction only merges into the base) and at least
     :data:`PARALLEL_ROWS` rows per piece, sorted once and cut where the key changes into
-    key-disjoint pieces, each encoded and stored on its own thread and marked ``full`` (never
-    merged, as the whole would not have been).
+    key-disjoint pieces, each encoded and stored on its own thread and marked ``full`` (not
+    tiered, as the whole would not have been: it waits for the base).
 
     NB: sorting and encoding are nearly all of a big append's acknowledgement (1 M rows of four
     int64 columns: 33-41 ms to sort, 41-49 ms to encode, 10 ms to store). Encoding releases the

@@ -200,6 +200,30 @@ class PartReader:
                                  batch_rows)[0], upto)
 
 
+    def fetch(self, part: PartMeta) -> memoryview:
+        """The verified stored bytes of blob part ``part`` (not decoded, not cached): what
+        :meth:`decode_batches` decodes, for a caller that decodes a part piece by piece.
+
+        Raises:
+            PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`.
+        """
+        assert part.blob_key is not None
+        root, key, _ = layout.parse_ref(part.blob_key)
+        return self._fetch(part, root, key)
+
+    def decode_batches(self, part: PartMeta, data: memoryview, schema: pa.Schema,
+                       keep: list[bool], batch_rows: tuple[int, ...]) -> pa.Table:
+        """The record batches ``i`` of ``part`` with ``keep[i]``, decoded from ``data`` (its
+        bytes from :meth:`fetch`); a fork's part's cut applies as in :meth:`read`.
+
+        Raises:
+            Corruption: as :meth:`read_batches`.
+        """
+        assert part.blob_key is not None
+        _, key, upto = layout.parse_ref(part.blob_key)
+        return _cut(self._decode(part, key, data, schema, keep, batch_rows)[0], upto)
+
+
 def _cut(t: pa.Table, upto: int | None) -> pa.Table:
     """``t`` without its rows at times past ``upto`` (a fork's cut; None: all of it)."""
     if upto is None or not len(t):

@@ -1,0 +1,191 @@
+"""Compaction into the base: what a bulk load and a stream of updates cost, measured.
+
+    python -m bench.compaction_base bulk [--appends 5] [--rows 1000000]
+    python -m bench.compaction_base amplification [--appends 100] [--rows 10000] [--updates 0.01]
+
+``bulk``: ``--appends`` appends of ``--rows`` random int64 keys (W9's shape: ``key, value``
+int64, one time per append) with background compaction off, since advanced to the upper, then
+one ``Client.maintain()``: its wall and CPU time (this process's), the layout it leaves (parts,
+rows, whether the base's key ranges are disjoint and every part is a base part) and the bytes
+it wrote (the blobs of the parts its merges added), and this process's RSS before it and its
+peak during it, and the peak of Arrow's allocated bytes during it over those before (what the
+merge itself holds: RSS also counts what the allocator keeps after freeing).
+
+``amplification``: ``--appends`` appends of ``--rows`` rows each, of which ``--updates`` retract
+an earlier row and insert its new value (the rest are new keys), the since following
+the upper and maintenance run until idle after each append (what the background does given
+the time; ``--background`` leaves it to the background instead, which a fast loop outruns). Reports the lifetime
+write amplification: rows written by appends and merges over rows appended, and the same in
+bytes, and the layout at the end. ``--part-target`` scales the part target down with the rows
+(default 640 KiB: 64 MiB over 100, as the default rows are 1 M over 100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import itertools
+import json
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+import persist
+from bench.common import RssSampler
+from persist.indexed.format.meta import AddPart, ReplaceParts
+from persist.indexed.maintenance import compact
+
+
+def _table(keys: np.ndarray, values: np.ndarray, t: int, diffs: np.ndarray) -> pa.Table:
+    return pa.table({"key": pa.array(keys, pa.int64()), "value": pa.array(values, pa.int64()),
+                     "time": pa.array(np.full(len(keys), t), pa.uint64()),
+                     "diff": pa.array(diffs, pa.int64())})
+
+
+def _layout(client: persist.Client, name: str) -> dict[str, Any]:
+    c = client.state.collections[name]
+    base, runs = compact.layout(c, c.since)
+    bounds = [compact.key_bounds(p) for p in base]
+    disjoint = all(a is not None and b is not None and a[1] is not None and b[0] is not None
+                   and a[1] < b[0] for a, b in itertools.pairwise(bounds))
+    return {"parts": len(c.parts), "base_parts": len(base), "runs": len(runs),
+            "rows": sum(p.rows for p in c.parts), "base_rows": sum(p.rows for p in base),
+            "base_disjoint": disjoint,
+            "base_single_time": all(p.min_time == p.max_time for p in base),
+            "base_consolidated": all(p.consolidated for p in base),
+            "stored_bytes": sum(p.nbytes for p in c.parts)}
+
+
+def _written(client: persist.Client) -> dict[str, int]:
+    """Rows and bytes of the parts appends and merges added, from the commit log."""
+    ix = client._writer().ix
+    out = {"append_rows": 0, "append_bytes": 0, "merge_rows": 0, "merge_bytes": 0, "merges": 0}
+    from persist import layout
+    from persist.indexed.format.meta import decode_commit
+    for seq in range(1, ix.state.seq + 1):
+        key = layout.log_key(seq)
+        data = ix.store.get(key)
+        if data is None:
+            continue
+        for op in decode_commit(key, data).ops:
+            if isinstance(op, AddPart):
+                out["append_rows"] += op.part.rows
+                out["append_bytes"] += op.part.nbytes
+            elif isinstance(op, ReplaceParts):
+                out["merges"] += 1
+                out["merge_rows"] += sum(p.rows for p in op.added)
+                out["merge_bytes"] += sum(p.nbytes for p in op.added)
+    return out
+
+
+def bulk(args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
+                           gc_grace_seconds=3600.0)
+    with persist.open(tempfile.mkdtemp(), options=opts) as client:
+        write, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(args.appends):
+            keys = rng.integers(-(1 << 62), 1 << 62, args.rows, dtype=np.int64)
+            write.append(_table(keys, rng.integers(0, 1 << 40, args.rows), t,
+                                np.ones(args.rows, np.int64)), upper=t + 1).result()
+        write.allow_compaction(args.appends - 1).result()
+        before = _layout(client, "w9")
+        gc.collect()
+        rss0 = RssSampler.rss()
+        sampler = RssSampler().start()
+        arrow_peak = [pa.total_allocated_bytes()]
+        arrow0 = arrow_peak[0]
+        done = threading.Event()
+
+        def sample_arrow() -> None:
+            while not done.wait(0.002):
+                arrow_peak[0] = max(arrow_peak[0], pa.total_allocated_bytes())
+
+        arrow_thread = threading.Thread(target=sample_arrow, daemon=True)
+        arrow_thread.start()
+        w0, c0 = time.perf_counter(), time.process_time()
+        rounds = 0
+        while client.maintain():
+            rounds += 1
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        sampler.stop()
+        done.set()
+        arrow_thread.join()
+        written = _written(client)
+        return {"before": before, "after": _layout(client, "w9"), "maintain_rounds": rounds,
+                "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
+                "rss_before_mib": round(rss0 / (1 << 20)),
+                "rss_peak_during_maintain_mib": round(sampler.peak / (1 << 20)),
+                "arrow_allocated_peak_over_before_mib": round(
+                    (arrow_peak[0] - arrow0) / (1 << 20)),
+                "merge_bytes_written": written["merge_bytes"],
+                "merge_rows_written": written["merge_rows"], "merges": written["merges"]}
+
+
+def amplification(args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(11)
+    policy = persist.CompactionPolicy(part_target_bytes=args.part_target,
+                                      final_rows=max(1, args.rows // 2))
+    opts = persist.Options(compaction=policy, rollup_every=1 << 20, gc_grace_seconds=3600.0,
+                           background_compaction=not args.maintain_each)
+    live_keys = np.zeros(0, np.int64)
+    live_vals = np.zeros(0, np.int64)
+    # NB: a memory store: the counts do not depend on the store, and a file store's fsync per
+    # blob would make the small scale's many small parts the whole run time
+    with persist.open(f"mem://amplification-{uuid.uuid4().hex}", options=opts) as client:
+        write, _ = client.create_or_load("u", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(args.appends):
+            nu = int(args.rows * args.updates) if len(live_keys) else 0
+            pick = rng.choice(len(live_keys), nu, replace=False) if nu else np.zeros(0, int)
+            old_k, old_v = live_keys[pick], live_vals[pick]
+            new_v = rng.integers(0, 1 << 40, nu)
+            fresh = rng.integers(-(1 << 62), 1 << 62, args.rows - 2 * nu, dtype=np.int64)
+            keys = np.concatenate([old_k, old_k, fresh])
+            vals = np.concatenate([old_v, new_v, rng.integers(0, 1 << 40, len(fresh))])
+            diffs = np.concatenate([-np.ones(nu, np.int64), np.ones(nu + len(fresh), np.int64)])
+            write.append(_table(keys, vals, t, diffs), upper=t + 1).result()
+            write.allow_compaction(t).result()
+            while args.maintain_each and client.maintain():
+                pass
+            live_vals[pick] = new_v
+            live_keys = np.concatenate([live_keys, fresh])
+            live_vals = np.concatenate([live_vals, vals[2 * nu:]])
+        while client.maintain():
+            pass
+        written = _written(client)
+        appended = written["append_rows"]
+        return {"layout": _layout(client, "u"), **written,
+                "write_amplification_rows": round(
+                    (appended + written["merge_rows"]) / appended, 2),
+                "write_amplification_bytes": round(
+                    (written["append_bytes"] + written["merge_bytes"])
+                    / written["append_bytes"], 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="what", required=True)
+    b = sub.add_parser("bulk")
+    b.add_argument("--appends", type=int, default=5)
+    b.add_argument("--rows", type=int, default=1_000_000)
+    a = sub.add_parser("amplification")
+    a.add_argument("--appends", type=int, default=100)
+    a.add_argument("--rows", type=int, default=10_000)
+    a.add_argument("--updates", type=float, default=0.01)
+    a.add_argument("--part-target", type=int, default=640 << 10)
+    a.add_argument("--background", dest="maintain_each", action="store_false",
+                   help="leave compaction to the background (timing-dependent) instead of "
+                        "running maintenance to idle after each append")
+    args = ap.parse_args()
+    out = bulk(args) if args.what == "bulk" else amplification(args)
+    print(json.dumps(out, indent=1, default=msgspec.to_builtins))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,382 @@
+"""The compacted base (DESIGN.md §8): compaction reaches its goal layout after every kind of
+write, and never changes what a collection reads as of any time in ``[since, upper)``.
+
+The goal layout, checked on the stored rows themselves (not only on the metadata): the base
+parts are consolidated blob parts, each at one time at or before the since, whose ``key`` stats
+bounds are the exact minimum and maximum of their keys and are disjoint from every other base
+part's; compaction is idle (nothing planned) when maintenance returns False.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import hypothesis.strategies as st
+import msgspec
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+
+import persist
+from persist import distributed
+from persist.blob.file import FileBlob
+from persist.blob.memory import MemoryBlob
+from persist.indexed.engine import Options
+from persist.indexed.format import columnar, evolve
+from persist.indexed.format.meta import CollectionMeta, PartMeta
+from persist.indexed.maintenance import compact
+from persist.indexed.maintenance.compact import CompactionPolicy
+from persist.indexed.read.parts import PartReader
+from persist.indexed.state.holds import effective_since
+from tests.support.engine import Engine
+
+
+def policy(**kw: Any) -> CompactionPolicy:
+    """The compaction knobs these tests count by, pinned (whatever the session's knob set):
+    small targets so that small data makes several base parts."""
+    base: dict[str, Any] = {"fanin": 4, "final_rows": 1 << 19, "base_ratio": 4, "max_runs": 16,
+                            "inline_flush_bytes": 4096, "part_target_bytes": 16 << 10,
+                            "rewrite_share": 1.0}
+    return CompactionPolicy(**{**base, **kw})
+
+
+def options(**kw: Any) -> Options:
+    pol = policy(**kw.pop("compaction", {}))
+    # NB: pinned too: record batches of the default size (the bulk test's 1.2 M rows in 4-row
+    # batches, a knob set's, took minutes to write and to merge)
+    base: dict[str, Any] = {"stats_bytes": 1024, "batch_rows": 1 << 16,
+                            "background_compaction": False}
+    return Options(**{**base, **kw}, compaction=pol)
+
+
+def table(keys: Any, values: Any, t: int, diffs: Any = None) -> pa.Table:
+    keys = np.asarray(keys, dtype=np.int64)
+    diffs = np.ones(len(keys), np.int64) if diffs is None else np.asarray(diffs, np.int64)
+    return pa.table({"key": pa.array(keys), "value": pa.array(np.asarray(values, np.int64)),
+                     "time": pa.array(np.full(len(keys), t), pa.uint64()),
+                     "diff": pa.array(diffs)})
+
+
+def check_base(c: CollectionMeta, reader: PartReader, *, runs_allowed: bool = True
+               ) -> tuple[tuple[PartMeta, ...], tuple[PartMeta, ...]]:
+    """Asserts the goal layout of ``c`` (see the module docstring) on its stored rows;
+    returns ``(base, runs)``."""
+    f = effective_since(c)
+    base, runs = compact.layout(c, f)
+    view = evolve.View.of(c)
+    prev_hi: int | None = None
+    for p in base:
+        assert p.blob_key is not None
+        assert p.consolidated
+        assert p.min_time == p.max_time <= f
+        t = view.read(reader, p)
+        keys = t.column("key").to_numpy()
+        assert len(keys) == p.rows > 0
+        lo, hi, nulls = compact.key_bounds(p)  # type: ignore[misc]
+        assert (lo, hi, nulls) == (int(keys.min()), int(keys.max()), 0)  # exact
+        assert prev_hi is None or prev_hi < lo  # disjoint, in key order
+        prev_hi = hi
+        assert columnar.consolidate(t).equals(t)  # sorted, consolidated, no zero diffs
+        assert pc.unique(t.column("time")).to_pylist() == [p.min_time]
+    if not runs_allowed:
+        assert runs == ()
+    return base, runs
+
+
+def contents(ix: Engine, name: str, as_of: int) -> Counter[tuple[int, int]]:
+    out: Counter[tuple[int, int]] = Counter()
+    for (k, v), _, d in ix.snapshot(name, as_of).to_python():
+        out[(k, v)] += d
+    return Counter({kv: d for kv, d in out.items() if d})
+
+
+def maintain(ix: Engine) -> None:
+    """Maintenance until idle, then compaction must plan nothing."""
+    while ix.maintain():
+        pass
+    assert ix.plan_compaction(ix.state) == []
+
+
+def engine(blob: Any = None, **kw: Any) -> Engine:
+    ix = Engine.open(blob or MemoryBlob(uuid.uuid4().hex), epoch=1, writer="w",
+                     options=options(**kw))
+    ix.fence()
+    return ix
+
+
+# -- every kind of write ends up in the base -----------------------------------------------
+
+
+def test_small_appends_reach_a_base_with_few_runs_on_top() -> None:
+    ix = engine()
+    ix.register("c", pa.int64(), pa.int64())
+    rng = np.random.default_rng(1)
+    for t in range(120):
+        keys = rng.integers(0, 5000, 40)
+        ix.write({"c": table(keys, rng.integers(0, 3, 40), t)})
+        ix.seal("c", t + 1)
+        ix.allow_compaction("c", t)
+        maintain(ix)
+    c = ix.state.collections["c"]
+    base, runs = check_base(c, ix.reader)
+    assert len(base) > 1  # 4,800 updates cut at 16 KiB
+    # what waits on top is a fraction of the base it overlaps (the policy's ratio)
+    assert sum(p.rows for p in runs) * 4 < sum(p.rows for p in base)
+    assert len(runs) < 4 * 4
+    want: Counter[tuple[int, int]] = Counter()
+    rng = np.random.default_rng(1)
+    for _ in range(120):
+        keys, values = rng.integers(0, 5000, 40), rng.integers(0, 3, 40)
+        want.update(zip(keys.tolist(), values.tolist(), strict=True))
+    assert contents(ix, "c", 119) == want
+
+
+def test_bulk_appends_and_full_parts_are_merged_into_the_base() -> None:
+    """Appends big enough to be written as key-disjoint ``full`` pieces (which compaction
+    used to leave alone forever) end up in the base, in one maintenance round."""
+    ix = engine(compaction={"part_target_bytes": 4 << 20})
+    ix.register("c", pa.int64(), pa.int64())
+    rng = np.random.default_rng(2)
+    n = 600_000  # >= final_rows and two pieces of >= PARALLEL_ROWS
+    for t in range(2):
+        ix.write({"c": table(rng.integers(-(1 << 62), 1 << 62, n), rng.integers(0, 9, n), t)})
+        ix.seal("c", t + 1)
+    parts = ix.state.collections["c"].parts
+    assert len(parts) == 4
+    assert all(p.full is True for p in parts)
+    before = ix.snapshot("c", 1).to_arrow()
+    ix.allow_compaction("c", 1)
+    assert ix.maintain()
+    assert not ix.maintain()
+    assert ix.plan_compaction(ix.state) == []
+    base, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert len(base) >= 2
+    assert sum(p.rows for p in base) == 2 * n
+    assert all(p.full is not True for p in base)
+    after = ix.snapshot("c", 1).to_arrow()
+    assert columnar.consolidate(columnar.forward(after, 1)).equals(
+        columnar.consolidate(columnar.forward(before, 1)))
+
+
+def test_a_merge_rewrites_only_the_base_parts_the_new_runs_overlap() -> None:
+    # NB: pinned: no inline parts (an inline run has no stats: its key range is unknown, so it
+    # overlaps every base part and waits until it holds a quarter of the whole base)
+    ix = engine(inline_threshold=0)
+    ix.register("c", pa.int64(), pa.int64())
+    keys = np.arange(0, 20_000, 2)
+    ix.write({"c": table(keys, keys % 7, 0)})
+    ix.seal("c", 1)
+    ix.allow_compaction("c", 0)
+    maintain(ix)
+    base0, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert len(base0) > 4
+    # updates to a narrow key range: they overlap one or two base parts only
+    lo, hi, _ = compact.key_bounds(base0[2])  # type: ignore[misc]
+    upd = np.arange(lo, hi + 1)  # odd keys are new, even ones get a second value
+    ix.write({"c": table(upd, upd % 5, 1)})
+    ix.seal("c", 2)
+    ix.allow_compaction("c", 1)
+    maintain(ix)
+    base1, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    kept = {p.id for p in base0} & {p.id for p in base1}
+    assert kept == {p.id for p in base0} - {base0[2].id}  # the others untouched
+    assert {p.min_time for p in base1 if p.id not in kept} == {1}
+    want = Counter({(int(k), int(k % 7)): 1 for k in keys})
+    want.update((int(k), int(k % 5)) for k in upd)
+    assert contents(ix, "c", 1) == want
+
+
+def test_runs_past_the_since_stay_runs_until_the_since_passes_them() -> None:
+    ix = engine()
+    ix.register("c", pa.int64(), pa.int64())
+    for t in range(3):
+        keys = np.arange(t, 9000, 3)
+        ix.write({"c": table(keys, keys, t)})
+        ix.seal("c", t + 1)
+    maintain(ix)  # since 0: only the rows at 0 may join a base
+    c = ix.state.collections["c"]
+    base, runs = check_base(c, ix.reader)
+    assert all(p.max_time == 0 for p in base)
+    assert runs
+    assert all(p.max_time > 0 for p in runs)
+    ix.allow_compaction("c", 2)
+    maintain(ix)
+    check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert contents(ix, "c", 2) == Counter({(k, k): 1 for k in range(9000)})
+
+
+def test_old_schema_versions_are_migrated_into_the_base() -> None:
+    ix = engine()
+    ix.register("c", pa.int64(), pa.int32())
+    keys = np.arange(10_000)
+    ix.write({"c": pa.table({"key": pa.array(keys), "value": pa.array(keys % 9, pa.int32()),
+                             "time": pa.array(np.zeros(len(keys)), pa.uint64()),
+                             "diff": pa.array(np.ones(len(keys), np.int64))})})
+    ix.seal("c", 1)
+    ix.allow_compaction("c", 0)
+    maintain(ix)
+    old, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert all(evolve.part_version(p) == 0 for p in old)
+    assert ix.evolve_schema("c", value_type=pa.int64()) == 1
+    # a base of version 0 stays the base (same key type): nothing to rewrite yet
+    assert ix.plan_compaction(ix.state) == []
+    ix.write({"c": table(keys[::2], keys[::2] % 9, 1, diffs=-np.ones(5000))})
+    ix.seal("c", 2)
+    ix.allow_compaction("c", 1)
+    maintain(ix)
+    base, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert all(evolve.part_version(p) == 1 for p in base)
+    assert contents(ix, "c", 1) == Counter({(int(k), int(k % 9)): 1 for k in keys[1::2]})
+
+
+def test_a_fork_keeps_its_borrowed_base_and_merges_into_its_own() -> None:
+    """A fork's borrowed base parts are base parts of the fork (nothing rewritten at the
+    fork); its own appends merge into the base parts they overlap, writing blobs of its own,
+    and the source and the fork each read their own contents."""
+    # NB: pinned: blob parts only (with key stats), and a ratio at which 100 updates are
+    # merged into the ~500-row base part they overlap at once
+    opts = options(inline_threshold=0, compaction={"base_ratio": 16})
+    with persist.open(f"mem://{uuid.uuid4().hex}", options=opts) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        keys = np.arange(20_000)
+        w.append(table(keys, keys % 3, 0), upper=1).result()
+        w.allow_compaction(0).result()
+        while client.maintain():
+            pass
+        w.append(table(keys[:100], keys[:100] % 3, 1, diffs=-np.ones(100)), upper=2).result()
+        client.fork("c", into="f", as_of=0).result()
+        f_meta = client.state.collections["f"]
+        src = client.state.collections["c"]
+        reader = PartReader(client._writer().ix.store)
+        fbase, _fruns = check_base(f_meta, reader, runs_allowed=False)
+        sbase, _ = check_base(src, reader)
+        assert [p.blob_key for p in fbase] == [p.blob_key for p in sbase]
+        fw, fr = client.create_or_load("f", key_type=pa.int64(), value_type=pa.int64())
+        fw.append(table(keys[-100:], keys[-100:] % 3, 1, diffs=-np.ones(100)),
+                  upper=2).result()
+        fw.allow_compaction(1).result()
+        w.allow_compaction(1).result()
+        while client.maintain():
+            pass
+        f_meta = client.state.collections["f"]
+        check_base(f_meta, reader, runs_allowed=False)
+        check_base(client.state.collections["c"], reader, runs_allowed=False)
+        assert sorted(fr.snapshot(1).to_python()) == sorted(
+            ((int(k), int(k % 3)), 1, 1) for k in keys[:-100])
+        assert sorted(r.snapshot(1).to_python()) == sorted(
+            ((int(k), int(k % 3)), 1, 1) for k in keys[100:])
+        # the fork's untouched base parts are still the source's blobs
+        assert {p.blob_key for p in f_meta.parts} & {p.blob_key for p in sbase}
+
+
+def test_staged_batches_reach_the_base(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/loc"
+    with persist.open(url, options=options()) as client:
+        client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+    stager = distributed.Stager.start(url, "c", job="test", inline_bytes=0)
+    rng = np.random.default_rng(5)
+    batches = [rng.permutation(np.arange(j, 30_000, 3)) for j in range(3)]
+    staged = [stager.stage(table(b, b % 4, 0)) for b in batches]
+    with persist.open(url, options=options()) as client:
+        client.apply(parts={"c": staged}, seals={"c": 1}, sinces={"c": 0}).result()
+        assert client.maintain()
+        while client.maintain():
+            pass
+        reader = PartReader(FileBlob(f"{tmp_path}/loc"))
+        base, _ = check_base(client.state.collections["c"], reader, runs_allowed=False)
+        assert sum(p.rows for p in base) == 30_000
+        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        assert sorted(r.snapshot(0).to_python()) == [((k, k % 4), 0, 1) for k in range(30_000)]
+
+
+def test_a_base_part_keeps_its_key_bounds_whatever_the_stats_budget() -> None:
+    ix = engine(stats_bytes=0)
+    ix.register("c", pa.int64(), pa.int64())
+    keys = np.arange(5000)
+    ix.write({"c": table(keys, keys, 0)})
+    ix.seal("c", 1)
+    maintain(ix)
+    base, _ = check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    assert base
+    assert all(p.stats is not msgspec.UNSET for p in base)
+
+
+def test_a_collection_without_exact_key_bounds_has_no_base_and_still_compacts() -> None:
+    ix = engine(compaction={"fanin": 2})
+    ix.register("s", pa.string(), pa.int64())
+    for t in range(4):
+        ix.write({"s": [((f"k{i}", t), t, 1) for i in range(500)]})
+        ix.seal("s", t + 1)
+    ix.allow_compaction("s", 3)
+    maintain(ix)
+    c = ix.state.collections["s"]
+    assert compact.layout(c, 3) == ((), c.parts)
+    # tiered into one run, cut at the part target: every piece but one full (not tiered again)
+    assert all(p.consolidated for p in c.parts)
+    assert sum(p.full is not True for p in c.parts) == 1
+
+
+def test_the_policy_refuses_nonsense() -> None:
+    with pytest.raises(persist.InvalidUsage, match="base_ratio"):
+        CompactionPolicy(base_ratio=0)
+    with pytest.raises(persist.InvalidUsage, match="max_runs"):
+        CompactionPolicy(max_runs=0)
+
+
+# -- compaction never changes what a collection reads -----------------------------------------
+
+
+steps = st.lists(st.one_of(
+    st.tuples(st.just("write"), st.lists(st.tuples(st.integers(0, 200), st.integers(0, 2),
+                                                   st.sampled_from([1, 1, -1, 2])),
+                                         min_size=0, max_size=60)),
+    st.tuples(st.just("since"), st.integers(0, 3)),
+    st.tuples(st.just("maintain"), st.just(0)),
+), min_size=1, max_size=25).map(lambda s: [*s, ("since", 1 << 20), ("maintain", 0)])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=steps, target=st.sampled_from([128, 512, 1 << 20]),
+       flush=st.sampled_from([0, 512, 1 << 20]), ratio=st.sampled_from([1, 4]),
+       stats_bytes=st.sampled_from([0, 1024]), batch_rows=st.sampled_from([4, 1 << 16]))
+def test_compaction_never_changes_the_contents_at_any_readable_time(
+        steps: list[tuple[str, Any]], target: int, flush: int, ratio: int,
+        stats_bytes: int, batch_rows: int) -> None:
+    # NB: 4-row record batches make runs a base merge reads batch by batch (compact._Lazy)
+    ix = engine(stats_bytes=stats_bytes, inline_threshold=256, batch_rows=batch_rows,
+                compaction={"part_target_bytes": target, "inline_flush_bytes": flush,
+                            "base_ratio": ratio, "final_rows": 64, "fanin": 2})
+    ix.register("c", pa.int64(), pa.int64())
+    model: list[tuple[int, int, int, int]] = []  # key, value, time, diff
+    t = 0
+    for op, arg in steps:
+        c = ix.state.collections["c"]
+        if op == "write":
+            rows = [(k, v, t, d) for k, v, d in arg]
+            if rows:
+                ix.write({"c": table([r[0] for r in rows], [r[1] for r in rows], t,
+                                     [r[3] for r in rows])})
+            model.extend(rows)
+            t += 1
+            ix.seal("c", t)
+        elif op == "since" and c.upper > 0:
+            ix.allow_compaction("c", max(c.since, min(c.since + arg, c.upper - 1)))
+        else:
+            before = {a: contents(ix, "c", a) for a in range(c.since, c.upper)}
+            while ix.maintain():
+                pass
+            c = ix.state.collections["c"]
+            base, runs = check_base(c, ix.reader)
+            event(f"base parts: {min(len(base), 3)}, runs: {min(len(runs), 3)}")
+            assert {a: contents(ix, "c", a) for a in range(c.since, c.upper)} == before
+            for a in range(c.since, c.upper):
+                want: Counter[tuple[int, int]] = Counter()
+                for k, v, at, d in model:
+                    if at <= a:
+                        want[(k, v)] += d
+                assert contents(ix, "c", a) == Counter({k: d for k, d in want.items() if d})
