@@ -227,7 +227,7 @@ STAMPS = [pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.timestamp("ns", t
        st.lists(st.none() | st.datetimes(), max_size=8), st.sampled_from(STAMPS))
 def test_timestamps_convert_as_pyarrow_converts_them(zone: Any, other: Any, mixed: bool,
                                                      naive: list[Any], t: Any) -> None:
-    """Whatever zone (and fold, and year from 1 to 9999: beyond a nanosecond timestamp's
+    """Whatever zone (and year from 1 to 9999: beyond a nanosecond timestamp's
     range) the datetimes have, the column path gives what pyarrow gives, or gives up."""
     values = [None if v is None else v.replace(tzinfo=other if mixed and i % 2 else zone)
               for i, v in enumerate(naive)]
