@@ -8,6 +8,7 @@ import datetime
 import decimal
 import gc
 import threading
+import zoneinfo
 from typing import Annotated, Any
 
 import msgspec
@@ -212,6 +213,37 @@ def test_leaf_values_are_what_to_pylist_gives(dates: list[Any], aware: list[Any]
         arr = pa.array(values, type=t)
         assert repr(objects.leaf_values(arr)) == repr(arr.to_pylist())
         assert repr(objects.leaf_values(arr.slice(1))) == repr(arr.slice(1).to_pylist())
+
+
+#: Zones of offset 0 (the column path converts their datetimes as timedeltas) and others.
+ZONES = [UTC, zoneinfo.ZoneInfo("UTC"), datetime.timezone(datetime.timedelta(0), "Z"),
+         datetime.timezone(datetime.timedelta(hours=3)), zoneinfo.ZoneInfo(OSLO), None]
+STAMPS = [pa.timestamp("us"), pa.timestamp("us", tz="UTC"), pa.timestamp("ns", tz="UTC"),
+          pa.timestamp("us", tz=OSLO), pa.timestamp("ns")]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(ZONES), st.sampled_from(ZONES), st.booleans(),
+       st.lists(st.none() | st.datetimes(), max_size=8), st.sampled_from(STAMPS))
+def test_timestamps_convert_as_pyarrow_converts_them(zone: Any, other: Any, mixed: bool,
+                                                     naive: list[Any], t: Any) -> None:
+    """Whatever zone (and year from 1 to 9999: beyond a nanosecond timestamp's
+    range) the datetimes have, the column path gives what pyarrow gives, or gives up."""
+    values = [None if v is None else v.replace(tzinfo=other if mixed and i % 2 else zone)
+              for i, v in enumerate(naive)]
+    leaf = objects._leaf(t)
+    try:
+        fast: pa.Array | None = objects._encode_leaf(leaf, values)
+    except objects._GiveUp:
+        fast = None
+    zones = {v.tzinfo for v in values if v is not None}
+    one = zones.pop() if len(zones) == 1 else zone if not zones else "mixed"
+    if one != "mixed" and (one is None) == (t.tz is None) and t.unit == "us" and (
+            one is None or one.utcoffset(None) == datetime.timedelta(0)):
+        assert fast is not None  # the timedelta path takes these
+    if fast is not None:
+        fast.validate(full=True)
+        assert fast.equals(pa.array(values, type=t))
 
 
 def test_leaf_values_beyond_pythons_range_fail_as_to_pylist_does() -> None:
