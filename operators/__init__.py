@@ -29,6 +29,7 @@ from typing import Any
 
 from operators.datasource import PersistDataSource, check_workers
 from operators.native import PersistTable
+from operators.native_write import Written, write
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"
@@ -55,4 +56,4 @@ def register(spark: Any, *, check: bool = True) -> None:
     spark.dataSource.register(PersistDataSource)
 
 
-__all__ = ["FORMAT", "PersistDataSource", "PersistTable", "register"]
+__all__ = ["FORMAT", "PersistDataSource", "PersistTable", "Written", "register", "write"]
