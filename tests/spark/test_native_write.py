@@ -23,7 +23,8 @@ import persist
 from persist.blob.file import FileBlob
 from persist.indexed.maintenance import gc
 from persist.indexed.state import lease
-from tests.spark.support import expected_updates, location
+from tests.spark.support import expected_updates, fill, location
+from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
 
@@ -206,3 +207,28 @@ def _lease(key: str) -> str:
     lid = lease_of(key)
     assert lid is not None, key
     return lid
+
+
+def test_a_stream_writes_natively_in_foreach_batch_once_per_batch(spark: Any,
+                                                                  tmp_path: Path) -> None:
+    src, dst, ckpt = location(tmp_path, "src"), location(tmp_path, "dst"), tmp_path / "ckpt"
+    fill(src, "events", range(6))
+    landed: list[bool] = []
+
+    def handle(batch: Any, batch_id: int) -> None:
+        # a replayed micro-batch (here: the same batch written twice) lands once by its token
+        for _ in range(2):
+            landed.append(operators.write(batch, dst, "copy", token=("copy", batch_id)).landed)
+
+    q = (spark.readStream.format("persist").option("collection", "events")
+         .option("maxRowsPerTrigger", 80).load(src)
+         .writeStream.foreachBatch(handle).option("checkpointLocation", str(ckpt))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(PATIENCE)
+    assert q.exception() is None
+    assert len(landed) >= 4
+    assert landed[0::2] == [True] * (len(landed) // 2)
+    assert landed[1::2] == [False] * (len(landed) // 2)
+    assert canon(expected_updates(dst, "copy", 0, 6)) == canon(expected_updates(src, "events",
+                                                                                 0, 6))
+    assert _upper(dst, "copy") == 6
