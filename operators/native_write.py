@@ -82,7 +82,8 @@ def write(df: DataFrame, url: str, collection: str, *,
           token: tuple[str, int] | None = None,
           storage_options: Mapping[str, Any] | None = None,
           key_type: str | None = None, value_type: str | None = None,
-          lock_timeout: float = LOCK_TIMEOUT, native: bool | None = None) -> Written:
+          lock_timeout: float = LOCK_TIMEOUT, native: bool | None = None,
+          sort: bool = True) -> Written:
     """Appends ``df``'s updates (``key, value, time, diff``) to ``collection`` at ``url`` and
     seals to ``upper`` (default: max time + 1), in one atomic commit: natively when it can (see
     the module docstring), else through the ``persist`` sink.
@@ -95,6 +96,11 @@ def write(df: DataFrame, url: str, collection: str, *,
             sink's options of those names).
         native: True: refuse rather than take the sink; False: always the sink; None: native
             when it can.
+        sort: sort each partition by ``(key, value, time)`` before Spark writes it (the part
+            is then recorded sorted, as every part persist writes itself is). False skips
+            Spark's sort, most of a native write's time (docs/spark.md): the parts are
+            recorded unordered, so consolidated and key-range reads of them cost more until
+            compaction rewrites them.
 
     Raises:
         InvalidUsage: bad arguments; ``native=True`` or a ``token`` where the native path
@@ -136,7 +142,7 @@ def write(df: DataFrame, url: str, collection: str, *,
                                f"which cannot take it ({why}); nothing was written")
         _sink(df, mode, options)
         return Written(native=False, why=why)
-    return _native(df, opts, types.schema_id, rid, token)
+    return _native(df, opts, types.schema_id, rid, token, sort)
 
 
 def _why_not_native(df: DataFrame, key: Any, value: Any, mode: str) -> str | None:
@@ -190,12 +196,14 @@ def _renewing(stager: Stager) -> Iterator[None]:
         t.join()
 
 
-def _write_parquet(df: DataFrame, st: Staging) -> None:
-    """Spark writes ``df`` as part files into ``st``'s directory."""
+def _write_parquet(df: DataFrame, st: Staging, sort: bool) -> None:
+    """Spark writes ``df`` as part files into ``st``'s directory (each partition sorted by
+    ``(key, value, time)`` if ``sort``)."""
     rows = df.select(F.col("key"), F.col("value"), F.col("time").cast("long").alias("time"),
                      F.col("diff").cast("long").alias("diff"))
     ordered = rows.sortWithinPartitions(F.col("key").asc_nulls_last(),
-                                        F.col("value").asc_nulls_last(), F.col("time").asc())
+                                        F.col("value").asc_nulls_last(),
+                                        F.col("time").asc()) if sort else rows
     (ordered.write.mode("errorifexists")
      .option("compression", "zstd")
      .option("parquet.compression.codec.zstd.level", "1")
@@ -206,7 +214,7 @@ def _write_parquet(df: DataFrame, st: Staging) -> None:
 
 
 def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
-            token: tuple[str, int] | None) -> Written:
+            token: tuple[str, int] | None, sort: bool) -> Written:
     target = opts.target
     name = target.collection
     stager = Stager.start(target.url, name, job=f"spark native write to {name!r}",
@@ -215,11 +223,11 @@ def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
     parts = []
     try:
         with _renewing(stager):
-            _write_parquet(df, st)
+            _write_parquet(df, st, sort)
         # NB: with a token, a retry of a write that landed has rows below the upper now:
         # staged anyway, and its commit drops them by the token (one that did not land and
         # has rows below the upper is refused by the commit).
-        parts = adopt(st, replay=token is not None)
+        parts = adopt(st, replay=token is not None, ordered=sort)
         seal = opts.upper
         if seal is None and parts:
             seal = max(p.max_time for p in parts) + 1

@@ -120,7 +120,7 @@ def _is_part_file(prefix: str, key: str) -> bool:
     return "/" not in name and not name.startswith((".", "_")) and name.endswith(".parquet")
 
 
-def adopt(st: Staging, *, replay: bool = False) -> list[StagedPart]:
+def adopt(st: Staging, *, replay: bool = False, ordered: bool = True) -> list[StagedPart]:
     """The part files in ``st``'s directory as staged parts (see the module docstring); files
     with no rows are skipped (left to :func:`clean_staging`).
 
@@ -131,6 +131,9 @@ def adopt(st: Staging, *, replay: bool = False) -> list[StagedPart]:
         replay: the rows may be a replay of a batch that already landed (as
             :meth:`Stager.stage`): times below the collection's upper are left to the commit's
             token.
+        ordered: the writer sorted each file by ``(key, value, time)`` in persist's order
+            (recorded as ``PartMeta.sorted``); False: no order is recorded (readers and
+            compaction sort such a part themselves, as an older persist's).
 
     Raises:
         SchemaMismatch: a file's columns or types are not the collection's.
@@ -149,14 +152,15 @@ def adopt(st: Staging, *, replay: bool = False) -> list[StagedPart]:
         data = blob.get_foreign(key)
         if data is None:
             raise Corruption(key, "a part file Spark wrote vanished before it was adopted")
-        staged = _adopt(stager, key, data, replay)
+        staged = _adopt(stager, key, data, replay, ordered)
         if staged is not None:
             out.append(staged)
     crashpoints.hit("adopt.adopted")  # staged and adopted, not committed
     return out
 
 
-def _adopt(stager: Stager, key: str, data: memoryview, replay: bool) -> StagedPart | None:
+def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
+           ordered: bool) -> StagedPart | None:
     crc = checksum(data)
     want = stager.schema
     try:
@@ -203,7 +207,8 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool) -> StagedPa
     sid = stager.schema_version
     part = PartMeta(id=staged_part_id(stager.lease_id), rows=md.num_rows, nbytes=len(data),
                     min_time=lo_t, max_time=hi_t, consolidated=False, blob_key=key,
-                    inserted=inserted, retracted=retracted, checksum=crc, sorted=True,
+                    inserted=inserted, retracted=retracted, checksum=crc,
+                    sorted=True if ordered else msgspec.UNSET,
                     stats=msgspec.UNSET)
     return StagedPart(location=stager.address.url, collection=name,
                       collection_id=stager.collection.id,

@@ -23,7 +23,7 @@ import persist
 from persist.blob.file import FileBlob
 from persist.indexed.maintenance import gc
 from persist.indexed.state import lease
-from tests.spark.support import expected_updates, fill, location
+from tests.spark.support import compact, expected_updates, fill, location
 from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
@@ -81,6 +81,21 @@ def test_a_native_write_equals_the_sinks_and_its_files_are_persist_parts(
         assert md.row_group(0).column(0).compression == "ZSTD"
         assert md.row_group(0).column(0).has_column_index
         assert all(md.row_group(i).num_rows <= 1 << 16 for i in range(md.num_row_groups))
+
+
+def test_an_unsorted_native_write_reads_the_same(spark: Any, tmp_path: Path) -> None:
+    native, sink = location(tmp_path, "native"), location(tmp_path, "sink")
+    df = _rows(spark, 60_000)
+    assert operators.write(df, native, "c", sort=False).native
+    df.write.format("persist").mode("append").option("collection", "c").save(sink)
+    assert canon(expected_updates(native, "c", 0, 6)) == canon(expected_updates(sink, "c", 0, 6))
+    a = spark.read.format("persist").option("collection", "c").load(native).collect()
+    b = spark.read.format("persist").option("collection", "c").load(sink).collect()
+    assert sorted(map(tuple, a), key=repr) == sorted(map(tuple, b), key=repr)
+    with persist.open(native) as client:  # compaction merges (and sorts) the unordered parts
+        compact(client)
+    c = spark.read.format("persist").option("collection", "c").load(native).collect()
+    assert sorted(map(tuple, c), key=repr) == sorted(map(tuple, b), key=repr)
 
 
 def test_a_flipped_bit_in_a_natively_written_part_is_caught(spark: Any, tmp_path: Path) -> None:
