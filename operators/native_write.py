@@ -98,9 +98,9 @@ def write(df: DataFrame, url: str, collection: str, *,
             when it can.
         sort: sort each partition by ``(key, value, time)`` before Spark writes it (the part
             is then recorded sorted, as every part persist writes itself is). False skips
-            Spark's sort, most of a native write's time (docs/spark.md): the parts are
-            recorded unordered, so consolidated and key-range reads of them cost more until
-            compaction rewrites them.
+            Spark's sort, about half of a native write's time (measured, docs/spark.md): the
+            parts are recorded unordered, so consolidated and key-range reads of them cost
+            more until compaction rewrites them.
 
     Raises:
         InvalidUsage: bad arguments; ``native=True`` or a ``token`` where the native path
