@@ -11,8 +11,10 @@ frontier) and the ``persist`` sink, through PySpark's Python Data Source API (py
     q = (spark.readStream.format("persist").option("collection", "events").load(url)
          .writeStream.foreachBatch(handle).option("checkpointLocation", ckpt).start())
     df.write.format("persist").mode("append").option("collection", "out").save(url)
+    operators.write(df, url, "out", token=("nightly", 7))   # Spark's own Parquet writer
 
-Modules: :mod:`operators.native` (the native read path), :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers),
+Modules: :mod:`operators.native` (the native read path), :mod:`operators.native_write`
+(the native write path), :mod:`operators.datasource` (the data source), :mod:`operators.source` (readers),
 :mod:`operators.sink` (writers), :mod:`operators.partitions` (what a Spark task reads),
 :mod:`operators.schema` (types across the boundary), :mod:`operators.options` (option
 parsing), :mod:`operators.filters` (Spark's pushed filters as persist filters). See
@@ -29,6 +31,7 @@ from typing import Any
 
 from operators.datasource import PersistDataSource, check_workers
 from operators.native import PersistTable
+from operators.native_write import Written, write
 
 #: The name the source and sink are registered under: ``spark.read.format("persist")``.
 FORMAT = "persist"
@@ -55,4 +58,4 @@ def register(spark: Any, *, check: bool = True) -> None:
     spark.dataSource.register(PersistDataSource)
 
 
-__all__ = ["FORMAT", "PersistDataSource", "PersistTable", "register"]
+__all__ = ["FORMAT", "PersistDataSource", "PersistTable", "Written", "register", "write"]

@@ -98,19 +98,43 @@ def data_key(collection_id: int | str, part_id: str) -> str:
     return f"{DATA_PREFIX}{collection_id}/{part_id}"
 
 
+def _staged_name(key: str) -> str | None:
+    """The name that marks a data blob as staged: its part id (``data/<cid>/<part id>``), or,
+    for a file a foreign writer staged in a directory (``data/<cid>/<dir>/<file>``, Spark's
+    native write: :func:`staged_dir`), the directory's name. None: not a data key."""
+    if not key.startswith(DATA_PREFIX):
+        return None
+    parts = key.split("/", 3)
+    return parts[2] if len(parts) >= 3 else None
+
+
 def is_staged(key: str) -> bool:
-    """True if the data blob at ``key`` was staged by another process (see STAGED_PART_PREFIX)."""
-    return key.startswith(DATA_PREFIX) and key.rsplit("/", 1)[-1].startswith(STAGED_PART_PREFIX)
+    """True if the data blob at ``key`` was staged by another process (see STAGED_PART_PREFIX):
+    its part id, or the staging directory it lies in (:func:`staged_dir`), starts with it."""
+    name = _staged_name(key)
+    return name is not None and name.startswith(STAGED_PART_PREFIX)
 
 
 def lease_of(key: str) -> str | None:
-    """The staging lease a staged data blob was staged under (its part id is
-    ``staged-<lease id>-<uuid>``), or None: not staged, or staged without a lease."""
-    if not is_staged(key):
+    """The staging lease a staged data blob was staged under (its part id, or its staging
+    directory's name, is ``staged-<lease id>-<uuid>``), or None: not staged, or staged without
+    a lease."""
+    name = _staged_name(key)
+    if name is None or not name.startswith(STAGED_PART_PREFIX):
         return None
-    rest = key.rsplit("/", 1)[-1][len(STAGED_PART_PREFIX):]
+    rest = name[len(STAGED_PART_PREFIX):]
     lease, sep, tail = rest.partition("-")
     return lease if sep and len(lease) == 32 and len(tail) == 32 else None
+
+
+def staged_dir(collection_id: int | str, lease_id: str) -> str:
+    """A fresh directory (a key prefix ending in ``/``) for a foreign writer (Spark's own
+    Parquet writer) to stage part files of collection ``collection_id`` in, under staging
+    lease ``lease_id``: ``data/<cid>/staged-<lease id>-<uuid>/``. Every key below it is a
+    staged data blob of that lease (:func:`lease_of`), whatever the writer names its files
+    (its temporary files included), so the sweeps leave them alone while the lease lives and
+    reclaim whatever no commit references once it is revoked."""
+    return f"{data_prefix(collection_id)}{staged_part_id(lease_id)}/"
 
 
 def staged_part_id(lease_id: str) -> str:
@@ -223,5 +247,6 @@ __all__ = [
     "revoked_key",
     "rollup_key",
     "seq_of",
+    "staged_dir",
     "staged_part_id",
 ]

@@ -98,6 +98,20 @@ class BlobRead(ABC):
         raw = self._get_range(key, start, end)
         return None if raw is None else bytes(raw)
 
+    def get_foreign(self, key: str) -> memoryview | None:
+        """Returns the bytes another program wrote under ``key`` (not through this store:
+        Spark's own Parquet writer, at :meth:`external_url`), as stored and unverified; None
+        if there is none. Nothing protects them yet: the caller checksums them
+        (``envelope.checksum``) and keeps the checksum with its reference to the value, which
+        :meth:`get_plain` then verifies on every read, as if :meth:`Blob.set_plain` had
+        returned it.
+
+        Raises:
+            ExternalError: the store failed.
+        """
+        raw = self._get(key)
+        return None if raw is None else memoryview(raw)
+
     def external_url(self, key: str) -> str | None:
         """Where another program (Spark's own Parquet reader, ...) finds the value of ``key``:
         an absolute ``file://`` URL, ``s3://bucket/prefix/key``, or None if no other process

@@ -27,6 +27,15 @@ Writing: stage anywhere, commit once (:mod:`persist.distributed.stage`,
                          token=pd.Token("nightly", 7))   # lands once, however often retried
     stager.release(staged)
 
+Or let another engine's Parquet writer write the part files (:mod:`persist.distributed.adopt`;
+Spark's native write, ``operators.write``)::
+
+    st = pd.staging(stager)                # a directory under the stager's lease: st.url
+    ...                                    # Spark writes its Parquet files there
+    staged = pd.adopt(st)                  # one read of each file: crc32c, footer, times
+    committer.commit({"events": staged}, seals=..., token=...)
+    pd.clean_staging(st)                   # what no commit references
+
 A staged part is invisible until a commit references it, kept from the leaked-blob sweeps by its
 staging lease (:mod:`persist.indexed.state.lease`) while the job renews it, and bound to the
 location, collection and types it was staged for. The :class:`Committer` is the exactly-once
@@ -45,6 +54,7 @@ request it answers (or, with no writer running, the consumer commits it under th
 alias.
 """
 
+from persist.distributed.adopt import Staging, adopt, clean_staging, native_types, staging
 from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
@@ -85,14 +95,18 @@ __all__ = [
     "Scan",
     "StagedPart",
     "Stager",
+    "Staging",
     "StreamCursor",
     "Token",
     "Watch",
     "Writers",
+    "adopt",
     "check_type",
+    "clean_staging",
     "consolidate",
     "describe",
     "key_bounds",
+    "native_types",
     "parquet_files",
     "parquet_task",
     "plan_native",
@@ -101,4 +115,5 @@ __all__ = [
     "read_task",
     "set_read_hold",
     "settled",
+    "staging",
 ]

@@ -99,6 +99,37 @@ def test_part_ids_name_their_lease(tmp_path: Path) -> None:
     assert layout.lease_of(layout.data_key(3, uuid.uuid4().hex)) is None
 
 
+def test_files_in_a_staging_directory_belong_to_its_lease(tmp_path: Path) -> None:
+    lid = uuid.uuid4().hex
+    d = layout.staged_dir(3, lid)
+    assert d.startswith("data/3/staged-")
+    assert d.endswith("/")
+    # whatever another engine's writer names its files, temporary ones included
+    for name in ("part-00000-x.zstd.parquet", ".part-0.crc", "_temporary/0/task/part-0"):
+        assert layout.is_staged(d + name)
+        assert layout.lease_of(d + name) == lid
+    assert layout.lease_of(f"data/3/{uuid.uuid4().hex}/part-0.parquet") is None
+    assert not layout.is_staged(f"data/3/{uuid.uuid4().hex}/part-0.parquet")
+    assert not layout.is_staged("meta/staged-x/y")
+    # the sweep spares them while the lease lives and reclaims them once it is revoked
+    loc = tmp_path / "loc"
+    with persist.open(str(loc)) as client:
+        client.create_or_load("c", key_type=pa.string(), value_type=pa.int64())
+        blob = FileBlob(loc)
+        live = lease.take(blob, ttl_seconds=30)
+        keys = [layout.staged_dir(1, live) + n for n in ("part-0.parquet", "_temporary/0/x")]
+        for k in keys:
+            blob.set_plain(k, b"spark wrote this")
+        sweeper = gc.LeakSweeper(grace_seconds=5.0, lease_skew_seconds=0.05)
+        newest = lambda: client.state  # noqa: E731
+        now = time.monotonic()
+        assert sweeper.sweep(blob, newest, now) == []
+        assert sweeper.sweep(blob, newest, now + 3600) == []
+        lease.revoke(blob, live)
+        assert sweeper.sweep(blob, newest, now + 7200) == []  # its grace starts
+        assert sorted(sweeper.sweep(blob, newest, now + 10_800)) == sorted(keys)
+
+
 def test_the_sweep_spares_a_live_lease_and_reclaims_a_lapsed_one(tmp_path: Path) -> None:
     loc = tmp_path / "loc"
     with persist.open(str(loc)) as client:

@@ -27,6 +27,19 @@ The file:
   ``-0.0``); Parquet statistics, a page index and page checksums on;
 * footer key-value metadata ``persist.part = 4``, ``persist.schema_id``, ``persist.time``.
 
+**Parts Spark wrote** (``operators.write``, the native write path). Spark's own Parquet
+writer (parquet-mr) cannot add key-value metadata of the caller's to a footer (its
+``WriteSupport`` sets the footer's map; no Hadoop option reaches it: checked in parquet-hadoop
+1.17). A part file that lacks ``persist.part`` but carries Spark's schema key
+(:data:`SPARK_SCHEMA`) is therefore read as format 4 with ``persist.time = int64`` (Spark's
+``long``). It is only ever read through a ``PartMeta`` that persist made after reading that
+very file once, whole: the record's crc32c pins every byte (footer included), and the staging
+step checked the columns, the row counts and that every time is ``>= 0`` before recording it
+(:mod:`persist.distributed.adopt`). Such a part has no ``ARROW:schema``, so only the key and
+value types Spark and Arrow's Parquet reader map one to one are written this way
+(:data:`persist.distributed.adopt.NATIVE_TYPES`); the others go through persist's own writer.
+An older persist refuses such a part loudly (Corruption: no format tag), never misreads it.
+
 **Types as Spark's reader sees them.** ``time`` and ``diff`` are Spark ``long``s
 (``operators/schema.py``): ``time`` is written as a signed INT64 whenever every time is below
 2**63 (always, in practice; ``persist.time = int64``) and read back as the same uint64 bits;
@@ -54,6 +67,9 @@ TAG = b"persist.part"
 SCHEMA_ID = b"persist.schema_id"
 TIME = b"persist.time"
 _SIGNED, _UNSIGNED = b"int64", b"uint64"
+#: The footer key Spark's Parquet writer stores its schema under: marks a part Spark wrote
+#: (see the module docstring).
+SPARK_SCHEMA = b"org.apache.spark.sql.parquet.row.metadata"
 #: The largest time stored as a signed INT64 (Spark's ``long``).
 MAX_SIGNED_TIME = (1 << 63) - 1
 
@@ -167,6 +183,9 @@ def decode(key: str, data: bytes | memoryview | pa.Buffer, schema: pa.Schema, *,
         md = f.metadata
         kv = md.metadata or {}
         tag = kv.get(TAG)
+        time = kv.get(TIME)
+        if tag is None and SPARK_SCHEMA in kv:
+            tag, time = str(PART_FORMAT).encode(), _SIGNED  # a part Spark wrote (see above)
         if tag is None:
             raise Corruption(key, "Parquet part lacks the persist.part format tag")
         if int(tag) > PART_FORMAT:
@@ -191,7 +210,7 @@ def decode(key: str, data: bytes | memoryview | pa.Buffer, schema: pa.Schema, *,
                      for i in chosen for j in range(md.num_columns))
     except (pa.ArrowInvalid, pa.ArrowException, OSError, ValueError) as e:
         raise Corruption(key, f"undecodable Parquet part: {e}") from e
-    return Decoded(_restored(key, table, schema, kv.get(TIME)), nbytes, tuple(have))
+    return Decoded(_restored(key, table, schema, time), nbytes, tuple(have))
 
 
 def _restored(key: str, table: pa.Table, schema: pa.Schema, time: bytes | None) -> pa.Table:
@@ -314,4 +333,4 @@ def _sorting_columns(schema: pa.Schema) -> tuple[pq.SortingColumn, ...]:
     return tuple(out)
 
 
-__all__ = ["PART_FORMAT", "Decoded", "Encoded", "decode", "encode", "tail_offset"]
+__all__ = ["PART_FORMAT", "SPARK_SCHEMA", "Decoded", "Encoded", "decode", "encode", "tail_offset"]

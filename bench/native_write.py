@@ -1,0 +1,116 @@
+"""The native write path against the ``persist`` sink and ``df.write.parquet`` (issue 30 #3).
+
+    PYSPARK_PYTHON=.venv/bin/python python -m bench.native_write [--rows 3000000] [--rounds 3]
+
+One ``local[2]`` SparkSession (default JIT). The source is ``--rows`` rows (``key`` long,
+``value`` string, ``time`` long, ``diff`` long) written once as zstd Parquet and read back with
+``spark.read.parquet`` in 3 partitions, as issue 30 measured. Each round runs, in a rotated
+order, to fresh local directories:
+
+* *native*: ``operators.write(df, url, "c")`` (Spark's Parquet writer, adopted and committed);
+* *unsorted*: the same with ``sort=False`` (no ``sortWithinPartitions``);
+* *sink*: ``df.write.format("persist").mode("append")`` (the Python sink);
+* *parquet*: ``df.sortWithinPartitions("key", "value", "time").write.parquet`` with zstd;
+* *noop*: ``df.write.format("noop")`` (reading the source only).
+
+Printed: the median seconds and M rows/s of each case, the ratios native/sink and
+native/parquet (of rates), and the median time the driver spent adopting the files (persist's
+one read of each: crc32c, footer, the time and diff columns).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=3_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    import operators
+    import operators.native_write as nw
+
+    adopt_times: list[float] = []
+    real_adopt = nw.adopt
+
+    def timed_adopt(*args: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return real_adopt(*args, **kw)
+        finally:
+            adopt_times.append(time.perf_counter() - t)
+
+    nw.adopt = timed_adopt  # type: ignore[assignment]
+
+    root = Path(tempfile.mkdtemp(prefix="persist-native-write-"))
+    spark = (SparkSession.builder.master("local[2]").appName("persist-native-write-bench")
+             .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
+             .config("spark.sql.shuffle.partitions", "3").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    operators.register(spark)
+    try:
+        src = str(root / "src")
+        (spark.range(0, a.rows, numPartitions=3)
+         .selectExpr("(id * 7919) % 1000003 as key", "cast(id % 100000 as string) as value",
+                     "id % 10 as time", "1L as diff")
+         .write.option("compression", "zstd").parquet(src))
+        df = spark.read.parquet(src)
+        assert df.rdd.getNumPartitions() >= 1
+
+        def native(out: Path) -> None:
+            operators.write(df, f"file://{out}", "c")
+
+        def unsorted(out: Path) -> None:
+            operators.write(df, f"file://{out}", "c", sort=False)
+
+        def sink(out: Path) -> None:
+            df.write.format("persist").mode("append").option("collection", "c").save(
+                f"file://{out}")
+
+        def parquet(out: Path) -> None:
+            (df.sortWithinPartitions("key", "value", "time").write
+             .option("compression", "zstd").parquet(str(out)))
+
+        def noop(out: Path) -> None:
+            df.write.format("noop").mode("overwrite").save()
+
+        cases = {"native": native, "unsorted": unsorted, "sink": sink, "parquet": parquet, "noop": noop}
+        for name, fn in cases.items():  # warm-up: JIT, codegen, Python workers
+            fn(root / f"warm-{name}")
+            shutil.rmtree(root / f"warm-{name}", ignore_errors=True)
+        adopt_times.clear()
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        names = list(cases)
+        for r in range(a.rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                out = root / f"{name}-{r}"
+                t = time.perf_counter()
+                cases[name](out)
+                times[name].append(time.perf_counter() - t)
+                shutil.rmtree(out, ignore_errors=True)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        for k, v in med.items():
+            print(f"{k:8s} median {v:6.2f} s  {a.rows / v / 1e6:5.2f} M rows/s  "
+                  f"(rounds: {', '.join(f'{x:.2f}' for x in times[k])})")
+        print(f"native / sink rate:    {med['sink'] / med['native']:.2f}x (target >= 1.5)")
+        print(f"native / parquet rate: {med['parquet'] / med['native']:.2f}x (target >= 0.9)")
+        print(f"native sort=False / sink rate: {med['sink'] / med['unsorted']:.2f}x")
+        print(f"adopt (driver, one read of every file): median {statistics.median(adopt_times):.3f}"
+              f" s of native's {med['native']:.2f} s")
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

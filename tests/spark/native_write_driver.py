@@ -1,0 +1,27 @@
+"""A Spark driver process for the native write's kill test: writes ``ROWS`` rows into
+collection ``c`` of ``DST`` with ``operators.write`` (token ``("job", 1)``). Run as
+``python -m tests.spark.native_write_driver DST ROWS``; the test arms a crash point
+(``PERSIST_CRASH_AT=adopt.adopted``: SIGKILL between staging and commit) and runs it again."""
+
+from __future__ import annotations
+
+import sys
+
+import operators
+from tests.spark.support import session_builder
+
+
+def main() -> None:
+    """Runs the write once (or until killed)."""
+    dst, rows = sys.argv[1], int(sys.argv[2])
+    spark = session_builder("persist-native-kill-test").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    df = spark.range(0, rows, numPartitions=2).selectExpr(
+        "id % 97 as key", "cast(id as string) as value", "id % 5 as time", "1L as diff")
+    written = operators.write(df, dst, "c", token=("job", 1))
+    print("done", written.landed, written.rows, flush=True)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""The native write path (``operators.write``): Spark's own Parquet writer writes the part
+files, persist adopts and commits them once. Same result as the ``persist`` sink; exactly once
+under a token; types it cannot take go through the sink; bad rows refused with nothing
+written; a driver killed between staging and commit lands nothing and leaks nothing past its
+lease."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+
+import operators
+import persist
+from persist.blob.file import FileBlob
+from persist.indexed.maintenance import gc
+from persist.indexed.state import lease
+from tests.spark.support import compact, expected_updates, fill, location
+from tests.support.patience import PATIENCE
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rows(spark: Any, n: int = 150_000, *, shift: int = 0) -> Any:
+    """Updates with repeated keys, null values, retractions and several times."""
+    return spark.range(0, n, numPartitions=3).selectExpr(
+        "id % 1013 as key",
+        "case when id % 11 = 0 then null else cast(id % 89 as string) end as value",
+        f"id % 6 + {shift} as time",
+        "case when id % 4 = 0 then -1L else 2L end as diff")
+
+
+def canon(table: Any) -> list[tuple[Any, ...]]:
+    """Rows of ``table`` (key, value, time, diff) in a canonical order (nulls included)."""
+    cols = [table.column(c).to_pylist() for c in ("key", "value", "time", "diff")]
+    return sorted(zip(*cols, strict=True), key=repr)
+
+
+def _files(url: str) -> list[Path]:
+    return sorted(p for p in Path(url.removeprefix("file://"), "data").rglob("*") if p.is_file())
+
+
+def _upper(url: str, name: str = "c") -> int:
+    with persist.open(url, read_only=True) as client:
+        return client.info(name).upper
+
+
+def test_a_native_write_equals_the_sinks_and_its_files_are_persist_parts(
+        spark: Any, tmp_path: Path) -> None:
+    native, sink = location(tmp_path, "native"), location(tmp_path, "sink")
+    df = _rows(spark)
+    written = operators.write(df, native, "c")
+    assert written.native
+    assert written.landed
+    assert written.rows == 150_000
+    df.write.format("persist").mode("append").option("collection", "c").save(sink)
+    assert canon(expected_updates(native, "c", 0, 6)) == canon(expected_updates(sink, "c", 0, 6))
+    assert _upper(native) == _upper(sink) == 6
+    # consolidated reads (which rely on the parts' order) agree too
+    a = spark.read.format("persist").option("collection", "c").load(native).collect()
+    b = spark.read.format("persist").option("collection", "c").load(sink).collect()
+    assert sorted(map(tuple, a), key=repr) == sorted(map(tuple, b), key=repr)
+    assert a
+    # what is stored: Spark's Parquet files in the job's staging directory, nothing else
+    files = _files(native)
+    assert files
+    assert all(f.suffix == ".parquet" and f.parent.name.startswith("staged-")
+                         for f in files)
+    for f in files:
+        md = pq.ParquetFile(f).metadata
+        assert md.row_group(0).column(0).compression == "ZSTD"
+        assert md.row_group(0).column(0).has_column_index
+        assert all(md.row_group(i).num_rows <= 1 << 16 for i in range(md.num_row_groups))
+    # the native read hands Spark these very files (their tails were recorded at adoption and
+    # verified at planning) and reads what the sink's collection holds
+    raw = operators.PersistTable.forPath(spark, native, "c").toDF(consolidated=False)
+    assert {Path(u.removeprefix("file://")).name for u in raw.inputFiles()} == {
+        f.name for f in files}
+    got = operators.PersistTable.forPath(spark, native, "c").toDF().collect()
+    assert sorted(map(tuple, got), key=repr) == sorted(map(tuple, b), key=repr)
+
+
+def test_an_unsorted_native_write_reads_the_same(spark: Any, tmp_path: Path) -> None:
+    native, sink = location(tmp_path, "native"), location(tmp_path, "sink")
+    df = _rows(spark, 60_000)
+    assert operators.write(df, native, "c", sort=False).native
+    df.write.format("persist").mode("append").option("collection", "c").save(sink)
+    assert canon(expected_updates(native, "c", 0, 6)) == canon(expected_updates(sink, "c", 0, 6))
+    a = spark.read.format("persist").option("collection", "c").load(native).collect()
+    b = spark.read.format("persist").option("collection", "c").load(sink).collect()
+    assert sorted(map(tuple, a), key=repr) == sorted(map(tuple, b), key=repr)
+    with persist.open(native) as client:  # compaction merges (and sorts) the unordered parts
+        compact(client)
+    c = spark.read.format("persist").option("collection", "c").load(native).collect()
+    assert sorted(map(tuple, c), key=repr) == sorted(map(tuple, b), key=repr)
+
+
+def test_a_flipped_bit_in_a_natively_written_part_is_caught(spark: Any, tmp_path: Path) -> None:
+    url = location(tmp_path)
+    operators.write(_rows(spark, 20_000), url, "c")
+    victim = _files(url)[0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) - 40] ^= 0x10  # in the footer
+    victim.write_bytes(bytes(data))
+    with pytest.raises(persist.ChecksumMismatch):
+        expected_updates(url, "c", 0, 6)
+
+
+def test_a_retry_with_the_same_token_lands_once(spark: Any, tmp_path: Path) -> None:
+    url = location(tmp_path)
+    df = _rows(spark, 30_000)
+    first = operators.write(df, url, "c", token=("load", 1))
+    again = operators.write(df, url, "c", token=("load", 1))
+    assert first.landed
+    assert not again.landed
+    assert again.rows == 0
+    assert canon(expected_updates(url, "c", 0, 6)) == canon(df.toArrow())
+    later = operators.write(_rows(spark, 30_000, shift=6), url, "c", token=("load", 2))
+    assert later.landed
+    assert _upper(url) == 12
+    assert len(expected_updates(url, "c", 0, 12)) == 60_000
+    # the replay's files were deleted: only the two landed writes' parts are stored
+    with persist.open(url, read_only=True) as client:
+        stored = gc.referenced(client.state)
+    assert {str(f) for f in _files(url)} == {str(Path(url.removeprefix("file://"), k))
+                                             for k in stored}
+
+
+@pytest.mark.parametrize(("value", "why"), [("cast(id as double)", "value double"),
+                                             ("cast(id as timestamp)", "value timestamp")])
+def test_types_the_native_path_cannot_take_go_through_the_sink(
+        spark: Any, tmp_path: Path, value: str, why: str) -> None:
+    url, ref = location(tmp_path, "a"), location(tmp_path, "b")
+    df = spark.range(0, 5000, numPartitions=2).selectExpr(
+        "id % 50 as key", f"{value} as value", "id % 3 as time", "1L as diff")
+    written = operators.write(df, url, "c")
+    assert not written.native
+    assert why in (written.why or "")
+    df.write.format("persist").mode("append").option("collection", "c").save(ref)
+    assert canon(expected_updates(url, "c", 0, 3)) == canon(expected_updates(ref, "c", 0, 3))
+    with pytest.raises(persist.InvalidUsage, match="native path cannot take it"):
+        operators.write(df.selectExpr("key", "value", "time + 3 as time", "diff"), url, "c",
+                        native=True)
+    with pytest.raises(persist.InvalidUsage, match="with a token needs the native path"):
+        operators.write(df.selectExpr("key", "value", "time + 3 as time", "diff"), url, "c",
+                        token=("t", 1))
+    assert _upper(url) == 3  # neither refused write changed anything
+
+
+@pytest.mark.parametrize(("time_expr", "match"), [
+    ("case when id = 7 then null else id % 3 + 6 end", "null time"),
+    ("id % 3 - 1", "time -1"),
+])
+def test_bad_rows_are_refused_and_nothing_is_left(spark: Any, tmp_path: Path, time_expr: str,
+                                                  match: str) -> None:
+    url = location(tmp_path)
+    operators.write(_rows(spark, 1000), url, "c")
+    before = _files(url)
+    df = spark.range(0, 20_000, numPartitions=2).selectExpr(
+        "id % 50 as key", "cast(id as string) as value", f"{time_expr} as time", "1L as diff")
+    with pytest.raises(persist.InvalidUsage, match=match):
+        operators.write(df, url, "c")
+    assert _upper(url) == 6
+    assert _files(url) == before  # the refused write's staged files were deleted
+
+
+def _driver(dst: str, rows: int, crash: str | None) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("PERSIST_CRASH_AT", None)
+    if crash is not None:
+        env["PERSIST_CRASH_AT"] = crash
+    return subprocess.Popen([sys.executable, "-m", "tests.spark.native_write_driver", dst,
+                             str(rows)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def test_a_driver_killed_between_staging_and_commit_lands_nothing_and_leaks_nothing(
+        tmp_path: Path) -> None:
+    url = location(tmp_path)
+    root = tmp_path / "loc"
+    killed = _driver(url, 50_000, "adopt.adopted")
+    try:
+        _, err = killed.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(killed.pid, signal.SIGKILL)  # its JVM, if it outlived the driver
+    assert killed.returncode == -signal.SIGKILL, err[-3000:]
+    staged = _files(url)
+    assert staged, "the killed driver staged nothing"
+    assert _upper(url) == 0  # nothing landed
+    # the staged files sit under the job's live lease: a sweep leaves them alone
+    blob = FileBlob(root)
+    with persist.open(url, read_only=True) as client:
+        state = client.state
+    (lid,) = {_lease(k) for k in blob.list_keys("data/")}
+    sweeper = gc.LeakSweeper(grace_seconds=5.0, lease_skew_seconds=0.05)
+    now = time.monotonic()
+    assert sweeper.sweep(blob, lambda: state, now) == []
+    assert sweeper.sweep(blob, lambda: state, now + 3600) == []
+    assert _files(url) == staged
+    # once the lease is gone (revoked, as the sweep does once it lapses), every file goes
+    lease.revoke(blob, lid)
+    sweeper.sweep(blob, lambda: state, now + 7200)
+    sweeper.sweep(blob, lambda: state, now + 10_800)
+    assert _files(url) == []
+    # the job run again with its token lands once
+    again = _driver(url, 50_000, None)
+    out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err[-3000:]
+    assert out.split() == ["done", "True", "50000"]
+    assert _upper(url) == 5
+    assert len(expected_updates(url, "c", 0, 5)) == 50_000
+
+
+def _lease(key: str) -> str:
+    from persist.layout import lease_of
+
+    lid = lease_of(key)
+    assert lid is not None, key
+    return lid
+
+
+def test_a_stream_writes_natively_in_foreach_batch_once_per_batch(spark: Any,
+                                                                  tmp_path: Path) -> None:
+    src, dst, ckpt = location(tmp_path, "src"), location(tmp_path, "dst"), tmp_path / "ckpt"
+    fill(src, "events", range(6))
+    landed: list[bool] = []
+
+    def handle(batch: Any, batch_id: int) -> None:
+        # a replayed micro-batch (here: the same batch written twice) lands once by its token
+        for _ in range(2):
+            landed.append(operators.write(batch, dst, "copy", token=("copy", batch_id)).landed)
+
+    q = (spark.readStream.format("persist").option("collection", "events")
+         .option("maxRowsPerTrigger", 80).load(src)
+         .writeStream.foreachBatch(handle).option("checkpointLocation", str(ckpt))
+         .trigger(availableNow=True).start())
+    q.awaitTermination(PATIENCE)
+    assert q.exception() is None
+    assert len(landed) >= 4
+    assert landed[0::2] == [True] * (len(landed) // 2)
+    assert landed[1::2] == [False] * (len(landed) // 2)
+    assert canon(expected_updates(dst, "copy", 0, 6)) == canon(expected_updates(src, "events",
+                                                                                 0, 6))
+    assert _upper(dst, "copy") == 6
