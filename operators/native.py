@@ -95,12 +95,15 @@ class PersistTable:
         Args:
             spark: the SparkSession.
             url: the location (``file:///...``, a path, ``s3://bucket/prefix``).
-            storage_options: how persist opens the location for planning (as everywhere in
-                persist); Spark's reader reaches the same store through its own settings
-                (``s3://`` is read as ``s3a://``: Hadoop's S3A connector and its
-                ``fs.s3a.*`` settings).
-            reader_options: more options for Spark's reader (per-read Hadoop settings such
-                as ``fs.s3a.endpoint``).
+            storage_options: how persist opens the location (as everywhere in persist).
+                Spark's reader reaches the same store with the same settings: ``s3://`` is
+                read as ``s3a://``, and the endpoint, region, credentials and addressing
+                style become that read's ``fs.s3a.*`` options
+                (:func:`persist.distributed.hadoop_options`), except a key the session sets
+                itself (``spark.hadoop.fs.s3a.*``, or its Hadoop configuration): the
+                session's setting wins.
+            reader_options: more options for Spark's reader; they win over both (per-read
+                Hadoop settings such as ``fs.s3a.endpoint``).
 
         Raises:
             InvalidUsage: an argument of the wrong type, or an unknown keyword.
@@ -165,7 +168,9 @@ class PersistTable:
 
         def build(plan: persist.distributed.NativePlan) -> Any:
             types = CollectionTypes.of(plan.info)
-            return _Plan(self._spark, types, self._reader_options).read(plan)
+            options = {**_unset(self._spark, persist.distributed.hadoop_options(
+                t.url, t.storage_options)), **self._reader_options}
+            return _Plan(self._spark, types, options).read(plan)
 
         t = self._target
         return persist.distributed.read_native(
@@ -205,6 +210,58 @@ def sql_groups(types: CollectionTypes) -> bool:
     consolidation does: when no float is anywhere in them. Spark normalizes floats in grouping
     keys (``-0.0`` groups with ``0.0``); persist keeps them two records (every NaN is one)."""
     return all(_nowhere(t, pa.types.is_floating) for t in (types.key, types.value))
+
+
+def _unset(spark: Any, options: dict[str, str]) -> dict[str, str]:
+    """``options`` without the keys the session sets itself: a ``spark.hadoop.<key>`` setting,
+    or a key of its Hadoop configuration set other than by Hadoop's ``*-default.xml``."""
+    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
+    hadoop = conf() if conf is not None else None
+
+    def session_sets(key: str) -> bool:
+        if spark.conf.get(f"spark.hadoop.{key}", None) is not None:
+            return True
+        if hadoop is None:
+            return False
+        sources = hadoop.getPropertySources(key)
+        return sources is not None and any(not str(src).endswith("-default.xml")
+                                           for src in sources)
+
+    return {k: v for k, v in options.items() if not session_sets(k)}
+
+
+def _effective(spark: Any, options: dict[str, str]) -> dict[str, str]:
+    """The S3A settings a read used, for a failure's message: its own options, else the
+    session's Hadoop configuration."""
+    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
+    hadoop = conf() if conf is not None else None
+    out: dict[str, str] = {}
+    for key in persist.distributed.s3a.SOURCES:
+        value = options.get(key)
+        if value is None and hadoop is not None:
+            got = hadoop.get(key)
+            value = None if got is None else str(got)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _java_classes(e: BaseException) -> tuple[list[str], str]:
+    """The Java exception class names of ``e``'s cause chain (a Py4J error's, or a PySpark
+    error captured from the JVM), outermost first, and the innermost one's first line."""
+    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+    names: list[str] = []
+    last = ""
+    seen = 0
+    while throwable is not None and seen < 32:
+        try:
+            names.append(str(throwable.getClass().getName()))
+            last = str(throwable.toString()).splitlines()[0] if throwable.toString() else last
+            throwable = throwable.getCause()
+        except Exception:  # not a Java object after all
+            break
+        seen += 1
+    return names, last
 
 
 def _spark_url(url: str) -> str:
@@ -254,15 +311,15 @@ class _Plan:
         try:
             df = reader.parquet(*paths)
         except Exception as e:
-            text = str(e)
-            s3a = any(p.startswith("s3a://") for p in paths)
-            if s3a and ("ClassNotFoundException" in text or "No FileSystem for scheme" in text):
-                raise InvalidUsage(
-                    "this Spark cannot read s3a:// (Hadoop's S3A connector, hadoop-aws and "
-                    "the AWS SDK bundle at Spark's Hadoop version, is not on its classpath: "
-                    "see docs/spark.md, 'The native path on S3'); read through the Python "
-                    "source instead: spark.read.format(\"persist\").option(\"collection\", "
-                    f"...).load(url). Spark said: {text.splitlines()[0][:300]}") from None
+            # NB: S3A's failures to reach the store (missing connector, credentials,
+            # endpoint) are told by the Java classes of the cause chain, never the message.
+            s3a = [p for p in paths if p.startswith("s3a://")]
+            if s3a:
+                classes, last = _java_classes(e)
+                failure = persist.distributed.s3a_failure(
+                    s3a[0], classes, _effective(self.spark, self.options), last)
+                if failure is not None:
+                    raise failure from None
             raise
         return df.select("key", "value", "time", "diff")
 

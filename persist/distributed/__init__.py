@@ -61,6 +61,7 @@ from persist.distributed.native import (
     settled,
 )
 from persist.distributed.read import Watch, describe, read_part, read_task
+from persist.distributed.s3a import hadoop_options, s3a_failure
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
@@ -92,6 +93,7 @@ __all__ = [
     "check_type",
     "consolidate",
     "describe",
+    "hadoop_options",
     "key_bounds",
     "parquet_files",
     "parquet_task",
@@ -99,6 +101,7 @@ __all__ = [
     "read_native",
     "read_part",
     "read_task",
+    "s3a_failure",
     "set_read_hold",
     "settled",
 ]
