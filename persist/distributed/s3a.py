@@ -42,15 +42,6 @@ SOURCES: dict[str, str] = {
     "fs.s3a.connection.timeout": "read_timeout",
 }
 
-#: How S3A reads a file, for every native read (see DESIGN §11, "S3"): Parquet reads a file's
-#: tail and then its column chunks, each a ranged read, so S3A's random policy reads what is
-#: asked for, one ranged GET each, where the sequential policy would open the rest of the
-#: object and abort it at the next seek.
-READ_PATTERN: dict[str, str] = {
-    "fs.s3a.experimental.input.fadvise": "random",
-}
-
-
 def hadoop_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[str, str]:
     """The Hadoop configuration keys (``fs.s3a.*``) that make S3A reach location ``url`` as
     persist does with ``storage_options``; empty for a location that is not ``s3://``.
@@ -78,15 +69,13 @@ def hadoop_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
     no credentials in ``storage_options`` the provider is left to S3A (its default chain:
     environment, profile, instance role), as boto3 does.
 
-    The reads' pattern (:data:`READ_PATTERN`) is added too.
-
     Raises:
         InvalidUsage: ``storage_options`` is malformed (as persist's own S3 store says).
     """
     if not url.startswith(("s3://", "s3a://")):
         return {}
     opts, _ = aws.AwsOptions.split(storage_options or {})
-    out: dict[str, str] = dict(READ_PATTERN)
+    out: dict[str, str] = {}
     if opts.endpoint_url:
         out["fs.s3a.endpoint"] = opts.endpoint_url
         out["fs.s3a.connection.ssl.enabled"] = str(
@@ -186,4 +175,4 @@ def s3a_failure(url: str, classes: Iterable[str], settings: Mapping[str, str],
     return None
 
 
-__all__ = ["READ_PATTERN", "SOURCES", "hadoop_options", "s3a_failure"]
+__all__ = ["SOURCES", "hadoop_options", "s3a_failure"]
