@@ -221,7 +221,8 @@ def _unset(spark: Any, options: dict[str, str]) -> dict[str, str]:
     def session_sets(key: str) -> bool:
         if spark.conf.get(f"spark.hadoop.{key}", None) is not None:
             return True
-        if hadoop is None:
+        # NB: a key unset after it was set keeps its source: look at the value too
+        if hadoop is None or hadoop.get(key) is None:
             return False
         sources = hadoop.getPropertySources(key)
         return sources is not None and any(not str(src).endswith("-default.xml")
