@@ -98,7 +98,8 @@ def test_a_session_setting_wins_over_storage_options(spark: Any, s3a: None,
             hadoop.unset(k)
     first = str(got.value).splitlines()[0]
     assert first.startswith("S3A could not reach the store")
-    assert "endpoint_url" in first and "http://127.0.0.1:9" in first
+    assert "endpoint_url" in first
+    assert "http://127.0.0.1:9" in first
     assert _objects(s3_client, bucket) == before  # nothing written
 
 
@@ -116,8 +117,10 @@ def test_wrong_credentials_are_a_typed_error_naming_them(spark: Any, s3a: None,
         table.toDF(consolidated=False)
     first = str(got.value).splitlines()[0]
     assert first.startswith("S3A could not authenticate")
-    assert "aws_access_key_id" in first and "aws_secret_access_key" in first
-    assert got.value.__cause__ is None and got.value.__suppress_context__  # no Java trace first
+    assert "aws_access_key_id" in first
+    assert "aws_secret_access_key" in first
+    assert got.value.__cause__ is None
+    assert got.value.__suppress_context__
     assert _objects(s3_client, bucket) == before
 
 
