@@ -1,7 +1,9 @@
 """The requests of a native read through S3A against ``spark.read.parquet`` of the same rows
 (issue 30): a loopback proxy in front of each S3 test server (moto, ministack) records every
 request, and the native read's requests on the data files (GET, HEAD, LIST) stay within 1.2x
-Parquet's. persist's metadata reads are counted apart and reported.
+Parquet's. persist's own requests (its metadata, read to plan, and anything the engine's
+planning reads of the data files itself, driver-side: told by boto3's User-Agent) are counted
+apart, reported, and bounded: at most one per data file.
 
 NB: each read is of files no process of the session read before (a fresh bucket): S3A keeps
 one file system per bucket, and its input streams may cache what they read.
@@ -35,27 +37,30 @@ class Recorder:
     """``FaultyProxy``'s ``fail``: records each request and fails none."""
 
     def __init__(self) -> None:
-        self.requests: list[tuple[str, str]] = []
+        self.requests: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
 
     def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
         with self._lock:
-            self.requests.append((method, path))
+            self.requests.append((method, path, headers.get("user-agent", "")))
         return False
 
-    def take(self) -> list[tuple[str, str]]:
+    def take(self) -> list[tuple[str, str, str]]:
         with self._lock:
             out, self.requests = self.requests, []
         return out
 
 
-def _kinds(requests: list[tuple[str, str]]) -> collections.Counter[str]:
-    """GET, HEAD and LIST (a GET of the bucket with ``list-type``), and ``meta``: persist's
-    metadata (anything under the location's ``meta/``)."""
+def _kinds(requests: list[tuple[str, str, str]]) -> collections.Counter[str]:
+    """Spark's GET, HEAD and LIST (a GET of the bucket with ``list-type``); ``meta``:
+    persist's metadata (anything under the location's ``meta/``); ``persist``: persist's own
+    (boto3's) other requests."""
     out: collections.Counter[str] = collections.Counter()
-    for method, path in requests:
+    for method, path, agent in requests:
         if "/meta/" in path or "%2Fmeta%2F" in path:
             out["meta"] += 1
+        elif "boto" in agent.lower():
+            out["persist"] += 1
         elif method == "GET" and "list-type=" in path:
             out["LIST"] += 1
         else:
@@ -109,6 +114,8 @@ def test_a_native_read_makes_parquets_requests(spark: Any, s3a: None,
     print(f"native: {dict(got)}; spark.read.parquet: {dict(want)}")
     assert want["meta"] == 0
     assert got["meta"] > 0
+    assert want["persist"] == 0
+    assert got["persist"] <= PARTS  # the planning's own look at each file, if any
     assert got["GET"] >= PARTS
     assert want["GET"] >= PARTS
     assert data <= 1.2 * base, (got, want)
