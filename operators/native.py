@@ -29,6 +29,13 @@ the Python source's:
   A read whose parts are settled (``persist.distributed.settled``: consolidated, one time
   each, key-disjoint) is read as the raw read is: nothing to sum.
 
+On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
+them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
+the session sets itself wins), and S3A's failures to reach the store are persist's errors,
+told by the Java exception classes of the failure (:func:`persist.distributed.s3a_failure`).
+Three or more files of one folder are read as that folder, filtered to their names: Spark
+checks and lists each path it is given (three requests each), a folder once.
+
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
 parts of a store no other process can reach, and every part of a collection with a

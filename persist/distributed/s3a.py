@@ -17,6 +17,7 @@ fix.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -63,7 +64,9 @@ def hadoop_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
     ``read_timeout``                 ``fs.s3a.connection.timeout`` (milliseconds)
     ===============================  ==============================================
 
-    Options given in any spelling persist accepts (``AWS_ENDPOINT_URL``, ``region``, ...).
+    Options given in any spelling persist accepts (``AWS_ENDPOINT_URL``, ``region``, ...);
+    with no endpoint among them, the environment's ``AWS_ENDPOINT_URL_S3`` or
+    ``AWS_ENDPOINT_URL``, as boto3 takes it.
     Not mapped: ``profile_name`` (S3A's default credentials chain reads ``AWS_PROFILE``) and
     persist's own options (caching, commit modes, DynamoDB), which a reader does not use. With
     no credentials in ``storage_options`` the provider is left to S3A (its default chain:
@@ -76,10 +79,14 @@ def hadoop_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
         return {}
     opts, _ = aws.AwsOptions.split(storage_options or {})
     out: dict[str, str] = {}
-    if opts.endpoint_url:
-        out["fs.s3a.endpoint"] = opts.endpoint_url
+    # NB: boto3 (persist's client) takes the endpoint from the environment when no option
+    # names it, S3A does not: the same rule here, so that both reach the same store.
+    endpoint = opts.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") \
+        or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["fs.s3a.endpoint"] = endpoint
         out["fs.s3a.connection.ssl.enabled"] = str(
-            not opts.endpoint_url.lower().startswith("http://")).lower()
+            not endpoint.lower().startswith("http://")).lower()
     if opts.region_name:
         out["fs.s3a.endpoint.region"] = opts.region_name
     if opts.addressing_style in ("path", "virtual"):

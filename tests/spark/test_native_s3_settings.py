@@ -39,7 +39,7 @@ def _objects(s3_client: Any, bucket: str) -> list[str]:
     return sorted(o["Key"] for o in got)
 
 
-def test_the_mapping_of_storage_options_to_s3a() -> None:
+def test_the_mapping_of_storage_options_to_s3a(monkeypatch: pytest.MonkeyPatch) -> None:
     got = hadoop_options("s3://b/p", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "region": "r",
                                       "addressing_style": "path", "aws_access_key_id": "a",
                                       "aws_secret_access_key": "s", "cache_bytes": 5})
@@ -53,9 +53,16 @@ def test_the_mapping_of_storage_options_to_s3a() -> None:
                                         "aws_session_token": "t"})
     assert token["fs.s3a.session.token"] == "t"
     assert token["fs.s3a.aws.credentials.provider"].endswith("TemporaryAWSCredentialsProvider")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     bare = hadoop_options("s3://b/p", {})
     assert not any(k in bare for k in ("fs.s3a.endpoint", "fs.s3a.access.key",
                                        "fs.s3a.aws.credentials.provider"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example")  # as boto3 reads it
+    assert hadoop_options("s3://b/p", {})["fs.s3a.endpoint"] == "https://s3.example"
+    assert hadoop_options("s3://b/p", {})["fs.s3a.connection.ssl.enabled"] == "true"
+    assert hadoop_options("s3://b/p", {"endpoint_url": "http://a"})["fs.s3a.endpoint"] \
+        == "http://a"
     assert hadoop_options("file:///tmp/x", {"endpoint_url": "http://x"}) == {}
     with pytest.raises(persist.InvalidUsage, match="twice"):
         hadoop_options("s3://b/p", {"endpoint_url": "http://a", "AWS_ENDPOINT_URL": "http://b"})
