@@ -29,6 +29,13 @@ the Python source's:
   A read whose parts are settled (``persist.distributed.settled``: consolidated, one time
   each, key-disjoint) is read as the raw read is: nothing to sum.
 
+On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
+them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
+the session sets itself wins), and S3A's failures to reach the store are persist's errors,
+told by the Java exception classes of the failure (:func:`persist.distributed.s3a_failure`).
+Three or more files of one folder are read as that folder, filtered to their names: Spark
+checks and lists each path it is given (three requests each), a folder once.
+
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
 parts of a store no other process can reach, and every part of a collection with a
@@ -95,12 +102,15 @@ class PersistTable:
         Args:
             spark: the SparkSession.
             url: the location (``file:///...``, a path, ``s3://bucket/prefix``).
-            storage_options: how persist opens the location for planning (as everywhere in
-                persist); Spark's reader reaches the same store through its own settings
-                (``s3://`` is read as ``s3a://``: Hadoop's S3A connector and its
-                ``fs.s3a.*`` settings).
-            reader_options: more options for Spark's reader (per-read Hadoop settings such
-                as ``fs.s3a.endpoint``).
+            storage_options: how persist opens the location (as everywhere in persist).
+                Spark's reader reaches the same store with the same settings: ``s3://`` is
+                read as ``s3a://``, and the endpoint, region, credentials and addressing
+                style become that read's ``fs.s3a.*`` options
+                (:func:`persist.distributed.hadoop_options`), except a key the session sets
+                itself (``spark.hadoop.fs.s3a.*``, or its Hadoop configuration): the
+                session's setting wins.
+            reader_options: more options for Spark's reader; they win over both (per-read
+                Hadoop settings such as ``fs.s3a.endpoint``).
 
         Raises:
             InvalidUsage: an argument of the wrong type, or an unknown keyword.
@@ -167,7 +177,9 @@ class PersistTable:
 
         def build(plan: persist.distributed.NativePlan) -> Any:
             types = CollectionTypes.of(plan.info)
-            return _Plan(self._spark, types, self._reader_options).read(plan)
+            options = {**_unset(self._spark, persist.distributed.hadoop_options(
+                t.url, t.storage_options)), **self._reader_options}
+            return _Plan(self._spark, types, options).read(plan)
 
         t = self._target
         return persist.distributed.read_native(
@@ -207,6 +219,82 @@ def sql_groups(types: CollectionTypes) -> bool:
     consolidation does: when no float is anywhere in them. Spark normalizes floats in grouping
     keys (``-0.0`` groups with ``0.0``); persist keeps them two records (every NaN is one)."""
     return all(_nowhere(t, pa.types.is_floating) for t in (types.key, types.value))
+
+
+def _unset(spark: Any, options: dict[str, str]) -> dict[str, str]:
+    """``options`` without the keys the session sets itself: a ``spark.hadoop.<key>`` setting,
+    or a key of its Hadoop configuration set other than by Hadoop's ``*-default.xml``."""
+    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
+    hadoop = conf() if conf is not None else None
+
+    def session_sets(key: str) -> bool:
+        if spark.conf.get(f"spark.hadoop.{key}", None) is not None:
+            return True
+        # NB: a key unset after it was set keeps its source: look at the value too
+        if hadoop is None or hadoop.get(key) is None:
+            return False
+        sources = hadoop.getPropertySources(key)
+        return sources is not None and any(not str(src).endswith("-default.xml")
+                                           for src in sources)
+
+    return {k: v for k, v in options.items() if not session_sets(k)}
+
+
+def _effective(spark: Any, options: dict[str, str]) -> dict[str, str]:
+    """The S3A settings a read used, for a failure's message: its own options, else the
+    session's Hadoop configuration."""
+    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
+    hadoop = conf() if conf is not None else None
+    out: dict[str, str] = {}
+    for key in persist.distributed.s3a.SOURCES:
+        value = options.get(key)
+        if value is None and hadoop is not None:
+            got = hadoop.get(key)
+            value = None if got is None else str(got)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def _java_classes(e: BaseException) -> tuple[list[str], str]:
+    """The Java exception class names of ``e``'s cause chain (a Py4J error's, or a PySpark
+    error captured from the JVM), outermost first, and the innermost one's first line."""
+    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+    names: list[str] = []
+    last = ""
+    seen = 0
+    while throwable is not None and seen < 32:
+        try:
+            names.append(str(throwable.getClass().getName()))
+            last = str(throwable.toString()).splitlines()[0] if throwable.toString() else last
+            throwable = throwable.getCause()
+        except Exception:  # not a Java object after all
+            break
+        seen += 1
+    return names, last
+
+
+#: From how many files of one folder a read lists the folder (one listing, whatever the
+#: number of files) rather than naming each file. Measured through S3A on moto: a named file
+#: costs Spark's driver a HEAD (it checks that the path exists) and a LIST and a HEAD (it
+#: lists the path), three requests each; a folder costs seven (its checks, the
+#: ``_spark_metadata`` probe, one LIST per 5,000 objects), as ``spark.read.parquet`` of it.
+LIST_FROM = 3
+
+#: Characters of Hadoop's glob syntax: a file name with one is never put in a name filter.
+_GLOB = frozenset("{}[]*?\\,^!")
+
+
+def _listed(paths: list[str]) -> str | None:
+    """The one ``s3a://`` folder of ``paths`` when listing it is cheaper than naming each
+    file (:data:`LIST_FROM`), else None."""
+    if len(paths) < LIST_FROM or not all(p.startswith("s3a://") for p in paths):
+        return None
+    folders = {p.rsplit("/", 1)[0] for p in paths}
+    if len(folders) != 1 or len(set(paths)) != len(paths) \
+            or any(_GLOB & set(p.rsplit("/", 1)[1]) for p in paths):
+        return None
+    return folders.pop()
 
 
 def _spark_url(url: str) -> str:
@@ -253,18 +341,30 @@ class _Plan:
     def _files(self, urls: tuple[str, ...]) -> Any:
         reader = self.spark.read.options(**self.options).schema(self.schema)
         paths = [_spark_url(u) for u in urls]
+        folder = _listed(paths)
         try:
-            df = reader.parquet(*paths)
+            if folder is None:
+                df = reader.parquet(*paths)
+            else:
+                names = ",".join(p.rsplit("/", 1)[1] for p in paths)
+                df = (reader.option("pathGlobFilter", "{" + names + "}")
+                      .option("recursiveFileLookup", "true").parquet(folder))
+                # NB: a listing skips what is not there: a file GC removed after the plan
+                # would be left out silently. Spark's file index lists once, here.
+                got = set(df.inputFiles())
+                gone = [u for u, p in zip(urls, paths, strict=True) if p not in got]
+                if gone:
+                    raise persist.PartMissing(f"{gone[0]} (of {len(gone)}) went after the plan")
         except Exception as e:
-            text = str(e)
-            s3a = any(p.startswith("s3a://") for p in paths)
-            if s3a and ("ClassNotFoundException" in text or "No FileSystem for scheme" in text):
-                raise InvalidUsage(
-                    "this Spark cannot read s3a:// (Hadoop's S3A connector, hadoop-aws and "
-                    "the AWS SDK bundle at Spark's Hadoop version, is not on its classpath: "
-                    "see docs/spark.md, 'The native path on S3'); read through the Python "
-                    "source instead: spark.read.format(\"persist\").option(\"collection\", "
-                    f"...).load(url). Spark said: {text.splitlines()[0][:300]}") from None
+            # NB: S3A's failures to reach the store (missing connector, credentials,
+            # endpoint) are told by the Java classes of the cause chain, never the message.
+            s3a = [p for p in paths if p.startswith("s3a://")]
+            if s3a:
+                classes, last = _java_classes(e)
+                failure = persist.distributed.s3a_failure(
+                    s3a[0], classes, _effective(self.spark, self.options), last)
+                if failure is not None:
+                    raise failure from None
             raise
         return df.select("key", "value", "time", "diff")
 

@@ -71,6 +71,7 @@ from persist.distributed.native import (
     settled,
 )
 from persist.distributed.read import Watch, describe, read_part, read_task
+from persist.distributed.s3a import hadoop_options, s3a_failure
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
@@ -105,6 +106,7 @@ __all__ = [
     "clean_staging",
     "consolidate",
     "describe",
+    "hadoop_options",
     "key_bounds",
     "native_types",
     "parquet_files",
@@ -113,6 +115,7 @@ __all__ = [
     "read_native",
     "read_part",
     "read_task",
+    "s3a_failure",
     "set_read_hold",
     "settled",
     "staging",

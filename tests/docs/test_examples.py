@@ -27,6 +27,10 @@ before its opening fence tells this harness to provide it:
         create-table``. The prose must name the bucket in backticks and ``AWS_ENDPOINT_URL``.
         Marks the test ``s3`` (and ``dynamodb`` with a table).
     <!-- example: setup=spark,s3 bucket=... -->   both.
+    <!-- example: setup=pyspark jars=s3a -->
+        the JAR sets of tests/support/jars.py (comma-separated names) fetched, and their JARs
+        in ``SPARK_JARS``, comma-separated as ``spark.jars`` takes them (what ``./dev jars``
+        prints). The prose must mention ``SPARK_JARS``.
     <!-- example: timeout=120 -->
         a longer limit in seconds than the default (60 s; 300 s with spark).
     <!-- example: skip reason="..." -->
@@ -62,7 +66,7 @@ MOTO_SERVER = REPO / "tests" / "support" / "moto_server.py"
 DEFAULT_TIMEOUT = 60.0
 SPARK_TIMEOUT = 300.0
 SETUPS = {"spark", "pyspark", "s3"}
-KEYS = {"setup", "bucket", "dynamodb_table", "timeout", "skip", "reason"}
+KEYS = {"setup", "bucket", "dynamodb_table", "jars", "timeout", "skip", "reason"}
 
 FENCE = re.compile(r"^(`{3,}|~{3,})\s*([\w+-]*)")
 MARKER = re.compile(r"^<!--\s*example:(.*?)-->\s*$")
@@ -78,6 +82,7 @@ class Block:
     dynamodb_table: str | None = None
     timeout: float = DEFAULT_TIMEOUT
     skip: str | None = None
+    jars: tuple[str, ...] = ()
 
     @property
     def where(self) -> str:
@@ -161,12 +166,16 @@ def make_block(path: Path, line: int, code: str, marker: dict[str, str], prose: 
         if "AWS_ENDPOINT_URL" not in prose:
             raise ValueError(f"{where}: the prose before the block must say where the S3 "
                              f"endpoint comes from (AWS_ENDPOINT_URL)")
+    jars = tuple(j for j in marker.get("jars", "").split(",") if j)
+    if jars and "`SPARK_JARS`" not in prose:
+        raise ValueError(f"{where}: jars=..., but the prose before the block does not "
+                         f"mention `SPARK_JARS`")
     if "skip" in marker and not marker.get("reason"):
         raise ValueError(f"{where}: skip needs reason=\"...\"")
     timeout = float(marker.get("timeout") or (SPARK_TIMEOUT if setups & {"spark", "pyspark"}
                                               else DEFAULT_TIMEOUT))
     return Block(path, line, code, setups, buckets, table, timeout,
-                 marker.get("reason") if "skip" in marker else None)
+                 marker.get("reason") if "skip" in marker else None, jars)
 
 
 BLOCKS = [b for doc in DOCS for b in blocks_of(doc)]
@@ -282,6 +291,13 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     if "pyspark" in block.setups:  # the block says which Python Spark's workers run
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
             env.pop(name)
+    if block.jars:
+        from tests.support import jars
+
+        try:
+            env["SPARK_JARS"] = jars.spark_jars(*block.jars)
+        except jars.JarsUnavailable as e:
+            pytest.fail(f"{block.where}: the JARs {block.jars} cannot be fetched here: {e}")
     if "s3" in block.setups:
         with moto_server() as endpoint:
             provide_s3(block, endpoint, env)

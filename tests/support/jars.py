@@ -5,7 +5,7 @@
     paths = jars.classpath("delta")     # delta-spark, for Delta's own Spark reader
     builder = jars.with_jars(builder, "s3a", "delta")   # a SparkSession.Builder using them
 
-    ./dev jars [s3a] [delta]            # fetch, and print each set's classpath (':'-joined)
+    ./dev jars [--colon] [s3a] [delta]  # fetch, print the JARs (commas, as spark.jars takes)
 
 Each set is a small checked-in pom (``tests/support/maven/<set>/pom.xml``) resolved with the
 ordinary Maven client, ``mvn dependency:build-classpath``: Maven downloads the artifacts into
@@ -65,7 +65,20 @@ def pyspark_hadoop_version() -> str:
 
 
 def _properties(name: str) -> dict[str, str]:
-    return {"hadoop.version": pyspark_hadoop_version()} if name == "s3a" else {}
+    if name != "s3a":
+        return {}
+    try:
+        return {"hadoop.version": pyspark_hadoop_version()}
+    except JarsUnavailable:
+        import importlib.util
+
+        if importlib.util.find_spec("pyspark") is not None:
+            raise
+        # NB: no pyspark in this Python (``./dev jars`` runs without the project's
+        # virtualenv): the pom's own hadoop.version, pyspark 4.3's.
+        m = re.search(r"<hadoop\.version>([^<]+)</hadoop\.version>",
+                      (POMS / name / "pom.xml").read_text())
+        return {"hadoop.version": m.group(1)} if m else {}
 
 
 def _key(name: str, props: dict[str, str]) -> str:
@@ -141,6 +154,16 @@ def classpath(name: str) -> list[Path]:
     return jars
 
 
+def spark_jars(*names: str) -> str:
+    """The JARs of sets ``names``, comma-separated: the value ``spark.jars`` takes.
+
+    Raises:
+        JarsUnavailable: a set cannot be fetched here.
+        ValueError: an unknown set.
+    """
+    return ",".join(str(p) for n in names for p in classpath(n))
+
+
 def with_jars(builder: Any, *names: str) -> Any:
     """``builder`` (a ``SparkSession.Builder``) with the JARs of ``names`` on the driver's and
     executors' classpath (``spark.jars``).
@@ -148,13 +171,25 @@ def with_jars(builder: Any, *names: str) -> Any:
     Raises:
         JarsUnavailable: a set cannot be fetched here.
     """
-    paths = [str(p) for n in names for p in classpath(n)]
-    return builder.config("spark.jars", ",".join(paths))
+    return builder.config("spark.jars", spark_jars(*names))
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tests.support.jars [SET...]``: fetches each set and prints its classpath."""
-    for name in argv or list(SETS):
+    """``python -m tests.support.jars [--colon] [SET...]``: fetches each set (default: s3a)
+    and prints the JARs of all of them on one line, comma-separated as ``spark.jars`` takes
+    them (``--colon``: ``:``-separated, a Java classpath). Needs only Python's standard
+    library and ``mvn``."""
+    sep = ","
+    if "--colon" in argv:
+        sep = os.pathsep
+        argv = [a for a in argv if a != "--colon"]
+    unknown = [a for a in argv if a.startswith("-")]
+    if unknown:
+        print(f"unknown option {unknown[0]}; usage: jars [--colon] [{'|'.join(SETS)}...]",
+              file=sys.stderr)
+        return 2
+    found: list[Path] = []
+    for name in argv or ["s3a"]:
         began = time.monotonic()
         try:
             paths = classpath(name)
@@ -162,9 +197,10 @@ def main(argv: list[str]) -> int:
             print(f"{name}: {e}", file=sys.stderr)
             return 1
         size = sum(p.stat().st_size for p in paths) / 1e6
-        print(f"{name} ({len(paths)} JARs, {size:.0f} MB, {time.monotonic() - began:.1f} s):",
+        print(f"{name}: {len(paths)} JARs, {size:.0f} MB, {time.monotonic() - began:.1f} s",
               file=sys.stderr)
-        print(os.pathsep.join(str(p) for p in paths))
+        found.extend(paths)
+    print(sep.join(str(p) for p in found))
     return 0
 
 

@@ -1,0 +1,139 @@
+"""The requests of a native read through S3A against ``spark.read.parquet`` of the same rows
+(issue 30): a loopback proxy in front of each S3 test server (moto, ministack) records every
+request, and the native read's requests on the data files (GET, HEAD, LIST) stay within 1.2x
+Parquet's. persist's own requests (its metadata, read to plan, and anything the engine's
+planning reads of the data files itself, driver-side: told by boto3's User-Agent) are counted
+apart, reported, and bounded: at most one per data file.
+
+NB: each read is of files no process of the session read before (a fresh bucket): S3A keeps
+one file system per bucket, and its input streams may cache what they read.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import persist
+from operators import PersistTable
+from operators.native import LIST_FROM, _Plan
+from operators.schema import CollectionTypes
+from tests.spark.support import s3a_options
+from tests.support.faulty_proxy import FaultyProxy
+
+pytestmark = [pytest.mark.spark, pytest.mark.s3]
+
+PARTS = 4
+ROWS = 50_000
+
+
+class Recorder:
+    """``FaultyProxy``'s ``fail``: records each request and fails none."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
+        with self._lock:
+            self.requests.append((method, path, headers.get("user-agent", "")))
+        return False
+
+    def take(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            out, self.requests = self.requests, []
+        return out
+
+
+def _kinds(requests: list[tuple[str, str, str]]) -> collections.Counter[str]:
+    """Spark's GET, HEAD and LIST (a GET of the bucket with ``list-type``); ``meta``:
+    persist's metadata (anything under the location's ``meta/``); ``persist``: persist's own
+    (boto3's) other requests."""
+    out: collections.Counter[str] = collections.Counter()
+    for method, path, agent in requests:
+        if "/meta/" in path or "%2Fmeta%2F" in path:
+            out["meta"] += 1
+        elif "boto" in agent.lower():
+            out["persist"] += 1
+        elif method == "GET" and "list-type=" in path:
+            out["LIST"] += 1
+        else:
+            out[method] += 1
+    return out
+
+
+def _fill(url: str, connection: dict[str, str]) -> None:
+    rng = np.random.default_rng(30)
+    with persist.open(url, storage_options=dict(connection),
+                      options=persist.Options(inline_threshold=0,
+                                              background_compaction=False)) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(PARTS):
+            keys = np.arange(t * ROWS, (t + 1) * ROWS, dtype=np.int64)
+            w.append(pa.table({"key": keys, "value": rng.integers(0, 1 << 40, ROWS),
+                               "time": np.full(ROWS, t, np.int64),
+                               "diff": np.ones(ROWS, np.int64)}), upper=t + 1).result()
+
+
+def test_a_native_read_makes_parquets_requests(spark: Any, s3a: None,
+                                               s3_connection: dict[str, str],
+                                               s3_client: Any) -> None:
+    assert PARTS >= LIST_FROM
+    native, plain = (f"persist-req-{w}-{np.random.default_rng().integers(1 << 40):x}"
+                     for w in ("n", "p"))
+    for b in (native, plain):
+        s3_client.create_bucket(Bucket=b)
+    url = f"s3://{native}/loc"
+    _fill(url, s3_connection)
+    files = [o["Key"] for o in s3_client.list_objects_v2(Bucket=native)["Contents"]
+             if "/data/" in o["Key"]]
+    assert len(files) == PARTS
+    for key in files:  # the same files as plain Parquet, in a folder of their own
+        s3_client.copy_object(Bucket=plain, Key="plain/" + key.rsplit("/", 1)[1],
+                              CopySource={"Bucket": native, "Key": key})
+    recorder = Recorder()
+    with FaultyProxy(s3_connection["endpoint_url"], recorder, max_seconds=300) as proxy:
+        via = {**s3_connection, "endpoint_url": proxy.url}
+        table = PersistTable.forPath(spark, url, "c", storage_options=via)
+        recorder.take()
+        ours = table.toDF(consolidated=False).selectExpr("count(*)", "sum(key)").collect()
+        got = _kinds(recorder.take())
+        theirs = (spark.read.options(**s3a_options(via)).parquet(f"s3a://{plain}/plain/")
+                  .selectExpr("count(*)", "sum(key)").collect())
+        want = _kinds(recorder.take())
+    n = PARTS * ROWS
+    assert [tuple(r) for r in ours] == [tuple(r) for r in theirs] == [(n, n * (n - 1) // 2)]
+    data = sum(got[k] for k in ("GET", "HEAD", "LIST"))
+    base = sum(want[k] for k in ("GET", "HEAD", "LIST"))
+    print(f"native: {dict(got)}; spark.read.parquet: {dict(want)}")
+    assert want["meta"] == 0
+    assert got["meta"] > 0
+    assert want["persist"] == 0
+    assert got["persist"] <= PARTS  # the planning's own look at each file, if any
+    assert got["GET"] >= PARTS
+    assert want["GET"] >= PARTS
+    assert data <= 1.2 * base, (got, want)
+
+
+def test_a_listed_folder_missing_a_planned_file_is_part_missing(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    url = f"s3://{bucket}/loc"
+    _fill(url, s3_connection)
+    info = persist.distributed.describe(url, "c", storage_options=dict(s3_connection))
+    plan = persist.distributed.plan_native(info.snapshot(), consolidated=False)
+    (piece,) = plan.files
+    assert len(piece.urls) == PARTS
+    gone = piece.urls[0].rsplit("/", 1)[0] + "/0123456789abcdef0123456789abcdef"
+    reader = _Plan(spark, CollectionTypes.of(info),
+                   {**s3a_options(s3_connection)})
+    # the folder is listed (one listing for every file): a planned file not in it is never
+    # skipped silently
+    with pytest.raises(persist.PartMissing, match="0123456789abcdef"):
+        reader._files((*piece.urls, gone))
+    assert reader._files(piece.urls).count() == PARTS * ROWS
