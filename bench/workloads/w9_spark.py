@@ -396,8 +396,8 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
             c0 = _jvm_cpu()
             _materialize(factory)
             res.add(TASK_CPU.format(n), "s", "lower", "persist", _jvm_cpu() - c0)
-    # (c) 1% fresh updates: retract the first 0.5% rows of the first append, add as many new
-    fresh = max(1, rows // 200)
+    # (c) 1% fresh updates: retract 1% of the rows (from the first append), add as many new
+    fresh = max(1, rows // 100)
     old = make_batch(9000, min(part_rows, rows), time_lo=0).slice(0, fresh)
     new = make_batch(7777, fresh, time_lo=last + 1)
     gone = pa.table({"key": old["key"], "value": old["value"],
