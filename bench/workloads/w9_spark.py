@@ -347,8 +347,9 @@ def _jvm_cpu() -> float:
 def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str, root: Path,
            *, rows: int, part_rows: int, repeats: int) -> None:
     """Issue 28's stages, after ``reads`` measured (a), the bulk load as appended: (b) since
-    moved to the last time and ``Client.maintain()`` called until it returns False (its wall
-    and CPU time; this process's CPU, where the runtime thread merges), then the native
+    moved to the last time and ``Client.maintain()`` called until it returns False, background
+    compaction off (its wall and CPU time; this process's CPU, where the runtime thread
+    merges), then the native
     consolidated read against ``spark.read.parquet`` raw; the read's JVM CPU at 1, 2 and 8
     key ranges; (c) 1% fresh updates appended (retractions of existing rows and as many new
     rows, not merged) and the same read against Parquet raw of those rows too."""
@@ -366,7 +367,9 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
                 res.add(metric, "rec/s", "higher", column, n / _materialize(factory))
 
     last = (rows + part_rows - 1) // part_rows - 1  # the bulk load's last time
-    with persist.open(url) as client:
+    # NB: background compaction off, so that the merge runs inside the timed maintain() calls
+    # (with it on, the since commit starts it before them)
+    with persist.open(url, options=persist.Options(background_compaction=False)) as client:
         w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
         before = _parts(client)
         w.allow_compaction(last).result()
