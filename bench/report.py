@@ -201,6 +201,16 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
         add("W9.native-lookup/parquet",
             "W9 native point lookup ms (raw, sorted runs) / Parquet pushed", "<=", 0.5,
             _div(w9(w9s.NATIVE_LOOKUP), w9(w9s.NATIVE_LOOKUP, "floor")))
+        # issue 28: the native consolidated read at each stage, against Parquet raw
+        add("W9.bulk/parquet", "W9 native consolidated read after the bulk load / Parquet raw",
+            ">=", 0.25, _div(w9(w9s.NATIVE_CONSOLIDATED), w9(w9s.NATIVE_CONSOLIDATED, "floor")))
+        add("W9.base/parquet", "W9 native consolidated read, compacted base / Parquet raw",
+            ">=", 0.9, _div(w9(w9s.STAGE_BASE), w9(w9s.STAGE_BASE, "floor")))
+        add("W9.updates/parquet",
+            "W9 native consolidated read, base + 1% updates / Parquet raw", ">=", 0.6,
+            _div(w9(w9s.STAGE_UPDATES), w9(w9s.STAGE_UPDATES, "floor")))
+        add("W9.cpu-8/1", "W9 native consolidated read JVM CPU, 8 key ranges / 1", "<=", 1.2,
+            _div(w9(w9s.TASK_CPU.format(8)), w9(w9s.TASK_CPU.format(1))))
         add("W9.native-decoded", "W9 native consolidated read: bytes decoded / stored", "<=",
             1.5, w9(w9s.NATIVE_DECODED))
         add("W9.first-batch", "W9 first micro-batch of the first stream in a fresh session (s)",

@@ -32,6 +32,7 @@ run keeps the default JIT, so Spark's own reader runs at its steady-state speed.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import os
 import shutil
@@ -72,6 +73,14 @@ NATIVE_ONE_COLUMN = "native one-column read records/s (value; floor: Parquet's o
 NATIVE_LOOKUP = "native point lookup, raw (ms)"
 NATIVE_LOOKUP_CONSOLIDATED = "native point lookup, consolidated (ms)"
 NATIVE_DECODED = "native consolidated read: bytes decoded / stored"
+#: Issue 28: the native consolidated read at each stage of a collection's life, against
+#: ``spark.read.parquet`` raw of the same rows (floor column); (a) is NATIVE_CONSOLIDATED.
+STAGE_BASE = "native consolidated, (b) compacted base records/s (floor: Parquet raw)"
+STAGE_UPDATES = "native consolidated, (c) base + 1% updates records/s (floor: Parquet raw)"
+COMPACT_WALL = "compaction into the base: maintain() until False, wall (s)"
+COMPACT_CPU = "compaction into the base: maintain() until False, CPU (s)"
+TASK_CPU = "native consolidated read CPU, compacted, partitions={} (JVM s)"
+TASKS = (1, 2, 8)
 NO_READER = {
     "delta": "not measured: no delta-spark runs on pyspark 4.3 (every version tried fails at "
              "the first read; the versions and errors are in docs/spark.md, 'The native path "
@@ -312,6 +321,111 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
         f"that Spark's pushed key range and time filters keep (by the Parquet footers' "
         f"min/max, as Parquet's row-group filter decides; the page index may skip more) in "
         f"the {planned} key range(s) toDF() planned, over the bytes of the part files")
+
+
+def _parts(client: Any) -> tuple[int, int]:
+    """(parts, consolidated parts) of collection ``bench`` in ``client``'s state."""
+    parts = client.state.collections["bench"].parts
+    return len(parts), sum(1 for p in parts if p.consolidated)
+
+
+def _jvm_cpu() -> float:
+    """CPU seconds (user + system) of the Spark JVM and its live child processes so far."""
+    import psutil
+    from pyspark import SparkContext
+
+    gw = SparkContext._gateway
+    proc = psutil.Process(gw.proc.pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            c = p.cpu_times()
+            total += c.user + c.system
+    return total
+
+
+def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str, root: Path,
+           *, rows: int, part_rows: int, repeats: int) -> None:
+    """Issue 28's stages, after ``reads`` measured (a), the bulk load as appended: (b) since
+    moved to the last time and ``Client.maintain()`` called until it returns False, background
+    compaction off (its wall and CPU time; this process's CPU, where the runtime thread
+    merges), then the native
+    consolidated read against ``spark.read.parquet`` raw; the read's JVM CPU at 1, 2 and 8
+    key ranges; (c) 1% fresh updates appended (retractions of existing rows and as many new
+    rows, not merged) and the same read against Parquet raw of those rows too."""
+    import persist
+    from operators import PersistTable
+
+    def versus(metric: str, n: int, native: Callable[[], Any], floor: Callable[[], Any]) -> None:
+        cases = [("persist", native), ("floor", floor)]
+        for factory in (floor, native):
+            _materialize(factory)
+        for r in range(repeats):
+            for column, factory in rotate(cases, r):
+                ctx.log(f"W9 stage round {r + 1}/{repeats}: {column}, {metric}")
+                settle()
+                res.add(metric, "rec/s", "higher", column, n / _materialize(factory))
+
+    last = (rows + part_rows - 1) // part_rows - 1  # the bulk load's last time
+    # NB: background compaction off, so that the merge runs inside the timed maintain() calls
+    # (with it on, the since commit starts it before them)
+    with persist.open(url, options=persist.Options(background_compaction=False)) as client:
+        w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
+        before = _parts(client)
+        w.allow_compaction(last).result()
+        settle()
+        calls = 0
+        cpu0 = time.process_time()
+        with timed() as t:
+            while client.maintain():
+                calls += 1
+        cpu = time.process_time() - cpu0
+        after = _parts(client)
+    res.add(COMPACT_WALL, "s", "lower", "persist", t.seconds)
+    res.add(COMPACT_CPU, "s", "lower", "persist", cpu)
+    res.notes.append(
+        f"stages (issue 28): (a) is the native consolidated row, the bulk load as appended "
+        f"({before[0]} parts, {before[1]} consolidated, when (b) began); (b) since moved to "
+        f"{last} (the last time), then maintain() until it returned False ({calls} call(s) "
+        f"returned True; CPU: this process's, where the runtime thread merges): {after[0]} "
+        f"parts, {after[1]} consolidated")
+    table = PersistTable.forPath(spark, url, "bench")
+    versus(STAGE_BASE, rows, table.toDF, lambda: spark.read.parquet(parquet))
+    for n in TASKS:
+        factory = functools.partial(table.toDF, partitions=n)
+        _materialize(factory)
+        for _ in range(repeats):
+            settle()
+            c0 = _jvm_cpu()
+            _materialize(factory)
+            res.add(TASK_CPU.format(n), "s", "lower", "persist", _jvm_cpu() - c0)
+    # (c) 1% fresh updates: retract 1% of the rows (from the first append), add as many new
+    fresh = max(1, rows // 100)
+    old = make_batch(9000, min(part_rows, rows), time_lo=0).slice(0, fresh)
+    new = make_batch(7777, fresh, time_lo=last + 1)
+    gone = pa.table({"key": old["key"], "value": old["value"],
+                     "time": pa.array([last + 1] * fresh, pa.int64()),
+                     "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
+    updates = pa.concat_tables([gone, new])
+    with persist.open(url) as client:
+        w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
+        w.append(updates, upper=last + 2).result()
+        now = _parts(client)
+    updated = root / "parquet-updated"
+    updated.mkdir()
+    for f in sorted(Path(parquet).iterdir()):
+        (updated / f.name).symlink_to(f)
+    pq.write_table(updates, updated / "part-updates.parquet", compression="zstd")
+    table = PersistTable.forPath(spark, url, "bench")
+    versus(STAGE_UPDATES, rows + 2 * fresh, table.toDF,
+           lambda: spark.read.parquet(str(updated)))
+    res.notes.append(
+        f"stage (c): {fresh:,} retractions of existing rows and {fresh:,} new rows at time "
+        f"{last + 1}, appended after (b) and not merged ({now[0]} parts, {now[1]} "
+        f"consolidated; maintain() not called, background work may run); floor: Parquet raw "
+        f"of the {rows + 2 * fresh:,} rows (the updates as one more file); read CPU: user + "
+        f"system of the Spark JVM and its children (psutil) around one noop read of the "
+        f"compacted base per round, toDF(partitions=n)")
 
 
 def native_decoded(table: Any) -> tuple[float, int]:
@@ -644,6 +758,10 @@ def run(ctx: Context) -> list[WorkloadResult]:
             ctx.log("W9: Spark is up; warm-up reads")
             reads(ctx, res, spark, url, parquet, rows=rows, repeats=repeats,
                   with_parquet="floor" in ctx.systems)
+            if "floor" in ctx.systems:
+                ctx.log("W9: issue 28 stages (compaction into the base, updates)")
+                stages(ctx, res, spark, url, parquet, root, rows=rows, part_rows=part_rows,
+                       repeats=repeats)
             ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
             processed, committed = latency(spark, root, seals, gap)
             sink_overhead(ctx, res, spark, root, repeats=repeats)
