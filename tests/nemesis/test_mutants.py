@@ -20,10 +20,10 @@ from persist.errors import Determinate
 from tests.nemesis.driver import Config, Nemesis
 
 
-def _problems(ops: int = 800) -> list[str]:
+def _problems(ops: int = 800, knobs: str | None = None) -> list[str]:
     name = f"mutant-{uuid.uuid4().hex}"
     try:
-        return Nemesis(Config(url=f"mem://{name}", seed=1234, ops=ops)).run().problems
+        return Nemesis(Config(url=f"mem://{name}", seed=1234, ops=ops, knobs=knobs)).run().problems
     finally:
         MemoryBlob.forget(name)
 
@@ -44,7 +44,10 @@ def test_acknowledging_without_committing_is_caught(monkeypatch: pytest.MonkeyPa
 def test_compaction_forwarding_past_since_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     forward = columnar.forward
     monkeypatch.setattr(columnar, "forward", lambda table, frontier: forward(table, frontier + 3))
-    problems = _problems()
+    # NB: pinned to merges at fanin 2 with no pause: the bug shows only in a merge, and under
+    # the day's knob set (compact-none, say) on a loaded machine the run could end before the
+    # background merged anything (seen failing 1 in 4 runs).
+    problems = _problems(knobs="compact-aggressive")
     assert any("snapshot" in p or "listen" in p or "final contents" in p for p in problems)
 
 
