@@ -51,6 +51,9 @@ class WorkIndex:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        #: Held by a sync and a query: a round and a direct call (a test's ``plan_compaction``)
+        #: may run at once.
+        self._sync_lock = threading.RLock()
         #: Names changed by a commit, with the seq of the newest commit that changed each.
         self._touched: dict[str, int] = {}
         #: Visit every collection once a round sees a state at or past this seq (None: no).
@@ -83,6 +86,10 @@ class WorkIndex:
     def sync(self, state: State, policy: compact.CompactionPolicy) -> None:
         """Re-plans the collections marked since the last sync (every one after
         :meth:`everything`, or under a new ``policy``) from ``state``."""
+        with self._sync_lock:
+            self._sync(state, policy)
+
+    def _sync(self, state: State, policy: compact.CompactionPolicy) -> None:
         colls = state.collections
         with self._lock:
             every = self._all is not None and state.seq >= self._all
@@ -126,18 +133,21 @@ class WorkIndex:
 
     def compactions(self, state: State) -> list[tuple[str, tuple[PartMeta, ...]]]:
         """The non-empty compaction plans of ``state``'s collections (call :meth:`sync`
-        first), in the order of ``state``'s map."""
-        return self._ordered(state.collections, self._plans)
+        first), by collection id (the order they were registered in)."""
+        with self._sync_lock:
+            return self._ordered(state.collections, self._plans)
 
     def rewrites(self, state: State) -> list[tuple[str, PartMeta]]:
         """The collections of ``state`` with a part to rewrite, and that part (:meth:`sync`
-        first), in the order of ``state``'s map."""
-        return self._ordered(state.collections, self._rewrites)
+        first), by collection id (the order they were registered in)."""
+        with self._sync_lock:
+            return self._ordered(state.collections, self._rewrites)
 
     def lapsing(self, now_ms: int) -> list[str]:
         """The collections with a consumer hold whose lease ran out by ``now_ms`` (as of the
         last :meth:`sync`)."""
-        return [n for n, due in self._due.items() if now_ms > due]
+        with self._sync_lock:
+            return [n for n, due in self._due.items() if now_ms > due]
 
     def _ordered(self, colls: Mapping[str, CollectionMeta], pending: dict[str, Any]
                  ) -> list[tuple[str, Any]]:

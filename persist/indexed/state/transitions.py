@@ -78,6 +78,10 @@ class Overlay(MutableMapping[str, CollectionMeta]):
         return v
 
     def __setitem__(self, name: str, c: CollectionMeta) -> None:
+        if not self._cleared and isinstance(self._over.get(name), _Gone):
+            # NB: a name of the base deleted and added again goes last, as in a dict: become a
+            # whole copy (O(collections), and nothing stages that: a restore clears instead)
+            self._over, self._cleared = dict(self.items()), True
         self._over[name] = c
 
     def __delitem__(self, name: str) -> None:
@@ -97,6 +101,29 @@ class Overlay(MutableMapping[str, CollectionMeta]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+    def values(self) -> Iterator[CollectionMeta]:  # type: ignore[override]
+        """The collections, in iteration order (a pass over the base at a dict's speed, not
+        a lookup per name as the mixin's view would)."""
+        over = self._over
+        if not self._cleared:
+            if not over:
+                yield from self._base.values()
+                return
+            for name, c in self._base.items():
+                v = over.get(name)
+                if v is None:
+                    yield c
+                elif not isinstance(v, _Gone):
+                    yield v
+        for name, v in list(over.items()):
+            if not isinstance(v, _Gone) and (self._cleared or name not in self._base):
+                yield v
+
+    def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
+        """The names and collections, in iteration order (see :meth:`values`)."""
+        for name in self:
+            yield name, self[name]
 
     def clear(self) -> None:
         self._over = {}
