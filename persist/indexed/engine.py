@@ -56,16 +56,19 @@ from persist.indexed.format.meta import (
     decode_commit,
 )
 from persist.indexed.format.write import new_parts
-from persist.indexed.maintenance import compact, gc
+from persist.indexed.maintenance import compact, gc, pending
 from persist.indexed.read.parts import CACHE_BYTES, PartReader
 from persist.indexed.state.machine import GC_GRACE_SECONDS, CommitConflict, Machine
 from persist.indexed.state.transitions import (
+    Overlay,
     apply,
     apply_op,
     check,
     collection,
     effective_since,
     plan,
+    touched,
+    touches_retired,
 )
 
 replace = msgspec.structs.replace
@@ -78,20 +81,37 @@ def _now_ms() -> int:
 
 @dataclass
 class Txn:
-    """Ops staged against a working copy of ``base``; committed together as one step."""
+    """Ops staged against a working copy of ``base``; committed together as one step.
+
+    The working copy copies nothing up front: ``collections`` is an :class:`Overlay` of the
+    names staged over the base's map, and the retired blobs are copied only for an op that
+    reads or changes them, so staging costs what the commands touch, not the location's size.
+    """
 
     base: State
-    collections: dict[str, CollectionMeta] = field(init=False)
-    retired: list[Any] = field(init=False)
+    collections: Overlay = field(init=False)
     ops: list[Op] = field(default_factory=list)
     writes: dict[str, list[pa.Table]] = field(default_factory=dict)
     #: ``time.monotonic()`` when the oldest data blob this commit will reference was written
     #: (parts made by compaction off-thread, or by the commit itself); see ``check_deadline``.
     blobs_written_at: float | None = None
+    _retired: list[Any] | None = field(default=None, init=False, repr=False)
+    #: The lowest id no collection of the base uses (computed at the first registration).
+    _free_cid: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.collections = dict(self.base.collections)
-        self.retired = list(self.base.retired)
+        self.collections = Overlay(self.base.collections)
+
+    @property
+    def retired(self) -> list[Any]:
+        """The working copy of the retired blobs (made at the first use)."""
+        if self._retired is None:
+            self._retired = list(self.base.retired)
+        return self._retired
+
+    @retired.setter
+    def retired(self, value: list[Any]) -> None:
+        self._retired = value
 
     def stage(self, op: Op) -> None:
         """Checks ``op`` (its types, then against the working copy) and applies it, or raises
@@ -102,16 +122,28 @@ class Txn:
             raise InvalidUsage(f"a {'restore' if isinstance(op, Restore) else 'schema evolution'}"
                                f" commits alone: stage it in a commit of its own")
         self._not_after_evolution()
+        retired: list[Any] = self.retired if touches_retired(op) else []
         try:
-            check(self.collections, op, self.retired)  # the rules, with their own messages
+            check(self.collections, op, retired)  # the rules, with their own messages
         except TypeError:  # a field of a type the rules cannot even compare: name it
             check_op(op)
             raise
         check_op(op)
         # NB: the working copy's clock is now; the commit's own is a moment later. (A renewal
         # of a named hold staged here must not look ancient to a lapse planned after it.)
-        apply_op(self.collections, self.retired, op, seq=self.base.seq + 1, wall_ms=_now_ms())
+        apply_op(self.collections, retired, op, seq=self.base.seq + 1, wall_ms=_now_ms())
         self.ops.append(op)
+
+    def free_cid(self) -> int:
+        """An id that no collection of the base or of the working copy uses."""
+        if self._free_cid is None:
+            # NB: once per transaction, not per registration (a group of registrations at a
+            # location of 10,000 collections scanned them all for each one)
+            self._free_cid = max([self.base.next_cid,
+                                  *(c.id + 1 for c in self.base.collections.values())])
+        return max([self._free_cid, *(self.collections[n].id + 1
+                                      for n in self.collections.changed()
+                                      if n in self.collections)])
 
     def register(self, name: str, key: Codec, value: Codec) -> None:
         """Stages the registration of ``name`` with codecs ``key``/``value``, or, if it exists,
@@ -189,7 +221,10 @@ class _Savepoint:
 
     def __enter__(self) -> None:
         t = self.txn
-        self._saved = (dict(t.collections), list(t.retired), len(t.ops),
+        # NB: O(what the transaction changed), not O(collections): the overlay and, if one
+        # was made, the retired blobs' copy.
+        self._saved = (t.collections.copy(), None if t._retired is None else list(t._retired),
+                       len(t.ops),
                        {k: len(v) for k, v in t.writes.items()})
 
     def __exit__(self, exc_type: object, *_: object) -> None:
@@ -197,7 +232,7 @@ class _Savepoint:
             return
         t = self.txn
         collections, retired, n_ops, writes = self._saved
-        t.collections, t.retired = collections, retired
+        t.collections, t._retired = collections, retired
         del t.ops[n_ops:]
         for k in list(t.writes):
             if k not in writes:
@@ -370,8 +405,8 @@ class Indexed:
         self._surveyed = False
         #: No budgeted rewrite of an old part starts before this (monotonic): see rewrite.
         self._next_rewrite = 0.0
-        self._plans: dict[str, tuple[CollectionMeta, compact.CompactionPolicy, int | None,
-                                     tuple[Any, ...]]] = {}
+        #: Which collections a maintenance round must look at (DESIGN.md §8).
+        self.work = pending.WorkIndex()
         #: Merges (and rewrites) refused because a diff sum left int64, by collection: the ids
         #: of their parts, not planned again (see _refused).
         self._overflowed: dict[str, set[frozenset[str]]] = {}
@@ -527,6 +562,14 @@ class Indexed:
                             "the commit deadline of %gs", commit.seq, late,
                             self.options.commit_deadline_seconds)
         crashpoints.hit("commit.meta_written")
+        names: list[str] = []
+        for op in commit.ops:
+            some = touched(op)
+            if some is None:
+                self.work.everything(commit.seq)
+                break
+            names.extend(some)
+        self.work.touched(names, commit.seq)
         self.state = new_state
         return new_state
 
@@ -553,6 +596,7 @@ class Indexed:
         """Reads the truth from storage (after an indeterminate commit, or to follow a writer)."""
         self.state = self.machine.load()
         self._trim.observe(self.machine.loaded)
+        self.work.everything(self.state.seq)
         return self.state
 
     def refresh(self) -> State:
@@ -796,37 +840,41 @@ class Indexed:
 
     def plan_compaction(self, state: State, *, held: Callable[[str], int | None] = _no_hold
                         ) -> list[tuple[str, tuple[Any, ...]]]:
-        """The merges the compaction policy wants now: ``(collection, parts)`` pairs (``held``:
-        the in-process hold of a collection, how far its merges may forward). Pure."""
-        # NB: maintenance plans after every commit, but a commit changes few collections. The
-        # plan is a pure function of a (frozen, immutable) CollectionMeta, so a collection
-        # whose meta is the very object planned last time keeps its last plan: an identity
-        # check instead of a pass over its parts (with 1,000 collections, ~1 ms per commit).
-        out = []
-        memo = self._plans
+        """The merges the compaction policy wants now in ``state`` (the engine's, or one its
+        runtime published): ``(collection, parts)`` pairs (``held``: the in-process hold of a
+        collection, how far its merges may forward)."""
+        # NB: maintenance plans after every commit, but a commit changes few collections: the
+        # work index re-plans only the collections changed since it last looked, and keeps the
+        # non-empty plans (with 10,000 collections a pass over them all took ~1 ms of the GIL,
+        # up to MAX_CASCADE times a round, after every commit).
         policy = self.options.compaction
-        for name, c in state.collections.items():
-            last = memo.get(name)
+        self.work.sync(state, policy)
+        out = []
+        for name, chosen in self.work.compactions(state):
             hold = held(name)
-            # NB: the policy is part of the key: set_options may replace it, and a plan made
-            # under the old one (say, nothing to merge at fanin 4) is stale under fanin 2.
-            if last is not None and last[0] is c and last[1] is policy and last[2] == hold:
-                chosen = last[3]
-            else:
-                chosen = compact.plan(c, policy, hold)
-                memo[name] = (c, policy, hold, chosen)
+            if hold is not None:
+                # NB: the index plans at the effective since; a read in flight in this process
+                # may hold a collection lower, and a merge forwards no further: plan it again
+                # under the hold (one collection, only while it is held).
+                chosen = compact.plan(state.collections[name], policy, hold)
             if chosen and not self._skipped(name, chosen):
-                out.append((c.name, chosen))
+                out.append((name, chosen))
         return out
 
     def plan_rewrite(self, state: State) -> tuple[str, PartMeta] | None:
         """One blob part to rewrite into part format 4 (``compact.plan_rewrite``), and its
-        collection's name; None if every part is current. Pure."""
-        for name, c in state.collections.items():
-            part = compact.plan_rewrite(c)
-            if part is not None and not self._skipped(name, (part,)):
+        collection's name; None if every part is current."""
+        self.work.sync(state, self.options.compaction)
+        for name, part in self.work.rewrites(state):
+            if not self._skipped(name, (part,)):
                 return name, part
         return None
+
+    def lapsing(self, state: State, now_ms: int) -> list[str]:
+        """The collections of ``state`` with a consumer hold whose lease ran out by ``now_ms``
+        (found by due time, not by a pass over every hold)."""
+        self.work.sync(state, self.options.compaction)
+        return self.work.lapsing(now_ms)
 
     def run_compaction(
         self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
@@ -983,8 +1031,7 @@ class Indexed:
 def new_collection(state: State, txn: Txn, name: str, k: Codec, v: Codec) -> CollectionMeta:
     """The metadata of a new collection ``name`` with codecs ``k``/``v``, under an id that no
     collection of ``state`` or of ``txn``'s working copy uses."""
-    taken = {c.id for c in txn.collections.values()}
-    cid = max([state.next_cid, *(i + 1 for i in taken)])
+    cid = txn.free_cid()
     return CollectionMeta(
         id=cid,
         name=name,

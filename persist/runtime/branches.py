@@ -9,9 +9,10 @@ The rules themselves are pure and live in the engine (:mod:`persist.indexed.stat
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -33,7 +34,7 @@ Plan = Callable[[Txn], Sequence[Op]]
 
 def _next_cid(txn: Txn) -> int:
     """An id no collection of ``txn``'s state or working copy uses."""
-    return max([txn.base.next_cid, *(c.id + 1 for c in txn.collections.values())])
+    return txn.free_cid()
 
 
 def _check_name(what: str, name: object) -> str:
@@ -95,10 +96,13 @@ def hold_plan(name: str, action: str, hold_id: str, frontier: int | None = None,
     return plan
 
 
-def lapse_plan(txn: Txn) -> list[Op]:
+def lapse_plan(txn: Txn, names: Sequence[str] | None = None) -> list[Op]:
     """The lapses due now (the writer's clock), against the working copy: a renewal staged
-    before it in the same commit wins."""
-    return list(holds.lapses(txn.collections, int(time.time() * 1000)))
+    before it in the same commit wins. ``names``: only those collections' (None: all)."""
+    colls: Mapping[str, CollectionMeta] = txn.collections
+    if names is not None:
+        colls = {n: colls[n] for n in names if n in colls}
+    return list(holds.lapses(colls, int(time.time() * 1000)))
 
 
 Submit = Callable[[cmd.Command], "Future[Any]"]
@@ -115,17 +119,23 @@ class HoldDesk:
         self.poll_seconds = poll_seconds
         self._next = float("-inf")
 
-    def round(self, blob: Blob, state: Callable[[], State], submit: Submit) -> bool:
+    def round(self, blob: Blob, state: Callable[[], State], submit: Submit,
+              lapsing: Callable[[State, int], Sequence[str]] | None = None) -> bool:
         """One round: lapses, then the pending requests. Returns whether it committed or
-        answered anything.
+        answered anything. ``lapsing(state, now_ms)``: the collections that may have a hold
+        to lapse (the engine's work index); None: look at every one.
 
         Raises:
             ExternalError: storage failed (a request not answered is served again later).
             RuntimeShutdown: the runtime stopped.
         """
         did = False
-        if holds.lapses(state().collections, int(time.time() * 1000)):
-            seq = submit(cmd.Plan(lapse_plan)).result()
+        st, now_ms = state(), int(time.time() * 1000)
+        names = None if lapsing is None else list(lapsing(st, now_ms))
+        colls = st.collections if names is None else {n: st.collections[n] for n in names
+                                                      if n in st.collections}
+        if holds.lapses(colls, now_ms):
+            seq = submit(cmd.Plan(functools.partial(lapse_plan, names=names))).result()
             log.info("committed the lapse of named holds whose lease ran out (seq %d)", seq)
             did = True
         now = time.monotonic()

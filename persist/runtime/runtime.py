@@ -584,7 +584,7 @@ class Runtime:
     def _serve_holds(self) -> bool:
         # NB: named holds: lapses the writer decides, requests other processes make.
         return self._holds_desk.round(self.ix.blob, lambda: self.published.state,
-                                      self.submit)
+                                      self.submit, self.ix.lapsing)
 
     def exclusive(self) -> threading.Lock:
         """The lock a maintenance round holds: while it is held no round runs, so the GC

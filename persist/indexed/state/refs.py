@@ -27,7 +27,7 @@ needs is already gone (forgotten by GC).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -247,7 +247,7 @@ def check_restore(collections: Mapping[str, CollectionMeta], retired: Iterable[R
             raise InvalidUsage(f"restore of seq {op.seq} stores {c.name!r} under {name!r}")
 
 
-def apply_restore(collections: dict[str, CollectionMeta], retired: list[Retired], op: Restore,
+def apply_restore(collections: MutableMapping[str, CollectionMeta], retired: list[Retired], op: Restore,
                   *, seq: int, wall_ms: int) -> None:
     """Applies a checked restore to mutable working copies of a state's parts: every
     collection as ``op`` has it (those that changed marked ``restored`` at ``seq``), the blobs

@@ -8,7 +8,7 @@ the metadata log with :func:`apply`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
 import msgspec
 
@@ -39,6 +39,127 @@ from persist.indexed.state import refs
 from persist.indexed.state.holds import effective_since as effective_since
 
 replace = msgspec.structs.replace
+
+
+class _Gone:
+    """The overlay's mark of a collection deleted from its working copy."""
+
+
+_GONE = _Gone()
+
+
+class Overlay(MutableMapping[str, CollectionMeta]):
+    """A working copy of a state's collections that copies none of them: reads fall through to
+    the (never mutated) ``base``, writes land in an overlay of the names changed.
+
+    NB: staging used to copy the whole map per commit and once more per command (a savepoint),
+    each an O(collections) copy however few a commit touched; with 10,000 collections a group
+    of 32 commands copied 330,000 entries. Iteration order is a dict's: the base's names in
+    their order (with changed values), then the names added, in the order they were added.
+    """
+
+    __slots__ = ("_base", "_cleared", "_over")
+
+    def __init__(self, base: Mapping[str, CollectionMeta],
+                 over: dict[str, CollectionMeta | _Gone] | None = None,
+                 cleared: bool = False) -> None:
+        self._base = base
+        self._over: dict[str, CollectionMeta | _Gone] = {} if over is None else over
+        self._cleared = cleared
+
+    def __getitem__(self, name: str) -> CollectionMeta:
+        v = self._over.get(name)
+        if v is None:
+            if self._cleared:
+                raise KeyError(name)
+            return self._base[name]
+        if isinstance(v, _Gone):
+            raise KeyError(name)
+        return v
+
+    def __setitem__(self, name: str, c: CollectionMeta) -> None:
+        if not self._cleared and isinstance(self._over.get(name), _Gone):
+            # NB: a name of the base deleted and added again goes last, as in a dict: become a
+            # whole copy (O(collections), and nothing stages that: a restore clears instead)
+            self._over, self._cleared = dict(self.items()), True
+        self._over[name] = c
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._over[name] = _GONE
+
+    def __iter__(self) -> Iterator[str]:
+        over = self._over
+        if not self._cleared:
+            for name in self._base:
+                if not isinstance(over.get(name), _Gone):
+                    yield name
+        for name, v in list(over.items()):
+            if not isinstance(v, _Gone) and (self._cleared or name not in self._base):
+                yield name
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def values(self) -> Iterator[CollectionMeta]:  # type: ignore[override]
+        """The collections, in iteration order (a pass over the base at a dict's speed, not
+        a lookup per name as the mixin's view would)."""
+        over = self._over
+        if not self._cleared:
+            if not over:
+                yield from self._base.values()
+                return
+            for name, c in self._base.items():
+                v = over.get(name)
+                if v is None:
+                    yield c
+                elif not isinstance(v, _Gone):
+                    yield v
+        for name, v in list(over.items()):
+            if not isinstance(v, _Gone) and (self._cleared or name not in self._base):
+                yield v
+
+    def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
+        """The names and collections, in iteration order (see :meth:`values`)."""
+        for name in self:
+            yield name, self[name]
+
+    def clear(self) -> None:
+        self._over = {}
+        self._cleared = True
+
+    def copy(self) -> Overlay:
+        """A copy sharing the base (O(names changed))."""
+        return Overlay(self._base, dict(self._over), self._cleared)
+
+    def changed(self) -> Iterator[str]:
+        """The names written (set, added or deleted) since the base, or every name if the
+        copy was cleared."""
+        return iter(self) if self._cleared else iter(list(self._over))
+
+    def __repr__(self) -> str:
+        return f"Overlay({len(self._over)} changed over {len(self._base)})"
+
+
+def touches_retired(op: Op) -> bool:
+    """Whether ``op``'s check or apply reads or writes the retired blobs (few kinds do: the
+    others need no working copy of them)."""
+    return isinstance(op, (ReplaceParts, Forget, Restore))
+
+
+def touched(op: Op) -> tuple[str, ...] | None:
+    """The names of the collections ``op`` changes; None for every one (a restore)."""
+    match op:
+        case Register(collection=c):
+            return (c.name,)
+        case AddPart(name=n) | Seal(name=n) | AllowCompaction(name=n) | ReplaceParts(name=n):
+            return (n,)
+        case SetHold(name=n) | EvolveSchema(name=n):
+            return (n,)
+        case Forget():
+            return ()
+    return None
 
 
 def collection(collections: Mapping[str, CollectionMeta], name: str) -> CollectionMeta:
@@ -133,7 +254,7 @@ def check(collections: Mapping[str, CollectionMeta], op: Op,
 
 
 def apply_op(
-    collections: dict[str, CollectionMeta],
+    collections: MutableMapping[str, CollectionMeta],
     retired: list[Retired],
     op: Op,
     *,
@@ -213,8 +334,11 @@ def apply(state: State, commit: Commit) -> State:
             layout.log_key(commit.seq),
             f"epoch {commit.epoch} follows a commit of epoch {state.epoch}",
         )
+    # NB: one copy of the map per commit (readers hold the old state: it is never mutated); the
+    # retired blobs only for a commit that changes them (most commit no ReplaceParts or Forget).
     collections = dict(state.collections)
-    retired = list(state.retired)
+    touching = any(touches_retired(op) for op in commit.ops)
+    retired: list[Retired] = list(state.retired) if touching else []
     for op in commit.ops:
         try:
             check(collections, op, retired)
@@ -229,7 +353,7 @@ def apply(state: State, commit: Commit) -> State:
         next_cid=max([state.next_cid, *(op.collection.id + 1 for op in commit.ops
                                         if isinstance(op, Register))]),
         collections=collections,
-        retired=tuple(retired),
+        retired=tuple(retired) if touching else state.retired,
     )
 
 

@@ -1,0 +1,169 @@
+"""A location with many collections: a commit and a maintenance round do work that follows the
+collections they change, not the location's size (issue 29; DESIGN.md §8, the work index).
+Counted, never timed: blob bytes written per commit, and collections a round re-planned."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+from typing_extensions import override
+
+from persist.blob.base import Blob, Wrapping
+from persist.blob.envelope import Framed
+from persist.blob.memory import MemoryBlob
+from persist.indexed.engine import Options
+from persist.indexed.format.columnar import Codec
+from persist.location import Location, open_writer
+from persist.lock.memory import MemoryLock
+from persist.runtime import commands as cmd
+from persist.runtime.client import Client
+from persist.runtime.runtime import Runtime
+
+#: Pinned: parts of 100 rows ride in the commit record (the bytes compared are the commit's
+#: own, under every knob set), and no rollup (the whole state, by format) falls in a window.
+OPTIONS = Options(inline_threshold=64 << 10, rollup_every=1_000_000, group_commit=True,
+                  background_compaction=False)
+MANY = 2000
+
+
+class ByteCountingBlob(Wrapping):
+    """A real store that counts the bytes written to it."""
+
+    def __init__(self, inner: Blob) -> None:
+        self.inner = inner
+        self.supports_conditional_create = inner.supports_conditional_create
+        self.is_local = inner.is_local
+        self.written = 0
+        self._lock = threading.Lock()
+
+    def _count(self, data: bytes | Framed) -> None:
+        with self._lock:
+            self.written += len(data)
+
+    @override
+    def _get(self, key: str) -> bytes | memoryview | None:
+        return self.inner._get(key)
+
+    @override
+    def _list(self, prefix: str) -> list[str]:
+        return self.inner._list(prefix)
+
+    @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        return self.inner._list_after(prefix, start_after)
+
+    @override
+    def _set(self, key: str, data: bytes | Framed) -> None:
+        self._count(data)
+        self.inner._set(key, data)
+
+    @override
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
+        self._count(data)
+        return self.inner._set_if_absent(key, data)
+
+    @override
+    def _delete(self, key: str) -> None:
+        self.inner._delete(key)
+
+
+def _open(blob: Blob, name: str) -> tuple[Client, Runtime]:
+    """A writer with maintenance rounds only when the test runs them (``client.maintain()``)."""
+    loc = Location(f"mem://{name}", blob, lambda: MemoryLock(name))
+    w = open_writer(loc, "w", lock_timeout=5.0, options=OPTIONS)
+    runtime = Runtime(w.engine, lock=w.lock, lease=w.lease, maintenance=False)
+    return Client(loc.url, w.engine, runtime=runtime), runtime
+
+
+def _rows(t: int) -> list[Any]:
+    return [((f"k{j}", j), t, 1) for j in range(100)]
+
+
+def _location(n: int) -> tuple[Client, Runtime, ByteCountingBlob]:
+    """A writer of a location with ``n`` collections, each with one part of 100 rows."""
+    name = uuid.uuid4().hex
+    blob = ByteCountingBlob(MemoryBlob(name))
+    client, runtime = _open(blob, name)
+    k, v = Codec.of(pa.string(), "key"), Codec.of(pa.int64(), "value")
+    names = [f"c{i:05d}" for i in range(n)]
+    for f in [runtime.submit(cmd.Register(x, k, v)) for x in names]:
+        f.result()
+    for b in range(0, n, 500):
+        batch = names[b:b + 500]
+        client.apply(writes={x: _rows(0) for x in batch}, seals={x: 1 for x in batch}).result()
+    return client, runtime, blob
+
+
+def _appends(client: Client, blob: ByteCountingBlob, n: int) -> list[int]:
+    """The bytes each of ``n`` appends to collection c00000 wrote."""
+    w, r = client.create_or_load("c00000", key_type=pa.string(), value_type=pa.int64())
+    out = []
+    for _ in range(n):
+        before = blob.written
+        t = r.upper
+        w.append(_rows(t), upper=t + 1).result()
+        out.append(blob.written - before)
+    return out
+
+
+def test_a_commit_writes_the_same_bytes_with_one_collection_or_many() -> None:
+    one, _, one_blob = _location(1)
+    many, _, many_blob = _location(MANY)
+    try:
+        small, big = _appends(one, one_blob, 10), _appends(many, many_blob, 10)
+        state_bytes = many_blob.written  # what setting up the many wrote, for scale
+    finally:
+        one.stop()
+        many.stop()
+    # the same record, but for its seq (an int of a byte or two more) and a part id
+    for s, b in zip(small, big, strict=True):
+        assert abs(b - s) <= 8, (small, big)
+    assert sum(big) * 100 < state_bytes
+
+
+def test_a_maintenance_round_visits_only_what_changed() -> None:
+    client, runtime, _ = _location(MANY)
+    try:
+        work = runtime.ix.work
+        client.maintain()
+        assert work.visited >= MANY  # a new writer looks at every collection once
+        w, r = client.create_or_load("c00007", key_type=pa.string(), value_type=pa.int64())
+        for _ in range(20):
+            before = work.visited
+            t = r.upper
+            w.append(_rows(t), upper=t + 1).result()
+            client.maintain()
+            client.maintain()
+            # the collection appended to, once per commit that changed it (the append, and the
+            # merges of it that cascaded), never the other 1,999
+            assert work.visited - before <= 1 + 4
+        # a new collection is one more to look at, not the location again
+        before = work.visited
+        w2, _ = client.create_or_load("new", key_type=pa.string(), value_type=pa.int64())
+        w2.append(_rows(0), upper=1).result()
+        client.maintain()
+        assert work.visited - before <= 2
+    finally:
+        client.stop()
+
+
+def test_a_hold_lapses_by_its_due_time_among_many() -> None:
+    client, runtime, _ = _location(MANY)
+    try:
+        work = runtime.ix.work
+        client.maintain()
+        h = client.hold("c01234", "consumer", 1, lease=0.2)
+        client.maintain()  # the hold's collection is looked at once, its lapse not yet due
+        assert not h.lapsed
+        before = work.visited
+        time.sleep(0.3)
+        client.maintain()
+        assert h.lapsed
+        assert work.visited - before <= 2  # the lapse's commit changed that one collection
+        assert [x.lapsed for x in client.holds("c01234")] == [True]
+    finally:
+        client.stop()
