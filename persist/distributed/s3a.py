@@ -21,7 +21,6 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from persist.blob import aws
 from persist.errors import Determinate, InvalidUsage, PersistError
 
 #: S3A's credentials provider for keys given in the configuration (with and without a session
@@ -77,6 +76,12 @@ def hadoop_options(url: str, storage_options: Mapping[str, Any] | None) -> dict[
     """
     if not url.startswith(("s3://", "s3a://")):
         return {}
+    # NB: imported here: persist.blob.aws needs boto3 (the 's3' extra), which a core install
+    # lacks, and only an s3:// read gets this far.
+    try:
+        from persist.blob import aws
+    except ImportError as e:  # pragma: no cover - depends on the installed extras
+        raise InvalidUsage(f"s3:// locations need the 's3' extra (boto3): {e}") from e
     opts, _ = aws.AwsOptions.split(storage_options or {})
     out: dict[str, str] = {}
     # NB: boto3 (persist's client) takes the endpoint from the environment when no option
