@@ -246,7 +246,7 @@ def _effective(spark: Any, options: dict[str, str]) -> dict[str, str]:
     conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
     hadoop = conf() if conf is not None else None
     out: dict[str, str] = {}
-    for key in persist.distributed.s3a.SOURCES:
+    for key in persist.distributed.S3A_SOURCES:
         value = options.get(key)
         if value is None and hadoop is not None:
             got = hadoop.get(key)

@@ -71,6 +71,7 @@ from persist.distributed.native import (
     settled,
 )
 from persist.distributed.read import Watch, describe, read_part, read_task
+from persist.distributed.s3a import SOURCES as S3A_SOURCES
 from persist.distributed.s3a import hadoop_options, s3a_failure
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
@@ -79,6 +80,7 @@ from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadT
 from persist.runtime.client import TOKENS, LatestValues
 
 __all__ = [
+    "S3A_SOURCES",
     "TOKENS",
     "WRITERS",
     "Address",

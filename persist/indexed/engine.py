@@ -111,6 +111,7 @@ class Txn:
 
     @retired.setter
     def retired(self, value: list[Any]) -> None:
+        """Replaces the working copy of the retired blobs (an op that rewrites the list)."""
         self._retired = value
 
     def stage(self, op: Op) -> None:

@@ -126,6 +126,8 @@ class Overlay(MutableMapping[str, CollectionMeta]):
             yield name, self[name]
 
     def clear(self) -> None:
+        """Forgets every name: the overlay then holds only what is set after (the base is
+        never touched)."""
         self._over = {}
         self._cleared = True
 
