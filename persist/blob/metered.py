@@ -8,6 +8,8 @@ through one when the metrics are on (:func:`metered`, used by ``persist.location
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from typing_extensions import override
 
 from persist import metrics
@@ -28,25 +30,11 @@ class MeteredBlob(Wrapping):
 
     @override
     def _get(self, key: str) -> bytes | memoryview | None:
-        try:
-            data = self.inner._get(key)
-        except PersistError as e:
-            metrics.blob_error("get", e)
-            raise
-        if data is not None:
-            metrics.blob_bytes("read", len(data))
-        return data
+        return _counted_read(lambda: self.inner._get(key))
 
     @override
     def _get_range(self, key: str, start: int, end: int | None) -> bytes | memoryview | None:
-        try:
-            data = self.inner._get_range(key, start, end)
-        except PersistError as e:
-            metrics.blob_error("get", e)
-            raise
-        if data is not None:
-            metrics.blob_bytes("read", len(data))
-        return data
+        return _counted_read(lambda: self.inner._get_range(key, start, end))
 
     @override
     def _external_url(self, key: str) -> str | None:
@@ -108,4 +96,17 @@ def metered(blob: Blob) -> Blob:
     return MeteredBlob(blob) if metrics.enabled() else blob
 
 
+def _counted_read(read: Callable[[], bytes | memoryview | None]) -> bytes | memoryview | None:
+    """``read()``, its bytes counted as read and its failure as a failed get."""
+    try:
+        data = read()
+    except PersistError as e:
+        metrics.blob_error("get", e)
+        raise
+    if data is not None:
+        metrics.blob_bytes("read", len(data))
+    return data
+
+
 __all__ = ["MeteredBlob", "metered"]
+
