@@ -222,6 +222,18 @@ def diff_sums(table: pa.Table) -> tuple[int, int]:
     if not len(table):
         return 0, 0
     diff = table.column("diff")
+    small = columnar.small_ints(diff, pa.int64(), "q")
+    if small is not None:
+        # NB: a small append's (every group commit's) diffs summed as Python ints: exact, and
+        # no compute call on the commit path (see ``columnar.small_ints``)
+        total = sum(small)
+        if min(small) >= 0:  # the usual case, insertions only: two C-level passes
+            pos = total
+        elif max(small) <= 0:
+            pos = 0
+        else:
+            pos = sum(d for d in small if d > 0)
+        return min(pos, _COUNT_MAX), min(pos - total, _COUNT_MAX)
     pos_d, neg_d = pc.max_element_wise(diff, 0), pc.min_element_wise(diff, 0)
     if columnar.may_overflow(diff):  # NB: pc.sum of int64 wraps; decimal128(38) cannot here
         pos_d, neg_d = pos_d.cast(pa.decimal128(38, 0)), neg_d.cast(pa.decimal128(38, 0))
