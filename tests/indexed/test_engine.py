@@ -465,6 +465,37 @@ def test_int64_times_are_checked_and_kept_exactly() -> None:
     assert ix.state == before
 
 
+def test_group_commit_part_times_follow_the_writes_kept() -> None:
+    """A group's part carries the time range of the writes it kept: the range found when each
+    write was staged, rolled back with a write a failed command staged (the savepoint)."""
+    from persist.indexed.engine import Txn
+
+    ix = fresh()
+    ix.register("c", pa.int64(), pa.int64())
+
+    def rows(*times: int) -> pa.Table:
+        n = len(times)
+        return ix.normalize("c", pa.table({"key": list(range(n)), "value": [0] * n,
+                                           "time": pa.array(times, pa.int64()),
+                                           "diff": [1] * n}))
+
+    txn = Txn(ix.state)
+
+    def refused() -> None:  # a command that fails after staging a write
+        with txn.atomically():
+            txn.stage_write("c", rows(100, 200))
+            raise InvalidUsage("refused")
+
+    txn.stage_write("c", rows(7, 5))
+    with pytest.raises(InvalidUsage):
+        refused()
+    txn.stage_write("c", rows(9, 6))
+    assert txn.write_times["c"] == [(5, 7), (6, 9)]
+    ix.commit(txn)
+    (part,) = ix.state.collections["c"].parts
+    assert (part.rows, part.min_time, part.max_time) == (4, 5, 9)
+
+
 @pytest.mark.parametrize("diffs", [
     [1] * 7, [-1, -3, -2], [2, -5, 0, 7, -1], [0, 0], [2**63 - 1] * 3, [-(2**63)] * 3,
     [2**63 - 1, -(2**63), 5, -5],
