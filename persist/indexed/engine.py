@@ -92,6 +92,10 @@ class Txn:
     collections: Overlay = field(init=False)
     ops: list[Op] = field(default_factory=list)
     writes: dict[str, list[pa.Table]] = field(default_factory=dict)
+    #: The ``(min, max)`` time of each table of ``writes``, in the same order: found once,
+    #: when it is staged (a short table in Python, see ``columnar.min_time``), so the commit
+    #: never scans the group's concatenation for them again.
+    write_times: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     #: ``time.monotonic()`` when the oldest data blob this commit will reference was written
     #: (parts made by compaction off-thread, or by the commit itself); see ``check_deadline``.
     blobs_written_at: float | None = None
@@ -185,13 +189,14 @@ class Txn:
         if len(table):
             self._not_after_evolution()
             table = evolve.for_write(c, table, schema_id)
-            lo = columnar.min_time(table.column("time"))
+            lo, hi = columnar.time_range(table)
             if lo < c.upper:
                 raise InvalidUsage(
                     f"write to {name!r} at time {lo} is below its upper {c.upper}: "
                     f"times below upper are sealed"
                 )
             self.writes.setdefault(name, []).append(table)
+            self.write_times.setdefault(name, []).append((lo, hi))
 
     def _not_after_evolution(self) -> None:
         # NB: a commit lists the parts of its writes before its other ops (so that its seals
@@ -238,8 +243,10 @@ class _Savepoint:
         for k in list(t.writes):
             if k not in writes:
                 del t.writes[k]
+                t.write_times.pop(k, None)
             else:
                 del t.writes[k][writes[k]:]
+                del t.write_times[k][writes[k]:]
 
 
 #: The largest ``Options.inline_threshold``: a commit record carries its inline parts and every
@@ -516,8 +523,12 @@ class Indexed:
         for name, tables in txn.writes.items():
             c = txn.collections[name]
             table = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+            ranges = txn.write_times.get(name, ())
+            times = ((min(r[0] for r in ranges), max(r[1] for r in ranges))
+                     if len(ranges) == len(tables) else None)
             started = time.monotonic()
             parts = new_parts(blob, c, table, inline_threshold=self.options.inline_threshold,
+                              times=times,
                               final_rows=self.options.compaction.final_rows,
                               stats_bytes=self.options.stats_bytes,
                               batch_rows=self.options.batch_rows, schema_id=evolve.version(c))

@@ -463,3 +463,63 @@ def test_int64_times_are_checked_and_kept_exactly() -> None:
                                          whole.slice(1, 1).set_column(
                                              2, "time", pa.array([-2], pa.int64()))])})
     assert ix.state == before
+
+
+def test_group_commit_part_times_follow_the_writes_kept() -> None:
+    """A group's part carries the time range of the writes it kept: the range found when each
+    write was staged, rolled back with a write a failed command staged (the savepoint)."""
+    from persist.indexed.engine import Txn
+
+    ix = fresh()
+    ix.register("c", pa.int64(), pa.int64())
+
+    def rows(*times: int) -> pa.Table:
+        n = len(times)
+        return ix.normalize("c", pa.table({"key": list(range(n)), "value": [0] * n,
+                                           "time": pa.array(times, pa.int64()),
+                                           "diff": [1] * n}))
+
+    txn = Txn(ix.state)
+
+    def refused() -> None:  # a command that fails after staging a write
+        with txn.atomically():
+            txn.stage_write("c", rows(100, 200))
+            raise InvalidUsage("refused")
+
+    txn.stage_write("c", rows(7, 5))
+    with pytest.raises(InvalidUsage):
+        refused()
+    txn.stage_write("c", rows(9, 6))
+    assert txn.write_times["c"] == [(5, 7), (6, 9)]
+    ix.commit(txn)
+    (part,) = ix.state.collections["c"].parts
+    assert (part.rows, part.min_time, part.max_time) == (4, 5, 9)
+
+
+@pytest.mark.parametrize("diffs", [
+    [1] * 7, [-1, -3, -2], [2, -5, 0, 7, -1], [0, 0], [2**63 - 1] * 3, [-(2**63)] * 3,
+    [2**63 - 1, -(2**63), 5, -5],
+])
+def test_diff_sums_are_exact_short_or_long(diffs: list[int]) -> None:
+    """A part's inserted and retracted counts are exact and capped at 2**64 - 1 whether the
+    diffs are summed in Python (a short column, the small-append path) or by compute calls (a
+    long one), for sliced multi-chunk columns too."""
+    from persist.indexed.format.write import diff_sums
+
+    def expect(ds: list[int]) -> tuple[int, int]:
+        pos, neg = sum(d for d in ds if d > 0), -sum(d for d in ds if d < 0)
+        return min(pos, 2**64 - 1), min(neg, 2**64 - 1)
+
+    def table(ds: list[int]) -> pa.Table:
+        col = pa.array([0, *ds, 0], pa.int64())
+        # a sliced column in two chunks, as a group commit's concatenation has
+        half = len(ds) // 2
+        return pa.table({"diff": pa.chunked_array([col.slice(1, half),
+                                                   col.slice(1 + half, len(ds) - half)])})
+
+    short = table(diffs)
+    long = table(diffs * (4097 // len(diffs) + 1))
+    assert columnar.small_ints(short.column("diff"), pa.int64(), "q") is not None
+    assert columnar.small_ints(long.column("diff"), pa.int64(), "q") is None
+    assert diff_sums(short) == expect(diffs)
+    assert diff_sums(long) == expect(diffs * (4097 // len(diffs) + 1))

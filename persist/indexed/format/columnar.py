@@ -18,7 +18,7 @@ import struct
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import numpy as np
@@ -494,7 +494,8 @@ def _int64_times(col: pa.ChunkedArray) -> pa.ChunkedArray:
     new 8 MB buffer per million rows; on the write path that memory is fresh pages more often
     than not, and the cast cost 2-45 ms where the minimum and the view cost ~0.4 ms.
     """
-    lo = pc.min(col).as_py()  # None when empty or all null (the null check comes after)
+    small = small_ints(col, pa.int64(), "q")  # see ``min_time``
+    lo = min(small) if small is not None else pc.min(col).as_py()  # None: empty or all null
     if lo is not None and lo < 0:
         raise InvalidUsage(f"negative time {lo} in updates")
     return pa.chunked_array([c.view(pa.uint64()) for c in col.chunks], type=pa.uint64())
@@ -1029,13 +1030,24 @@ def min_time(col: pa.ChunkedArray) -> int:
 def _small_times(col: pa.ChunkedArray) -> list[int] | None:
     """The values of a short, non-empty uint64 column without nulls (else None), read through
     the buffer protocol: no compute call, so the GIL is never released (see ``min_time``)."""
-    if not 0 < len(col) <= _PY_MIN_ROWS or col.type != pa.uint64() or col.null_count:
+    return small_ints(col, pa.uint64(), "Q")
+
+
+def small_ints(col: pa.ChunkedArray | pa.Array, typ: pa.DataType, fmt: Literal["q", "Q"]
+               ) -> list[int] | None:
+    """The values of a short (at most :data:`_PY_MIN_ROWS`), non-empty column of the 8-byte
+    integer type ``typ`` (``fmt``: its ``struct`` code, ``Q`` or ``q``) without nulls, as
+    Python ints read through the buffer protocol; None for any other column. No compute call:
+    the GIL is never released (see ``min_time``), and a compute call's dispatch alone costs
+    more than the scan of a few thousand values (measured: ``diff_sums`` of 100 rows with
+    compute calls, 140 us; through this, under 10 us)."""
+    if not 0 < len(col) <= _PY_MIN_ROWS or col.type != typ or col.null_count:
         return None
     out: list[int] = []
-    for chunk in col.chunks:
+    for chunk in (col.chunks if isinstance(col, pa.ChunkedArray) else (col,)):
         n, off = len(chunk), chunk.offset
         if n:
-            out.extend(memoryview(chunk.buffers()[1]).cast("B")[off * 8:(off + n) * 8].cast("Q"))
+            out.extend(memoryview(chunk.buffers()[1]).cast("B")[off * 8:(off + n) * 8].cast(fmt))
     return out
 
 

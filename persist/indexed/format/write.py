@@ -53,6 +53,7 @@ def new_part(
     batch_rows: int = columnar.BATCH_ROWS,
     schema_id: int | None = None,
     ordered: bool = False,
+    times: tuple[int, int] | None = None,
 ) -> PartMeta:
     """Encodes ``table`` as a part of ``c``: inline when small, else in a fresh blob, sorted,
     as a Parquet file (part format 4).
@@ -83,6 +84,8 @@ def new_part(
             tags the metadata (``evolve.tag``).
         ordered: ``table`` is sorted by (key, value, time) already (``consolidated`` implies
             it): not sorted again.
+        times: ``table``'s ``(min, max)`` time, when the caller knows it (a group commit
+            found it for each staged write); None: found here.
 
     Returns:
         The part's metadata: exactly one of ``inline`` and ``blob_key`` is set.
@@ -96,7 +99,8 @@ def new_part(
             raise InvalidUsage(f"a staging lease id is 32 lowercase hex digits, not {lease_id!r}")
     else:
         part_id = (layout.STAGED_PART_PREFIX if staged else "") + uuid.uuid4().hex
-    lo, hi = columnar.time_range(table) if len(table) else (0, 0)
+    lo, hi = times if times is not None else (
+        columnar.time_range(table) if len(table) else (0, 0))
     flag: bool | msgspec.UnsetType = True if full else msgspec.UNSET
     inserted, retracted = diff_sums(table)
     if table.nbytes <= INLINE_PROBE_FACTOR * inline_threshold:
@@ -142,6 +146,7 @@ def new_parts(
     blob: Blob, c: CollectionMeta, table: pa.Table, *, inline_threshold: int,
     final_rows: int, stats_bytes: int = stats.STATS_BYTES,
     batch_rows: int = columnar.BATCH_ROWS, schema_id: int | None = None,
+    times: tuple[int, int] | None = None,
 ) -> list[PartMeta]:
     """``table`` (an append) as parts of ``c``: one part (:func:`new_part`), or, for an append
     of at least ``final_rows`` rows (a run compaction only merges into the base) and at least
@@ -158,6 +163,9 @@ def new_parts(
     (:mod:`persist.indexed.read.split`). A single part is what a distributed writer's
     ``Stager`` stages: its tasks already run one per core.
 
+    ``times``: ``table``'s ``(min, max)`` time if the caller knows it (passed to a single
+    part; pieces find their own).
+
     Raises:
         ExternalError: storing a part failed; the other pieces' blobs are deleted again (best
             effort: a blob left over is a leak the sweeps reclaim).
@@ -166,7 +174,8 @@ def new_parts(
     k = min(PARALLEL_PARTS, n // PARALLEL_ROWS)
     if k < 2 or n < final_rows:
         return [new_part(blob, c, table, inline_threshold=inline_threshold, consolidated=False,
-                         stats_bytes=stats_bytes, batch_rows=batch_rows, schema_id=schema_id)]
+                         stats_bytes=stats_bytes, batch_rows=batch_rows, schema_id=schema_id,
+                         times=times)]
     table = sorting.sort_updates(table)
     pieces = _key_slices(table, k)
     sid = _schema_id(c, table.schema) if schema_id is None else schema_id
@@ -222,6 +231,18 @@ def diff_sums(table: pa.Table) -> tuple[int, int]:
     if not len(table):
         return 0, 0
     diff = table.column("diff")
+    small = columnar.small_ints(diff, pa.int64(), "q")
+    if small is not None:
+        # NB: a small append's (every group commit's) diffs summed as Python ints: exact, and
+        # no compute call on the commit path (see ``columnar.small_ints``)
+        total = sum(small)
+        if min(small) >= 0:  # the usual case, insertions only: two C-level passes
+            pos = total
+        elif max(small) <= 0:
+            pos = 0
+        else:
+            pos = sum(d for d in small if d > 0)
+        return min(pos, _COUNT_MAX), min(pos - total, _COUNT_MAX)
     pos_d, neg_d = pc.max_element_wise(diff, 0), pc.min_element_wise(diff, 0)
     if columnar.may_overflow(diff):  # NB: pc.sum of int64 wraps; decimal128(38) cannot here
         pos_d, neg_d = pos_d.cast(pa.decimal128(38, 0)), neg_d.cast(pa.decimal128(38, 0))
