@@ -307,3 +307,31 @@ def test_small_merges_stay_in_process(tmp_path: Path) -> None:
         _load(client, appends=2)
         assert client.maintain()
         assert client._ix.merger.started == 0
+
+
+@pytest.mark.s3
+def test_an_s3_writer_merges_in_its_worker(bucket: str, aws_options: dict[str, Any]) -> None:
+    url = f"s3://{bucket}/loc"
+    with persist.open(url, storage_options={**aws_options, "lock": "s3"},
+                      options=_options()) as client:
+        _, r = _load(client, appends=2)
+        assert client.maintain()
+        assert client._ix.merger.started == 1  # opened the bucket from the address it was given
+        assert _in_base(client)
+        assert _consolidated(r, 1).equals(_want(2))
+        assert _unreferenced(client) == set()
+
+
+def test_a_worker_that_cannot_start_leaves_merges_in_process(tmp_path: Path) -> None:
+    with persist.open(tmp_path, options=_options()) as client:
+        _, r = _load(client, appends=2)
+        merger = client._ix.merger
+        merger.entry = "persist.no_such_module"  # the interpreter exits at once
+        with pytest.raises(MergeWorkerLost, match="did not start"):
+            client.maintain()
+        assert merger.broken is not None
+        assert not merger.usable
+        assert client.maintain()  # in-process now
+        assert merger.started == 1
+        assert _in_base(client)
+        assert _consolidated(r, 1).equals(_want(2))

@@ -153,6 +153,8 @@ class MergeWorker:
         self._owner = os.getpid()
         #: How many workers were started (a restart after one died counts).
         self.started = 0
+        #: Why a worker could not start (then no other is tried), or None.
+        self.broken: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -162,8 +164,10 @@ class MergeWorker:
 
     @property
     def usable(self) -> bool:
-        """Whether merges can go to the worker (not closed, and in the process that made it)."""
-        return not self._closed and os.getpid() == self._owner
+        """Whether merges can go to the worker: not closed, in the process that made it, and
+        no worker failed to start (an interpreter that cannot start one, say an embedding
+        whose ``sys.executable`` is not Python: its merges then run in-process)."""
+        return not self._closed and self.broken is None and os.getpid() == self._owner
 
     def merge(self, job: MergeJob, *, timeout: float | None = None) -> ReplaceParts:
         """Runs ``job`` in the worker and returns its op (not committed).
@@ -237,8 +241,7 @@ class MergeWorker:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
                 start_new_session=True)
         except OSError as e:
-            raise MergeWorkerLost(f"could not start the merge worker: {e}; nothing was "
-                                  f"committed") from e
+            raise self._broken(f"could not start the merge worker: {e}") from e
         self.started += 1
         try:
             assert proc.stdin is not None
@@ -246,13 +249,22 @@ class MergeWorker:
             _send(proc.stdin, self.where)
             ready = _receive(proc.stdout, time.monotonic() + START_SECONDS)
         except (OSError, EOFError, TimeoutError) as e:
-            raise self._lost(proc, e) from e
+            lost = self._lost(proc, e)
+            raise self._broken(f"the merge worker did not start: {lost}") from e
         if ready != b"ready":
             self._kill(proc)
-            raise MergeWorkerLost(f"the merge worker (pid {proc.pid}) could not open the "
-                                  f"location: {ready.decode(errors='replace')}")
+            raise self._broken(f"the merge worker (pid {proc.pid}) could not open the "
+                               f"location: {ready.decode(errors='replace')}")
         log.debug("merge worker started (pid %d)", proc.pid)
         return proc
+
+    def _broken(self, why: str) -> MergeWorkerLost:
+        """The error for a worker that could not start: later merges run in-process (a
+        worker that cannot start once would not start the next time either, and merges
+        must go on)."""
+        self.broken = why
+        log.warning("%s; this writer's merges run in-process from now on", why)
+        return MergeWorkerLost(f"{why}; nothing was committed (later merges run in-process)")
 
     def _lost(self, proc: subprocess.Popen[bytes], e: BaseException) -> MergeWorkerLost:
         """The error for a worker that stopped answering (it is killed and reaped)."""
