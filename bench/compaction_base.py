@@ -100,8 +100,11 @@ def _written(client: persist.Client) -> dict[str, int]:
 
 def bulk(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
+    # NB: the merge in this process (``--worker``: in the merge worker, whose CPU this
+    # process's process_time() does not count)
     opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
-                           gc_grace_seconds=3600.0)
+                           gc_grace_seconds=3600.0,
+                           merge_worker_rows=0 if args.worker else None)
     with persist.open(tempfile.mkdtemp(), options=opts) as client:
         write, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
         for t in range(args.appends):
@@ -230,33 +233,40 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 break
             if not merging and len(lat) >= args.baseline_appends:
                 break
+        elapsed = time.perf_counter() - w0
         merger = client._writer().ix.merger
         workers = merger.started if merger is not None else 0
+        worker_start = merger.start_seconds if merger is not None else None
+        worker_merge = merger.merge_seconds if merger is not None else None
         assert not merging or _in_base(client, "w9")
     return {"case": case, "appends": len(lat), "p50_ms": round(statistics.median(lat), 2),
             "p99_ms": round(percentile(lat, 99), 2), "mean_ms": round(statistics.mean(lat), 2),
+            "appends_per_s": round(len(lat) / elapsed, 1),
             "into_base_s": None if into_base_s is None else round(into_base_s, 2),
-            "workers_started": workers, "load_before": round(load0, 2),
+            "workers_started": workers,
+            "worker_start_s": None if worker_start is None else round(worker_start, 2),
+            "worker_merge_s": None if worker_merge is None else round(worker_merge, 2), "load_before": round(load0, 2),
             "load_after": round(os.getloadavg()[0], 2)}
 
 
 def offgil(args: argparse.Namespace) -> dict[str, Any]:
-    cases = ["baseline", "in-process", "worker"]
+    cases = args.cases.split(",")
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
-        for case in cases[r % 3:] + cases[:r % 3]:
+        for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             runs.append(_offgil_case(case, args))
             print(json.dumps(runs[-1]), flush=True)
     out: dict[str, Any] = {"runs": runs}
     for case in cases:
         mine = [x for x in runs if x["case"] == case]
         out[case] = {k: statistics.median(x[k] for x in mine)
-                     for k in ("p50_ms", "p99_ms", "mean_ms")}
+                     for k in ("p50_ms", "p99_ms", "mean_ms", "appends_per_s")}
         if case != "baseline":
             out[case]["into_base_s"] = statistics.median(x["into_base_s"] for x in mine)
     for case in ("in-process", "worker"):
-        out[f"{case}_p50_over_baseline"] = round(
-            out[case]["p50_ms"] / out["baseline"]["p50_ms"], 2)
+        if case in out and "baseline" in out:
+            out[f"{case}_p50_over_baseline"] = round(
+                out[case]["p50_ms"] / out["baseline"]["p50_ms"], 2)
     return out
 
 
@@ -266,6 +276,8 @@ def main() -> None:
     b = sub.add_parser("bulk")
     b.add_argument("--appends", type=int, default=5)
     b.add_argument("--rows", type=int, default=1_000_000)
+    b.add_argument("--worker", action="store_true",
+                   help="merge in the merge worker process (its CPU is not counted)")
     a = sub.add_parser("amplification")
     a.add_argument("--appends", type=int, default=100)
     a.add_argument("--rows", type=int, default=10_000)
@@ -280,6 +292,8 @@ def main() -> None:
     o.add_argument("--w2-rows", type=int, default=100)
     o.add_argument("--baseline-appends", type=int, default=500)
     o.add_argument("--rounds", type=int, default=2)
+    o.add_argument("--cases", default="baseline,in-process,worker",
+                   help="comma-separated, of baseline, in-process, worker")
     args = ap.parse_args()
     what = {"bulk": bulk, "amplification": amplification, "offgil": offgil}[args.what]
     out = what(args)

@@ -155,6 +155,10 @@ class MergeWorker:
         self.started = 0
         #: Why a worker could not start (then no other is tried), or None.
         self.broken: str | None = None
+        #: How long the last worker took to start and open the location (seconds), or None.
+        self.start_seconds: float | None = None
+        #: How long the last merge took, from sending it to its answer (seconds), or None.
+        self.merge_seconds: float | None = None
 
     @property
     def pid(self) -> int | None:
@@ -187,6 +191,7 @@ class MergeWorker:
                 raise MergeWorkerLost("the merge worker was closed; nothing was committed")
             proc = self._ensure()
             deadline = None if timeout is None else time.monotonic() + timeout
+            sent = time.monotonic()
             try:
                 assert proc.stdin is not None
                 assert proc.stdout is not None
@@ -200,6 +205,7 @@ class MergeWorker:
                     f"nothing was committed") from None
             except (OSError, EOFError) as e:
                 raise self._lost(proc, e) from e
+            self.merge_seconds = time.monotonic() - sent
             try:
                 reply = _REPLY_DEC.decode(data)
             except msgspec.DecodeError as e:
@@ -235,6 +241,7 @@ class MergeWorker:
         root = os.path.dirname(os.path.dirname(os.path.abspath(errors.__file__)))
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (root, env.get("PYTHONPATH", "")) if p)
+        began = time.monotonic()
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", self.entry, str(os.getpid())],
@@ -255,7 +262,8 @@ class MergeWorker:
             self._kill(proc)
             raise self._broken(f"the merge worker (pid {proc.pid}) could not open the "
                                f"location: {ready.decode(errors='replace')}")
-        log.debug("merge worker started (pid %d)", proc.pid)
+        self.start_seconds = time.monotonic() - began
+        log.debug("merge worker started (pid %d) in %.2fs", proc.pid, self.start_seconds)
         return proc
 
     def _broken(self, why: str) -> MergeWorkerLost:
