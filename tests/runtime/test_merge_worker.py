@@ -335,3 +335,36 @@ def test_a_worker_that_cannot_start_leaves_merges_in_process(tmp_path: Path) -> 
         assert merger.started == 1
         assert _in_base(client)
         assert _consolidated(r, 1).equals(_want(2))
+
+
+def test_closing_the_worker_under_a_merge_fails_that_merge_typed(tmp_path: Path) -> None:
+    with persist.open(tmp_path, options=_options()) as client:
+        _, r = _load(client, appends=2)
+        merger = client._ix.merger
+        assert client.maintain()  # starts the worker
+        pid = merger.pid
+        assert pid is not None
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(2, 4):
+            w.append(_table(t, t), upper=t + 1).result()
+        w.allow_compaction(3).result()
+        before = client.state.collections["c"].parts
+        os.kill(pid, signal.SIGSTOP)  # the merge is certainly under way when it is closed
+        failed: list[BaseException] = []
+        t = threading.Thread(target=lambda: _catch(client.maintain, failed))
+        t.start()
+        while not _sent(client):
+            assert t.is_alive()
+            time.sleep(0.01)
+        merger.close(timeout=0.1)
+        t.join(60)
+        assert not t.is_alive()
+        assert len(failed) == 1
+        assert isinstance(failed[0], MergeWorkerLost)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+        assert client.state.collections["c"].parts == before
+        assert _consolidated(r, 3).equals(_want(4))
+        assert client.maintain()  # closed: in-process now
+        assert merger.started == 1
+        assert _in_base(client)

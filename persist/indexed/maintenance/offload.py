@@ -203,7 +203,8 @@ class MergeWorker:
                     f"the merge of {len(job.parts)} parts of {job.collection.name!r} ran past "
                     f"{timeout:g}s in the merge worker (pid {proc.pid}), which was stopped; "
                     f"nothing was committed") from None
-            except (OSError, EOFError) as e:
+            except (OSError, EOFError, ValueError) as e:
+                # NB: ValueError: close() (another thread) closed the pipe under this merge
                 raise self._lost(proc, e) from e
             self.merge_seconds = time.monotonic() - sent
             try:
