@@ -2,6 +2,7 @@
 
     python -m bench.compaction_base bulk [--appends 5] [--rows 1000000]
     python -m bench.compaction_base amplification [--appends 100] [--rows 10000] [--updates 0.01]
+    python -m bench.compaction_base offgil [--appends 5] [--rows 1000000] [--rounds 2]
 
 ``bulk``: ``--appends`` appends of ``--rows`` random int64 keys (W9's shape: ``key, value``
 int64, one time per append) with background compaction off, since advanced to the upper, then
@@ -18,6 +19,17 @@ the time; ``--background`` leaves it to the background instead, which a fast loo
 write amplification: rows written by appends and merges over rows appended, and the same in
 bytes, and the layout at the end. ``--part-target`` scales the part target down with the rows
 (default 640 KiB: 64 MiB over 100, as the default rows are 1 M over 100).
+
+``offgil``: W2's appends (100 records each, acknowledged one by one, by one writer) on a file
+location that also holds a bulk load (``--appends`` of ``--rows`` random keys, W9's shape) not
+yet in the base, in three cases, each on a fresh location, interleaved over ``--rounds``:
+``baseline`` (the bulk load's since stays behind, so nothing is merged: ``--baseline-appends``
+appends), ``in-process`` and ``worker`` (the since is advanced and the background brings the
+bulk load into the base, with ``Options.merge_worker_rows`` None, every merge in the writer's
+process, or the default, in its merge worker process; appends run until the base is formed).
+Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
+advancing the since to the bulk load being in the base (no call from the user), and the load
+average before and after each case (the machine is shared).
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ import argparse
 import gc
 import itertools
 import json
+import os
+import statistics
 import tempfile
 import threading
 import time
@@ -37,7 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 import persist
-from bench.common import RssSampler
+from bench.common import RssSampler, make_batch, percentile
 from persist.indexed.format.meta import AddPart, ReplaceParts
 from persist.indexed.maintenance import compact
 
@@ -86,8 +100,11 @@ def _written(client: persist.Client) -> dict[str, int]:
 
 def bulk(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
+    # NB: the merge in this process (``--worker``: in the merge worker, whose CPU this
+    # process's process_time() does not count)
     opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
-                           gc_grace_seconds=3600.0)
+                           gc_grace_seconds=3600.0,
+                           merge_worker_rows=0 if args.worker else None)
     with persist.open(tempfile.mkdtemp(), options=opts) as client:
         write, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
         for t in range(args.appends):
@@ -168,12 +185,99 @@ def amplification(args: argparse.Namespace) -> dict[str, Any]:
                     / written["append_bytes"], 2)}
 
 
+def _in_base(client: persist.Client, name: str) -> bool:
+    c = client.state.collections[name]
+    base, runs = compact.layout(c, c.since)
+    return bool(base) and not any(p.max_time <= c.since for p in runs)
+
+
+def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
+    rng = np.random.default_rng(7)
+    opts = persist.Options(background_compaction=True, rollup_every=1 << 20,
+                           gc_grace_seconds=3600.0,
+                           merge_worker_rows=None if case == "in-process" else
+                           persist.Options().merge_worker_rows)
+    load0 = os.getloadavg()[0]
+    with persist.open(tempfile.mkdtemp(), options=opts) as client:
+        bulk_w, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
+        # NB: at times 1.., the since at 0: no part is ready for the base until the since is
+        # advanced (a run at the since would start a base during the load)
+        for t in range(1, args.appends + 1):
+            keys = rng.integers(-(1 << 62), 1 << 62, args.rows, dtype=np.int64)
+            bulk_w.append(_table(keys, rng.integers(0, 1 << 40, args.rows), t,
+                                 np.ones(args.rows, np.int64)), upper=t + 1).result()
+        w2, _ = client.create_or_load("w2", key_type=pa.int64(), value_type=pa.int64())
+        batches = [make_batch(2000 + i, args.w2_rows, time_lo=i) for i in range(64)]
+        # NB: warm up the small collection (its first parts and merges) before measuring
+        t = 0
+        for _ in range(50):
+            w2.append(batches[t % 64].set_column(2, "time", pa.array(
+                np.full(args.w2_rows, t), pa.uint64())), upper=t + 1).result()
+            t += 1
+        gc.collect()
+        lat: list[float] = []
+        merging = case != "baseline"
+        w0 = time.perf_counter()
+        if merging:
+            bulk_w.allow_compaction(args.appends).result()
+        into_base_s = None
+        while True:
+            batch = batches[t % 64].set_column(2, "time", pa.array(
+                np.full(args.w2_rows, t), pa.uint64()))
+            a0 = time.perf_counter()
+            w2.append(batch, upper=t + 1).result()
+            lat.append((time.perf_counter() - a0) * 1000)
+            t += 1
+            if merging and _in_base(client, "w9"):
+                into_base_s = time.perf_counter() - w0
+                break
+            if not merging and len(lat) >= args.baseline_appends:
+                break
+        elapsed = time.perf_counter() - w0
+        merger = client._writer().ix.merger
+        workers = merger.started if merger is not None else 0
+        worker_start = merger.start_seconds if merger is not None else None
+        worker_merge = merger.merge_seconds if merger is not None else None
+        assert not merging or _in_base(client, "w9")
+    return {"case": case, "appends": len(lat), "p50_ms": round(statistics.median(lat), 2),
+            "p99_ms": round(percentile(lat, 99), 2), "mean_ms": round(statistics.mean(lat), 2),
+            "appends_per_s": round(len(lat) / elapsed, 1),
+            "into_base_s": None if into_base_s is None else round(into_base_s, 2),
+            "workers_started": workers,
+            "worker_start_s": None if worker_start is None else round(worker_start, 2),
+            "worker_merge_s": None if worker_merge is None else round(worker_merge, 2), "load_before": round(load0, 2),
+            "load_after": round(os.getloadavg()[0], 2)}
+
+
+def offgil(args: argparse.Namespace) -> dict[str, Any]:
+    cases = args.cases.split(",")
+    runs: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        for case in cases[r % len(cases):] + cases[:r % len(cases)]:
+            runs.append(_offgil_case(case, args))
+            print(json.dumps(runs[-1]), flush=True)
+    out: dict[str, Any] = {"runs": runs}
+    for case in cases:
+        mine = [x for x in runs if x["case"] == case]
+        out[case] = {k: statistics.median(x[k] for x in mine)
+                     for k in ("p50_ms", "p99_ms", "mean_ms", "appends_per_s")}
+        if case != "baseline":
+            out[case]["into_base_s"] = statistics.median(x["into_base_s"] for x in mine)
+    for case in ("in-process", "worker"):
+        if case in out and "baseline" in out:
+            out[f"{case}_p50_over_baseline"] = round(
+                out[case]["p50_ms"] / out["baseline"]["p50_ms"], 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="what", required=True)
     b = sub.add_parser("bulk")
     b.add_argument("--appends", type=int, default=5)
     b.add_argument("--rows", type=int, default=1_000_000)
+    b.add_argument("--worker", action="store_true",
+                   help="merge in the merge worker process (its CPU is not counted)")
     a = sub.add_parser("amplification")
     a.add_argument("--appends", type=int, default=100)
     a.add_argument("--rows", type=int, default=10_000)
@@ -182,8 +286,17 @@ def main() -> None:
     a.add_argument("--background", dest="maintain_each", action="store_false",
                    help="leave compaction to the background (timing-dependent) instead of "
                         "running maintenance to idle after each append")
+    o = sub.add_parser("offgil")
+    o.add_argument("--appends", type=int, default=5)
+    o.add_argument("--rows", type=int, default=1_000_000)
+    o.add_argument("--w2-rows", type=int, default=100)
+    o.add_argument("--baseline-appends", type=int, default=500)
+    o.add_argument("--rounds", type=int, default=2)
+    o.add_argument("--cases", default="baseline,in-process,worker",
+                   help="comma-separated, of baseline, in-process, worker")
     args = ap.parse_args()
-    out = bulk(args) if args.what == "bulk" else amplification(args)
+    what = {"bulk": bulk, "amplification": amplification, "offgil": offgil}[args.what]
+    out = what(args)
     print(json.dumps(out, indent=1, default=msgspec.to_builtins))
 
 

@@ -11,6 +11,11 @@ Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``
 metadata trim deleted a log entry, more to go), ``fork.pinned`` (a fork across
 locations pinned the source's blobs, not yet committed), ``fork.committed``, ``adopt.adopted``
 (a native write's part files adopted as staged parts, not yet committed).
+
+A writer's merge worker process (:mod:`persist.indexed.maintenance.offload`) does not inherit
+``PERSIST_CRASH_AT`` (the writer hits ``compact.part_written`` itself once the worker's merge is
+written); ``PERSIST_WORKER_CRASH_AT``, same syntax, arms the worker's points instead (say
+``file.linked:2``: killed mid-merge, after writing two blobs).
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@
     │   │   ├── MissingResource the bucket or DynamoDB table does not exist
     │   │   ├── CommitDeadline  not sent: its data blobs are older than the commit deadline
     │   │   ├── PartMissing     a part the read state references was collected: read again
-    │   │   └── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
+    │   │   ├── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
+    │   │   └── MergeWorkerLost a writer's merge worker process died: the merge did not happen
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -115,6 +116,13 @@ class LeaseRevoked(Determinate):
     may be reclaimed, so they cannot be committed. Nothing was committed; rerun the job."""
 
 
+class MergeWorkerLost(Determinate):
+    """A merge sent to the writer's merge worker process did not happen: the worker died
+    (killed, out of memory), could not start, or failed unexpectedly. Nothing was committed;
+    parts it may have written are referenced by no commit (the leaked-blob sweep deletes them).
+    The next merge starts a new worker."""
+
+
 class Indeterminate(ExternalError):
     """The operation may or may not have taken effect (for example a timeout after sending)."""
 
@@ -174,6 +182,7 @@ __all__ = [
     "InvalidUsage",
     "LeaseRevoked",
     "LockHeld",
+    "MergeWorkerLost",
     "MissingResource",
     "PartMissing",
     "PersistError",

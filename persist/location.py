@@ -13,12 +13,15 @@ the blob layer never imports the lock layer, and the runtime never resolves URLs
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlparse
+
+import msgspec
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
@@ -28,6 +31,8 @@ from persist.blob.metered import metered
 from persist.blob.options import option_bool, option_size_or_off
 from persist.errors import Fenced, InvalidUsage, MissingResource
 from persist.indexed.engine import Indexed, Options
+from persist.indexed.maintenance.offload import MergeWorker
+from persist.indexed.read.scan import Address
 from persist.lock.base import LEASE_SECONDS, MAX_SKEW_RATE, Lease, WriterLock
 from persist.lock.file import FileLock
 from persist.lock.memory import MemoryLock
@@ -36,6 +41,8 @@ from persist.runtime.commands import forbid_in_event_loop
 from persist.runtime.notify import Notifier
 from persist.runtime.replica import open_replica
 from persist.runtime.runtime import Runtime
+
+log = logging.getLogger("persist.location")
 
 
 @dataclass(frozen=True)
@@ -259,6 +266,7 @@ def open(
         return Client(loc.url, ix, follower=follower, storage_options=storage_options)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     w = open_writer(loc, rid, lock_timeout=lock_timeout, options=options)
+    w.engine.merger = _merger(loc.url, storage_options)
     runtime = Runtime(w.engine, lock=w.lock, lease=w.lease, on_lock_lost=on_lock_lost)
     notifier = None
     if notify:
@@ -266,6 +274,25 @@ def open(
                                   writer=rid, transport="tcp" if notify == "tcp" else "unix")
     return Client(loc.url, w.engine, runtime=runtime, notifier=notifier,
                   storage_options=storage_options)
+
+
+#: The module a writer's merge worker runs (named, not imported: it stands above this one).
+MERGE_WORKER = "persist.distributed.merge_worker"
+
+
+def _merger(url: str, storage_options: dict[str, Any] | None) -> MergeWorker | None:
+    """The merge worker of a writer at ``url`` (not started yet), or None: a memory store
+    cannot be shared with another process, and storage options that cannot be sent to one
+    (a live object) keep merges in-process."""
+    if urlparse(url).scheme not in ("", "file", "s3"):
+        return None
+    try:
+        where = msgspec.msgpack.encode(Address.of(url, storage_options))
+    except (msgspec.EncodeError, TypeError, OverflowError) as e:
+        log.info("merging in-process at %s: storage options cannot be sent to a merge "
+                 "worker: %s", url, e)
+        return None
+    return MergeWorker(MERGE_WORKER, where)
 
 
 __all__ = ["Location", "Writer", "open", "open_writer", "resolve"]

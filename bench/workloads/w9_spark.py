@@ -369,7 +369,10 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
     last = (rows + part_rows - 1) // part_rows - 1  # the bulk load's last time
     # NB: background compaction off, so that the merge runs inside the timed maintain() calls
     # (with it on, the since commit starts it before them)
-    with persist.open(url, options=persist.Options(background_compaction=False)) as client:
+    # NB: and the merge in this process (merge_worker_rows=None): a merge worker's CPU is
+    # not in this process's process_time()
+    with persist.open(url, options=persist.Options(background_compaction=False,
+                                                   merge_worker_rows=None)) as client:
         w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
         before = _parts(client)
         w.allow_compaction(last).result()

@@ -56,7 +56,7 @@ from persist.indexed.format.meta import (
     decode_commit,
 )
 from persist.indexed.format.write import new_parts
-from persist.indexed.maintenance import compact, gc, pending
+from persist.indexed.maintenance import compact, gc, offload, pending
 from persist.indexed.read.parts import CACHE_BYTES, PartReader
 from persist.indexed.state.machine import GC_GRACE_SECONDS, CommitConflict, Machine
 from persist.indexed.state.transitions import (
@@ -310,6 +310,12 @@ class Options:
     #: raise ``Corruption`` if one held a matching row (:mod:`persist.indexed.read.prune`). Costs
     #: what pruning saves; for tests and for checking a location's stats.
     audit_pruning: bool = False
+    #: A merge (or rewrite) of this many input rows or more runs in the writer's merge worker
+    #: process (:mod:`persist.indexed.maintenance.offload`), outside the GIL of the process
+    #: that appends; smaller ones run in the maintenance thread. Only a writer of a file or S3
+    #: location has a worker (``persist.open`` starts it on its first such merge; a memory
+    #: store cannot be shared with another process). None: every merge in-process.
+    merge_worker_rows: int | None = offload.WORKER_ROWS
 
     def __post_init__(self) -> None:
         _check_int("inline_threshold", self.inline_threshold, 0, MAX_INLINE_THRESHOLD)
@@ -317,6 +323,8 @@ class Options:
         _check_int("batch_rows", self.batch_rows, 1)
         _check_int("rollup_every", self.rollup_every, 1)
         _check_int("cache_bytes", self.cache_bytes, 0)
+        if self.merge_worker_rows is not None:
+            _check_int("merge_worker_rows", self.merge_worker_rows, 0)
         for name in ("gc_grace_seconds", "commit_deadline_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
@@ -421,6 +429,9 @@ class Indexed:
         self._leaks: gc.LeakSweeper | None = None
         self._next_leak_sweep = 0.0
         self._pins = gc.PinGuard(0.0)
+        #: The writer's merge worker process (set by ``persist.open`` for file and S3
+        #: locations): merges of ``Options.merge_worker_rows`` rows or more run there.
+        self.merger: offload.MergeWorker | None = None
 
     @classmethod
     def open(
@@ -893,7 +904,15 @@ class Indexed:
     ) -> ReplaceParts:
         """Merges ``parts`` (reads and blob writes; no commit). Safe off the commit thread.
         The output joins the base when it can (``compact.into_base``), else it is a run (a
-        single full part, rewritten, stays full)."""
+        single full part, rewritten, stays full). A merge of ``Options.merge_worker_rows`` rows
+        or more runs in the merge worker process when the writer has one (:attr:`merger`).
+
+        Raises:
+            DiffOverflow: a diff sum left int64 (nothing written).
+            MergeWorkerLost: the merge worker died; the merge did not happen.
+            CommitDeadline: the merge worker did not answer within the commit deadline.
+            ExternalError: reading or writing a part failed.
+        """
         c = state.collections[name]
         opts = self.options
         # NB: a merged part of the flush size or more goes to a blob whatever the inline
@@ -904,11 +923,25 @@ class Indexed:
         threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
         base = compact.into_base(c, parts, frontier,
                                  flush_bytes=opts.compaction.inline_flush_bytes)
-        return compact.merge(self.blob, self.reader, c, parts,
-                             inline_threshold=threshold, frontier=frontier,
-                             stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows,
-                             part_target_bytes=opts.compaction.part_target_bytes, base=base,
-                             keep_full=len(parts) == 1 and parts[0].full is True)
+        job = offload.MergeJob(collection=c, parts=tuple(parts), inline_threshold=threshold,
+                               frontier=frontier, stats_bytes=opts.stats_bytes,
+                               batch_rows=opts.batch_rows,
+                               part_target_bytes=opts.compaction.part_target_bytes, base=base,
+                               keep_full=len(parts) == 1 and parts[0].full is True)
+        merger = self.merger
+        if (merger is not None and merger.usable and opts.merge_worker_rows is not None
+                and job.rows >= opts.merge_worker_rows):
+            # NB: a merge whose answer comes later than the commit deadline would be refused
+            # at its commit anyway: the worker is stopped then (CommitDeadline).
+            return merger.merge(job, timeout=opts.commit_deadline_seconds)
+        return job.run(self.blob, self.reader)
+
+    def close(self) -> None:
+        """Ends the merge worker process, if one runs (the runtime calls this once its
+        maintenance has stopped). Later merges run in-process."""
+        merger, self.merger = self.merger, None
+        if merger is not None:
+            merger.close()
 
     def _discard(self, op: ReplaceParts) -> None:
         """Deletes the blobs of a merge that was never committed."""

@@ -630,6 +630,9 @@ class Runtime:
             self._maint_thread.join(timeout)
         if self._maint_lock.acquire(timeout=-1 if timeout is None else timeout):
             self._maint_lock.release()  # an explicit round (Client.maintain) ended too
+        # NB: after maintenance, which merges in it: no merge is left under way (unless the
+        # joins above timed out: that merge then fails, and nothing of it is committed).
+        self.ix.close()
         with self._stop_lock:
             if not self._stopping.is_set():
                 self._queue.put(cmd.Stop())
