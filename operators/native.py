@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -63,6 +63,9 @@ from operators.partitions import BATCH_ROWS, TaskPartition, describe
 from operators.partitions import read as read_partition
 from operators.schema import CollectionTypes, from_spark, to_spark
 from persist import InvalidUsage
+
+if TYPE_CHECKING:
+    from operators.native_write import Written
 
 #: Spark reader options of every native read: verify page checksums (zstd alone does not
 #: protect data), and fail rather than skip a missing or damaged file.
@@ -84,7 +87,7 @@ DIFF_OVERFLOW = ("DiffOverflow: the diffs of one (key, value) sum outside int64 
 class PersistTable:
     """A persist collection for Spark's native reader (see the module docstring).
 
-    Made with :meth:`forPath`; :meth:`toDF` reads it.
+    Made with :meth:`forPath`; :meth:`toDF` reads it, :meth:`write` appends to it.
     """
 
     def __init__(self, spark: Any, target: Target, reader_options: dict[str, str]) -> None:
@@ -138,6 +141,21 @@ class PersistTable:
     def info(self) -> persist.distributed.CollectionInfo:
         """The collection as the location's latest metadata shows it."""
         return describe(self._target)
+
+    def write(self, df: Any, *, mode: Literal["append", "overwrite"] = "append",
+              upper: int | None = None, token: tuple[str, int] | None = None,
+              native: bool | None = None, sort: bool = True) -> Written:
+        """Appends ``df``'s updates (``key, value, time, diff``) to the collection and seals
+        to ``upper``, in one atomic commit: by Spark's own Parquet writer when the native
+        write path takes it, else by the ``persist`` sink, with the same outcome (the
+        location's ``storage_options`` configure both). :func:`operators.write` with this
+        table's location, collection and storage options: its arguments, errors and result
+        (:class:`operators.Written`, saying which path ran and why)."""
+        from operators.native_write import write
+
+        t = self._target
+        return write(df, t.url, t.collection, mode=mode, upper=upper, token=token,
+                     storage_options=dict(t.storage_options), native=native, sort=sort)
 
     def toDF(self, *, as_of: int | None = None, consolidated: bool = True,
              partitions: int | None = None, **unknown: Any) -> Any:

@@ -174,14 +174,18 @@ def test_bad_rows_are_refused_and_nothing_is_left(spark: Any, tmp_path: Path, ti
     assert _files(url) == before  # the refused write's staged files were deleted
 
 
-def _driver(dst: str, rows: int, crash: str | None) -> subprocess.Popen[str]:
+def _driver(dst: str, rows: int, crash: str | None,
+            storage_options: str | None = None) -> subprocess.Popen[str]:
+    """The kill test's driver process (tests/spark/native_write_driver.py) writing to ``dst``
+    (``storage_options``: JSON, for an ``s3://`` location), crashing at ``crash``."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PERSIST_CRASH_AT", None)
     if crash is not None:
         env["PERSIST_CRASH_AT"] = crash
-    return subprocess.Popen([sys.executable, "-m", "tests.spark.native_write_driver", dst,
-                             str(rows)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    args = [dst, str(rows)] + ([storage_options] if storage_options is not None else [])
+    return subprocess.Popen([sys.executable, "-m", "tests.spark.native_write_driver", *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
