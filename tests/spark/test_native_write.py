@@ -258,3 +258,30 @@ def test_a_stream_writes_natively_in_foreach_batch_once_per_batch(spark: Any,
     assert canon(expected_updates(dst, "copy", 0, 6)) == canon(expected_updates(src, "events",
                                                                                  0, 6))
     assert _upper(dst, "copy") == 6
+
+
+def test_persist_table_write_is_the_same_call_either_way(spark: Any, tmp_path: Path) -> None:
+    url, ref = location(tmp_path, "a"), location(tmp_path, "b")
+    longs = _rows(spark, 20_000)
+    doubles = spark.range(0, 5000, numPartitions=2).selectExpr(
+        "id % 50 as key", "cast(id as double) as value", "id % 3 as time", "1L as diff")
+    for name, df in (("longs", longs), ("doubles", doubles)):
+        operators.write(df.where("time < 2"), url, name)
+        df.where("time < 2").write.format("persist").mode("append").option("collection",
+                                                                       name).save(ref)
+    table = operators.PersistTable.forPath(spark, url, "longs")
+    native = table.write(longs.where("time >= 2"), token=("t", 1))
+    assert native.native
+    assert native.landed
+    assert not table.write(longs.where("time >= 2"), token=("t", 1)).landed  # once
+    sink = operators.PersistTable.forPath(spark, url, "doubles").write(doubles.where("time >= 2"))
+    assert not sink.native
+    assert "double" in (sink.why or "")
+    for name, df, hi in (("longs", longs, 6), ("doubles", doubles, 3)):
+        df.where("time >= 2").write.format("persist").mode("append").option("collection",
+                                                                        name).save(ref)
+        assert canon(expected_updates(url, name, 0, hi)) == canon(expected_updates(ref, name,
+                                                                                   0, hi))
+        assert _upper(url, name) == hi
+    with pytest.raises(persist.InvalidUsage, match="native path cannot take it"):
+        operators.PersistTable.forPath(spark, url, "doubles").write(doubles, native=True)
