@@ -123,3 +123,29 @@ def test_a_driver_killed_between_staging_and_commit_on_s3_lands_once_or_not_at_a
     assert _upper(url, opts) == 5
     assert len(_updates(url, opts, 0, 5)) == 50_000
     blob.close()
+
+
+def test_a_session_setting_wins_and_an_s3a_failure_is_typed_with_nothing_written(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    opts = dict(s3_connection)
+    url = f"s3://{bucket}/loc"
+    hadoop = spark._jsc.hadoopConfiguration()
+    # the session points S3A at a closed port: the write must use it (and fail naming the
+    # setting), not the storage option's endpoint
+    settings = {"fs.s3a.endpoint": "http://127.0.0.1:9", "fs.s3a.retry.limit": "0",
+                "fs.s3a.attempts.maximum": "0"}
+    for k, v in settings.items():
+        hadoop.set(k, v)
+    try:
+        with pytest.raises(persist.ExternalError) as got:
+            operators.write(_rows(spark, 1000), url, "c", storage_options=opts)
+    finally:
+        for k in settings:
+            hadoop.unset(k)
+    first = str(got.value).splitlines()[0]
+    assert first.startswith("S3A could not reach the store")
+    assert "endpoint_url" in first
+    assert "http://127.0.0.1:9" in first
+    assert _objects(s3_client, bucket, "loc/data/") == []  # nothing staged is left
+    assert _upper(url, opts) == 0  # nothing landed
