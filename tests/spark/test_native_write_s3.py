@@ -10,7 +10,9 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -23,6 +25,7 @@ from persist.indexed.state import lease
 from persist.layout import lease_of
 from tests.spark.test_native_write import _driver, _rows, canon
 from tests.support.engine import updates_between
+from tests.support.faulty_proxy import FaultyProxy
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
@@ -149,3 +152,37 @@ def test_a_session_setting_wins_and_an_s3a_failure_is_typed_with_nothing_written
     assert "http://127.0.0.1:9" in first
     assert _objects(s3_client, bucket, "loc/data/") == []  # nothing staged is left
     assert _upper(url, opts) == 0  # nothing landed
+
+
+class _Copies:
+    """``FaultyProxy``'s ``fail``: records the source of every server-side copy S3A makes (a
+    PUT with ``x-amz-copy-source``, not boto3's) and fails no request."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
+        source = headers.get("x-amz-copy-source")
+        if method == "PUT" and source and "boto" not in headers.get("user-agent", "").lower():
+            with self._lock:
+                self.sources.append(source)
+        return False
+
+
+def test_spark_renames_each_part_once_within_the_lease_prefix(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    copies = _Copies()
+    with FaultyProxy(s3_connection["endpoint_url"], copies, max_seconds=300) as proxy:
+        via = {**s3_connection, "endpoint_url": proxy.url}
+        written = operators.write(_rows(spark, 60_000), f"s3://{bucket}/loc", "c",
+                                  storage_options=via)
+    assert written.native
+    data = _objects(s3_client, bucket, "loc/data/")
+    assert written.parts == len(data) == 3
+    # FileOutputCommitter's algorithm 2: one copy per file, at its task's commit (algorithm 1
+    # copies each twice), from the task attempt's file under the staging directory
+    assert len(copies.sources) == len(data), copies.sources
+    staged = data[0].rsplit("/", 1)[0]
+    assert all(f"{staged}/_temporary/" in src.replace("%2F", "/") for src in copies.sources)
