@@ -39,8 +39,8 @@ from typing import Any, Literal
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from operators.native import _effective, _java_classes, _unset
 from operators.options import LOCK_TIMEOUT, WriteOptions
+from operators.s3a import effective, java_classes, session_unset
 from operators.schema import arrow_type_for
 from operators.sink import prepare
 from persist import InvalidUsage, PersistError
@@ -232,8 +232,8 @@ def _s3a_failure(spark: Any, url: str, e: BaseException,
     """persist's error for ``e`` when it is S3A's failure to reach ``url`` (else None)."""
     if not url.startswith("s3://"):
         return None
-    classes, last = _java_classes(e)
-    return s3a_failure(_spark_url(url), classes, _effective(spark, dict(hadoop)), last)
+    classes, last = java_classes(e)
+    return s3a_failure(_spark_url(url), classes, effective(spark, dict(hadoop)), last)
 
 
 def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
@@ -245,7 +245,7 @@ def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
     st = staging(stager)
     parts = []
     spark = df.sparkSession
-    hadoop = _unset(spark, hadoop_options(target.url, target.storage_options))
+    hadoop = session_unset(spark, hadoop_options(target.url, target.storage_options))
     try:
         with _renewing(stager):
             try:
