@@ -1,6 +1,7 @@
 """The native write path against the ``persist`` sink and ``df.write.parquet`` (issue 30 #3).
 
     PYSPARK_PYTHON=.venv/bin/python python -m bench.native_write [--rows 3000000] [--rounds 3]
+        [--s3 moto|ministack]
 
 One ``local[2]`` SparkSession (default JIT). The source is ``--rows`` rows (``key`` long,
 ``value`` string, ``time`` long, ``diff`` long) written once as zstd Parquet and read back with
@@ -12,6 +13,11 @@ order, to fresh local directories:
 * *sink*: ``df.write.format("persist").mode("append")`` (the Python sink);
 * *parquet*: ``df.sortWithinPartitions("key", "value", "time").write.parquet`` with zstd;
 * *noop*: ``df.write.format("noop")`` (reading the source only).
+
+With ``--s3 SERVER`` every case writes to ``s3://`` (``s3a://`` for Spark) on a fresh bucket of
+an S3 test server this run starts (``tests/support/s3_servers.py``: moto or ministack on
+loopback), the session carrying the S3A JARs (``./dev jars s3a``) and the *parquet* case the
+same S3A settings as write options; the source stays a local file.
 
 Printed: the median seconds and M rows/s of each case, the ratios native/sink and
 native/parquet (of rates), and the median time the driver spent adopting the files (persist's
@@ -33,7 +39,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=3_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--s3", choices=("moto", "ministack"), default=None)
     a = ap.parse_args()
+    if a.s3 is None:
+        run(a, None)
+        return
+    from tests.support import s3_servers
+
+    with tempfile.TemporaryDirectory(prefix="persist-bench-s3-") as tmp, \
+            s3_servers.start(a.s3, Path(tmp)) as server:
+        run(a, server.connection())
+
+
+def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
+    """The benchmark, on local files (``s3`` None) or on the S3 server ``s3`` reaches."""
 
     from pyspark.sql import SparkSession
 
@@ -53,7 +72,22 @@ def main() -> None:
     nw.adopt = timed_adopt  # type: ignore[assignment]
 
     root = Path(tempfile.mkdtemp(prefix="persist-native-write-"))
-    spark = (SparkSession.builder.master("local[2]").appName("persist-native-write-bench")
+    builder = SparkSession.builder
+    s3a: dict[str, str] = {}
+    bucket = ""
+    if s3 is not None:
+        import uuid
+
+        from persist.blob import aws
+        from persist.distributed import hadoop_options
+        from tests.support import jars
+
+        builder = jars.with_jars(builder, "s3a")
+        bucket = f"bench-{uuid.uuid4().hex[:12]}"
+        opts, _ = aws.AwsOptions.split(s3)
+        aws.client("s3", opts).create_bucket(Bucket=bucket)
+        s3a = hadoop_options(f"s3://{bucket}", s3)
+    spark = (builder.master("local[2]").appName("persist-native-write-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
              .config("spark.sql.shuffle.partitions", "3").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
@@ -67,24 +101,30 @@ def main() -> None:
         df = spark.read.parquet(src)
         assert df.rdd.getNumPartitions() >= 1
 
+        def url(out: Path) -> str:
+            return f"s3://{bucket}/{out.name}" if s3 is not None else f"file://{out}"
+
         def native(out: Path) -> None:
-            operators.write(df, f"file://{out}", "c")
+            operators.write(df, url(out), "c", storage_options=s3)
 
         def unsorted(out: Path) -> None:
-            operators.write(df, f"file://{out}", "c", sort=False)
+            operators.write(df, url(out), "c", sort=False, storage_options=s3)
 
         def sink(out: Path) -> None:
-            df.write.format("persist").mode("append").option("collection", "c").save(
-                f"file://{out}")
+            (df.write.format("persist").mode("append").option("collection", "c")
+             .options(**{f"storage_options.{k}": v for k, v in (s3 or {}).items()})
+             .save(url(out)))
 
         def parquet(out: Path) -> None:
-            (df.sortWithinPartitions("key", "value", "time").write
-             .option("compression", "zstd").parquet(str(out)))
+            (df.sortWithinPartitions("key", "value", "time").write.options(**s3a)
+             .option("compression", "zstd")
+             .parquet(url(out).replace("s3://", "s3a://", 1) if s3 is not None else str(out)))
 
         def noop(out: Path) -> None:
             df.write.format("noop").mode("overwrite").save()
 
-        cases = {"native": native, "unsorted": unsorted, "sink": sink, "parquet": parquet, "noop": noop}
+        cases = {"native": native, "unsorted": unsorted, "sink": sink, "parquet": parquet,
+                 "noop": noop}
         for name, fn in cases.items():  # warm-up: JIT, codegen, Python workers
             fn(root / f"warm-{name}")
             shutil.rmtree(root / f"warm-{name}", ignore_errors=True)
@@ -99,6 +139,8 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t)
                 shutil.rmtree(out, ignore_errors=True)
         med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{a.rows} rows, {a.rounds} rounds, on "
+              f"{'local files' if s3 is None else a.s3 + ' (S3A)'}")
         for k, v in med.items():
             print(f"{k:8s} median {v:6.2f} s  {a.rows / v / 1e6:5.2f} M rows/s  "
                   f"(rounds: {', '.join(f'{x:.2f}' for x in times[k])})")

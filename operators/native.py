@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import pyarrow as pa
 
@@ -61,8 +61,14 @@ import persist
 from operators.options import Target
 from operators.partitions import BATCH_ROWS, TaskPartition, describe
 from operators.partitions import read as read_partition
+from operators.s3a import effective as _effective
+from operators.s3a import java_classes as _java_classes
+from operators.s3a import session_unset as _unset
 from operators.schema import CollectionTypes, from_spark, to_spark
 from persist import InvalidUsage
+
+if TYPE_CHECKING:
+    from operators.native_write import Written
 
 #: Spark reader options of every native read: verify page checksums (zstd alone does not
 #: protect data), and fail rather than skip a missing or damaged file.
@@ -84,7 +90,7 @@ DIFF_OVERFLOW = ("DiffOverflow: the diffs of one (key, value) sum outside int64 
 class PersistTable:
     """A persist collection for Spark's native reader (see the module docstring).
 
-    Made with :meth:`forPath`; :meth:`toDF` reads it.
+    Made with :meth:`forPath`; :meth:`toDF` reads it, :meth:`write` appends to it.
     """
 
     def __init__(self, spark: Any, target: Target, reader_options: dict[str, str]) -> None:
@@ -138,6 +144,21 @@ class PersistTable:
     def info(self) -> persist.distributed.CollectionInfo:
         """The collection as the location's latest metadata shows it."""
         return describe(self._target)
+
+    def write(self, df: Any, *, mode: Literal["append", "overwrite"] = "append",
+              upper: int | None = None, token: tuple[str, int] | None = None,
+              native: bool | None = None, sort: bool = True) -> Written:
+        """Appends ``df``'s updates (``key, value, time, diff``) to the collection and seals
+        to ``upper``, in one atomic commit: by Spark's own Parquet writer when the native
+        write path takes it, else by the ``persist`` sink, with the same outcome (the
+        location's ``storage_options`` configure both). :func:`operators.write` with this
+        table's location, collection and storage options: its arguments, errors and result
+        (:class:`operators.Written`, saying which path ran and why)."""
+        from operators.native_write import write
+
+        t = self._target
+        return write(df, t.url, t.collection, mode=mode, upper=upper, token=token,
+                     storage_options=dict(t.storage_options), native=native, sort=sort)
 
     def toDF(self, *, as_of: int | None = None, consolidated: bool = True,
              partitions: int | None = None, **unknown: Any) -> Any:
@@ -219,59 +240,6 @@ def sql_groups(types: CollectionTypes) -> bool:
     consolidation does: when no float is anywhere in them. Spark normalizes floats in grouping
     keys (``-0.0`` groups with ``0.0``); persist keeps them two records (every NaN is one)."""
     return all(_nowhere(t, pa.types.is_floating) for t in (types.key, types.value))
-
-
-def _unset(spark: Any, options: dict[str, str]) -> dict[str, str]:
-    """``options`` without the keys the session sets itself: a ``spark.hadoop.<key>`` setting,
-    or a key of its Hadoop configuration set other than by Hadoop's ``*-default.xml``."""
-    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
-    hadoop = conf() if conf is not None else None
-
-    def session_sets(key: str) -> bool:
-        if spark.conf.get(f"spark.hadoop.{key}", None) is not None:
-            return True
-        # NB: a key unset after it was set keeps its source: look at the value too
-        if hadoop is None or hadoop.get(key) is None:
-            return False
-        sources = hadoop.getPropertySources(key)
-        return sources is not None and any(not str(src).endswith("-default.xml")
-                                           for src in sources)
-
-    return {k: v for k, v in options.items() if not session_sets(k)}
-
-
-def _effective(spark: Any, options: dict[str, str]) -> dict[str, str]:
-    """The S3A settings a read used, for a failure's message: its own options, else the
-    session's Hadoop configuration."""
-    conf = getattr(getattr(spark, "_jsc", None), "hadoopConfiguration", None)
-    hadoop = conf() if conf is not None else None
-    out: dict[str, str] = {}
-    for key in persist.distributed.S3A_SOURCES:
-        value = options.get(key)
-        if value is None and hadoop is not None:
-            got = hadoop.get(key)
-            value = None if got is None else str(got)
-        if value is not None:
-            out[key] = value
-    return out
-
-
-def _java_classes(e: BaseException) -> tuple[list[str], str]:
-    """The Java exception class names of ``e``'s cause chain (a Py4J error's, or a PySpark
-    error captured from the JVM), outermost first, and the innermost one's first line."""
-    throwable = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
-    names: list[str] = []
-    last = ""
-    seen = 0
-    while throwable is not None and seen < 32:
-        try:
-            names.append(str(throwable.getClass().getName()))
-            last = str(throwable.toString()).splitlines()[0] if throwable.toString() else last
-            throwable = throwable.getCause()
-        except Exception:  # not a Java object after all
-            break
-        seen += 1
-    return names, last
 
 
 #: From how many files of one folder a read lists the folder (one listing, whatever the

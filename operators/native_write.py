@@ -40,6 +40,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from operators.options import LOCK_TIMEOUT, WriteOptions
+from operators.s3a import effective, java_classes, session_unset
 from operators.schema import arrow_type_for
 from operators.sink import prepare
 from persist import InvalidUsage, PersistError
@@ -50,7 +51,9 @@ from persist.distributed import (
     Token,
     adopt,
     clean_staging,
+    hadoop_options,
     native_types,
+    s3a_failure,
     staging,
 )
 
@@ -196,21 +199,41 @@ def _renewing(stager: Stager) -> Iterator[None]:
         t.join()
 
 
-def _write_parquet(df: DataFrame, st: Staging, sort: bool) -> None:
+def _write_parquet(df: DataFrame, st: Staging, sort: bool, hadoop: Mapping[str, str]) -> None:
     """Spark writes ``df`` as part files into ``st``'s directory (each partition sorted by
-    ``(key, value, time)`` if ``sort``)."""
+    ``(key, value, time)`` if ``sort``), with the Hadoop settings ``hadoop`` (S3A's, from the
+    location's ``storage_options``).
+
+    NB: Spark's ``FileOutputCommitter`` writes each task's file under ``_temporary/`` in the
+    directory and renames it into place when the task commits (algorithm 2: one rename per
+    file, at task commit; the job commit only cleans up). On S3A a rename is a server-side
+    COPY and a DELETE: no byte goes through Spark, and every key it makes, temporary or not,
+    lies in the lease's directory. Writing to the final key without the copy needs the S3A
+    magic committer, which Spark binds only through spark-hadoop-cloud's commit protocol, a
+    session-wide setting (DESIGN.md §11a)."""
     rows = df.select(F.col("key"), F.col("value"), F.col("time").cast("long").alias("time"),
                      F.col("diff").cast("long").alias("diff"))
     ordered = rows.sortWithinPartitions(F.col("key").asc_nulls_last(),
                                         F.col("value").asc_nulls_last(),
                                         F.col("time").asc()) if sort else rows
     (ordered.write.mode("errorifexists")
+     .options(**hadoop)
+     .option("mapreduce.fileoutputcommitter.algorithm.version", "2")
      .option("compression", "zstd")
      .option("parquet.compression.codec.zstd.level", "1")
      .option("parquet.page.write-checksum.enabled", "true")
      .option("parquet.block.row.count.limit", str(st.batch_rows))
      .option("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")
      .parquet(_spark_url(st.url)))
+
+
+def _s3a_failure(spark: Any, url: str, e: BaseException,
+                 hadoop: Mapping[str, str]) -> PersistError | None:
+    """persist's error for ``e`` when it is S3A's failure to reach ``url`` (else None)."""
+    if not url.startswith("s3://"):
+        return None
+    classes, last = java_classes(e)
+    return s3a_failure(_spark_url(url), classes, effective(spark, dict(hadoop)), last)
 
 
 def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
@@ -221,9 +244,19 @@ def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
                           storage_options=target.storage_options, schema_version=schema_id)
     st = staging(stager)
     parts = []
+    spark = df.sparkSession
+    hadoop = session_unset(spark, hadoop_options(target.url, target.storage_options))
     try:
         with _renewing(stager):
-            _write_parquet(df, st, sort)
+            try:
+                _write_parquet(df, st, sort, hadoop)
+            except Exception as e:
+                # NB: S3A's failures to reach the store (connector, credentials, endpoint)
+                # are told by the Java classes of the cause chain, as a native read's.
+                failure = _s3a_failure(spark, st.url, e, hadoop)
+                if failure is not None:
+                    raise failure from None
+                raise
         # NB: with a token, a retry of a write that landed has rows below the upper now:
         # staged anyway, and its commit drops them by the token (one that did not land and
         # has rows below the upper is refused by the commit).

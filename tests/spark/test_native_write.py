@@ -174,14 +174,18 @@ def test_bad_rows_are_refused_and_nothing_is_left(spark: Any, tmp_path: Path, ti
     assert _files(url) == before  # the refused write's staged files were deleted
 
 
-def _driver(dst: str, rows: int, crash: str | None) -> subprocess.Popen[str]:
+def _driver(dst: str, rows: int, crash: str | None,
+            storage_options: str | None = None) -> subprocess.Popen[str]:
+    """The kill test's driver process (tests/spark/native_write_driver.py) writing to ``dst``
+    (``storage_options``: JSON, for an ``s3://`` location), crashing at ``crash``."""
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.pop("PERSIST_CRASH_AT", None)
     if crash is not None:
         env["PERSIST_CRASH_AT"] = crash
-    return subprocess.Popen([sys.executable, "-m", "tests.spark.native_write_driver", dst,
-                             str(rows)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+    args = [dst, str(rows)] + ([storage_options] if storage_options is not None else [])
+    return subprocess.Popen([sys.executable, "-m", "tests.spark.native_write_driver", *args],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -254,3 +258,30 @@ def test_a_stream_writes_natively_in_foreach_batch_once_per_batch(spark: Any,
     assert canon(expected_updates(dst, "copy", 0, 6)) == canon(expected_updates(src, "events",
                                                                                  0, 6))
     assert _upper(dst, "copy") == 6
+
+
+def test_persist_table_write_is_the_same_call_either_way(spark: Any, tmp_path: Path) -> None:
+    url, ref = location(tmp_path, "a"), location(tmp_path, "b")
+    longs = _rows(spark, 20_000)
+    doubles = spark.range(0, 5000, numPartitions=2).selectExpr(
+        "id % 50 as key", "cast(id as double) as value", "id % 3 as time", "1L as diff")
+    for name, df in (("longs", longs), ("doubles", doubles)):
+        operators.write(df.where("time < 2"), url, name)
+        df.where("time < 2").write.format("persist").mode("append").option("collection",
+                                                                       name).save(ref)
+    table = operators.PersistTable.forPath(spark, url, "longs")
+    native = table.write(longs.where("time >= 2"), token=("t", 1))
+    assert native.native
+    assert native.landed
+    assert not table.write(longs.where("time >= 2"), token=("t", 1)).landed  # once
+    sink = operators.PersistTable.forPath(spark, url, "doubles").write(doubles.where("time >= 2"))
+    assert not sink.native
+    assert "double" in (sink.why or "")
+    for name, df, hi in (("longs", longs, 6), ("doubles", doubles, 3)):
+        df.where("time >= 2").write.format("persist").mode("append").option("collection",
+                                                                        name).save(ref)
+        assert canon(expected_updates(url, name, 0, hi)) == canon(expected_updates(ref, name,
+                                                                                   0, hi))
+        assert _upper(url, name) == hi
+    with pytest.raises(persist.InvalidUsage, match="native path cannot take it"):
+        operators.PersistTable.forPath(spark, url, "doubles").write(doubles, native=True)
