@@ -56,10 +56,12 @@ from persist.indexed.format.meta import (
 
 T = TypeVar("T")
 
-#: About how many collections one piece holds (at ~4.5 KB of metadata per collection with a
-#: few inline parts, ~300 KB): a rollup of a location with one changed collection writes one
-#: piece of about this many plus the manifest (~60 bytes per piece).
-COLLECTIONS_PER_PIECE = 64
+#: At most how many collections one piece holds on average: a rollup of a location with one
+#: changed collection writes one piece of about this many (at ~4.5 KB of metadata per
+#: collection with an inline part, ~70-140 KB) plus the manifest (~56 bytes per piece: 512
+#: pieces, ~29 KB, at 10,000 collections). Smaller pieces shrink the first and grow the
+#: second, and the GETs of an open (DESIGN.md §4).
+COLLECTIONS_PER_PIECE = 32
 #: Pieces read or written at once (a file store's fsyncs and an object store's requests
 #: overlap; the decoding holds the GIL either way).
 IO_THREADS = 8
@@ -199,6 +201,8 @@ class Pieces:
         """Knows no piece: the newest rollup is whole, or none exists."""
         #: The newest rollup's bucket count (0: it is a whole state, or there is none).
         self.buckets = 0
+        #: That rollup's seq (0: none known).
+        self.seq = 0
         self.held: dict[int, _Held] = {}
         #: Pieces older rollups reference and the newest does not: key -> the first rollup
         #: seq that does not.
@@ -211,11 +215,16 @@ class Pieces:
     def loaded(self, rollup: Rollup | None) -> None:
         """Takes in the rollup a load started from (None: none)."""
         with self._lock:
+            if rollup is not None and rollup.state.seq < self.seq:
+                # NB: a reload that listed the rollups before this writer's newest one was
+                # written: what it holds is newer, and its ``dropped`` complete.
+                return
             if rollup is None or rollup.manifest is None or rollup.groups is None:
                 self.buckets, self.held, self.dropped = 0, {}, {}
+                self.seq = 0 if rollup is None else rollup.state.seq
                 return
             m = rollup.manifest
-            self.buckets = m.buckets
+            self.buckets, self.seq = m.buckets, m.seq
             self.held = {r.bucket: _Held(r, rollup.groups[r.bucket][0],
                                          rollup.groups[r.bucket][1]) for r in m.pieces}
             self.dropped = {d.key: d.seq for d in m.dropped}
@@ -235,6 +244,8 @@ class Pieces:
             known, held, dropped = self.buckets, dict(self.held), dict(self.dropped)
         if buckets == 1 and known == 0:
             blob.set(key, meta.encode_rollup(state, trim))
+            with self._lock:
+                self.seq = max(self.seq, state.seq)
             return key
         groups: dict[int, dict[str, CollectionMeta]] = {}
         for name, c in state.collections.items():
@@ -270,6 +281,7 @@ class Pieces:
         blob.set(key, meta.encode_manifest(manifest))
         with self._lock:
             self.buckets, self.held, self.dropped = buckets, now, dropped
+            self.seq = max(self.seq, state.seq)
         return key
 
     def collect(self, blob: Blob, upto: int) -> int:
