@@ -6,8 +6,8 @@ writer's open, at 1 collection against 10,000.
 
 For each count ``n``, on a fresh file location (``fsync`` off: bytes and decoding are
 measured, not the disk): creates ``n`` collections, each with one 100-row append, and rolls
-up; then appends 100 rows at a time to one collection for ``S`` seconds with the background
-maintenance on (a rollup every 64 commits, the metadata trim after ``G`` seconds), sampling
+up; then appends 100 rows at a time to one collection for ``S`` seconds (its since following
+its upper every 100 appends) with the background maintenance on (a rollup every 64 commits, the metadata trim after ``G`` seconds), sampling
 the bytes under ``meta/`` every second; then closes and opens the writer 5 times. Reports the
 bytes of one whole rollup (manifest and every piece it names), the bytes written per rollup
 during the run (manifests and pieces), the most metadata bytes kept at once, and the median
@@ -107,6 +107,8 @@ def run(n: int, seconds: float, grace: float, root: Path) -> dict[str, float]:
             t = r.upper
             w.append([((-t * 1000 - i, i), t, 1) for i in range(100)], upper=t + 1).result()
             appends += 1
+            if appends % 100 == 0:
+                w.allow_compaction(t)  # since follows upper, as a service's would
             if time.monotonic() >= next_sample:
                 peak = max(peak, _du(loc / "meta"))
                 next_sample += 1.0
@@ -133,6 +135,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--grace", type=float, default=300.0)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--keep", action="store_true", help="keep the locations (loc-<n>)")
     ap.add_argument("--whole", action="store_true",
                     help="whole-state rollups, as before incremental ones (the baseline)")
     args = ap.parse_args()
@@ -141,8 +144,13 @@ def main() -> None:
 
         pieces.COLLECTIONS_PER_PIECE = 1 << 30
     _count_writes()
-    with tempfile.TemporaryDirectory(dir=args.dir) as d:
+    if args.keep:
+        d = tempfile.mkdtemp(dir=args.dir)
         results = [run(n, args.seconds, args.grace, Path(d)) for n in args.collections]
+        print(f"locations kept under {d}")
+    else:
+        with tempfile.TemporaryDirectory(dir=args.dir) as d:
+            results = [run(n, args.seconds, args.grace, Path(d)) for n in args.collections]
     print(f"load average at the end: {os.getloadavg()}")
     for res in results:
         print("  ".join(f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v:,}"

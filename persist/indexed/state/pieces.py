@@ -30,6 +30,7 @@ manifests (an older persist refuses them with ``IncompatibleFormat``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -75,6 +76,7 @@ def buckets_for(n: int) -> int:
     return 1 << (need - 1).bit_length()
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def bucket_of(name: str, buckets: int) -> int:
     """The bucket of collection ``name`` among ``buckets``: stable across processes
     (crc32 of its UTF-8 name)."""
