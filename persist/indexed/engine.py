@@ -1026,7 +1026,10 @@ class Indexed:
             self._leaks = gc.LeakSweeper(grace)
         self._next_leak_sweep = now + grace / 2
         deleted = self._leaks.sweep(self.blob, state, now)
-        orphans = self.machine.pieces.sweep(self.blob, grace, now)
+        # NB: never sooner than twice the metadata grace: a rollup whose manifest's write was
+        # indeterminate (stored, but unknown to this writer) names its pieces until trimmed.
+        orphans = self.machine.pieces.sweep(
+            self.blob, max(grace, 2 * self.options.gc_grace_seconds), now)
         if orphans:
             log.info("deleted %d orphan rollup pieces (named by no rollup for over %gs)",
                      len(orphans), grace)

@@ -14,11 +14,13 @@ import pytest
 import persist
 from persist import layout
 from persist.blob.file import FileBlob
+from persist.cli.inspect import describe
 from persist.errors import Corruption, IncompatibleFormat
 from persist.indexed.engine import Indexed
 from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state import pieces
+from persist.location import resolve
 from tests.golden.make_golden_v5 import expected_of
 from tests.golden.make_golden_v6 import COLLECTIONS
 from tests.golden.records import fixed_state
@@ -57,6 +59,10 @@ def test_v6_location_reads_identically(tmp_path: Path) -> None:
     newest = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
     assert meta.is_manifest(newest, bytes(blob.get(newest) or b""))
     assert verify(blob.read_only()).problems == []
+    info = describe(resolve(str(loc)))
+    assert info["format_version"] == 6
+    assert info["rollup_pieces"] == len(blob.list_keys(layout.PIECE_PREFIX)) > 0
+    assert len(info["collections"]) == COLLECTIONS
     # a writer of today opens it, writes, and rolls up on the same pieces
     with persist.open(loc, reentrance_id="golden") as client:
         w, r = client.create_or_load("c5", key_type=pa.string(), value_type=pa.int64())
