@@ -3,7 +3,9 @@
 Every other module asks this one for keys and prefixes; none spells a path itself::
 
     meta/log/<seq:020d>        Commit      one per metadata commit; created with set_if_absent
-    meta/rollup/<seq:020d>     State       the whole state as of <seq>, written every few commits
+    meta/rollup/<seq:020d>     State       the whole state as of <seq>, written every few commits,
+                               or Manifest  its location-level fields and the pieces holding its collections
+    meta/piece/<digest>        Piece       the collections of one bucket of a rollup, named by content
     meta/notify                Advert      where a writer with notify=True pushes new seqs
     data/<cid>/<part id>       Arrow IPC   one columnar part (zstd), immutable, unique name
     LOCK                       LockRecord  the writer lock, when it lives beside the data
@@ -38,6 +40,8 @@ META_PREFIX = "meta/"
 LOG_PREFIX = "meta/log/"
 #: Rollups: the whole state as of a seq.
 ROLLUP_PREFIX = "meta/rollup/"
+#: Rollup pieces (``persist.indexed.state.pieces``): immutable, named by their content.
+PIECE_PREFIX = "meta/piece/"
 #: A writer's notifier advert. NB: outside ``meta/log/`` and ``meta/rollup/``, so neither a
 #: replay nor a GC of metadata ever sees it.
 NOTIFY_KEY = "meta/notify"
@@ -77,6 +81,11 @@ def log_key(seq: int) -> str:
 def rollup_key(seq: int) -> str:
     """Returns the key of the rollup as of ``seq``."""
     return f"{ROLLUP_PREFIX}{seq:020d}"
+
+
+def piece_key(digest: str) -> str:
+    """Returns the key of the rollup piece whose stored bytes have the hex digest ``digest``."""
+    return f"{PIECE_PREFIX}{digest}"
 
 
 def seq_of(key: str) -> int:
@@ -225,6 +234,7 @@ __all__ = [
     "META_PREFIX",
     "NOTIFY_KEY",
     "PENDING_PREFIX",
+    "PIECE_PREFIX",
     "PIN_PREFIX",
     "REF_PREFIX",
     "REVOKED_PREFIX",
@@ -242,6 +252,7 @@ __all__ = [
     "owner_of",
     "parse_ref",
     "pending_key",
+    "piece_key",
     "pin_key",
     "ref_key",
     "revoked_key",

@@ -90,7 +90,13 @@ def describe(loc: Location, *, live: bool = False,
     require_metadata(blob, loc.url)
     logs = blob.list_keys(layout.LOG_PREFIX)
     rollups = blob.list_keys(layout.ROLLUP_PREFIX)
-    state = Machine(blob).load()
+    pieces = blob.list_keys(layout.PIECE_PREFIX)
+    machine = Machine(blob)
+    state = machine.load()
+    # NB: a location whose newest rollup is a manifest is version 6 on disk, whatever its
+    # collections need (an older persist refuses it).
+    version = max(meta.required_version(state),
+                  meta.MANIFEST_FORMAT_VERSION if machine.pieces.buckets else 0)
     address = Address.of(loc.url, storage_options)
     collections = []
     costs = costs_of(blob, state)
@@ -103,7 +109,7 @@ def describe(loc: Location, *, live: bool = False,
         collections.append(entry)
     return {
         "url": loc.url,
-        "format_version": meta.required_version(state),
+        "format_version": version,
         "reads_up_to_format_version": meta.FORMAT_VERSION,
         "envelope_version": ENVELOPE_VERSION,
         "seq": state.seq,
@@ -114,6 +120,7 @@ def describe(loc: Location, *, live: bool = False,
         "log_range": [layout.seq_of(logs[0]), layout.seq_of(logs[-1])] if logs else None,
         "rollups": len(rollups),
         "newest_rollup": layout.seq_of(rollups[-1]) if rollups else None,
+        "rollup_pieces": len(pieces),
         "next_collection_id": state.next_cid,
         "retired_blobs": len(state.retired),
         "pinned_blobs": len(pins.pinned(blob)),
@@ -142,7 +149,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     logs = f"{info['log_entries']} log entries" + (f" (seq {rng[0]}..{rng[1]})" if rng else "")
     rollups = f"{info['rollups']} rollups" + (
         f" (newest seq {info['newest_rollup']})" if info["rollups"] else "")
-    print(f"metadata:   {logs}, {rollups}", file=out)
+    pieces = f", {info['rollup_pieces']} rollup pieces" if info["rollup_pieces"] else ""
+    print(f"metadata:   {logs}, {rollups}{pieces}", file=out)
     print_lock(info["lock"], out)
     print(f"retired:    {info['retired_blobs']} blobs awaiting garbage collection", file=out)
     print(f"collections: {len(info['collections'])}", file=out)

@@ -1045,7 +1045,11 @@ class Indexed:
         upto = self._trim.ripe(self.options.gc_grace_seconds)
         if upto is None:
             return 0
-        return self._trim.trim(self.blob, upto)
+        n = self._trim.trim(self.blob, upto)
+        if (self._trim.trimmed or 0) >= upto:
+            # NB: the rollups below ``upto`` are deleted now: so go the pieces only they named.
+            n += self.machine.pieces.collect(self.blob, upto)
+        return n
 
     def reclaim_leaked(self, state: Callable[[], State]) -> bool:
         """Sweeps for leaked data blobs (:class:`~persist.indexed.maintenance.gc.LeakSweeper`)
@@ -1066,6 +1070,13 @@ class Indexed:
             self._leaks = gc.LeakSweeper(grace)
         self._next_leak_sweep = now + grace / 2
         deleted = self._leaks.sweep(self.blob, state, now)
+        # NB: never sooner than twice the metadata grace: a rollup whose manifest's write was
+        # indeterminate (stored, but unknown to this writer) names its pieces until trimmed.
+        orphans = self.machine.pieces.sweep(
+            self.blob, max(grace, 2 * self.options.gc_grace_seconds), now)
+        if orphans:
+            log.info("deleted %d orphan rollup pieces (named by no rollup for over %gs)",
+                     len(orphans), grace)
         if deleted:
             log.info("deleted %d leaked data blobs (unreferenced for over %gs): %s",
                      len(deleted), grace, deleted[:5])

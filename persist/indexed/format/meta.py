@@ -66,6 +66,18 @@ that references a blob it does not own are version 5. Named holds (``CollectionM
 ``SetHold.kind``/``lease_ms``/``lapse``) and ``CollectionMeta.lineage`` need no version: an
 older persist ignores them and computes the same effective since (a lapsed hold is not in
 ``holds``), it only lacks their names, leases and lapses.
+
+Version 6 is incremental rollups (:mod:`persist.indexed.state.pieces`, DESIGN.md §9): a rollup
+of a location with many collections is a :class:`Manifest` (the location-level fields of the
+state and the list of its pieces, :class:`PieceRef`) stored at ``meta/rollup/<seq>``, its
+collections in immutable :class:`Piece` records at ``meta/piece/<digest>`` (named by their
+content), so a rollup rewrites only the pieces whose collections changed. A persist that
+predates it reads the manifest's version first and refuses it with ``IncompatibleFormat``: it
+never reads a manifest as a state with no collections. A location of few collections (one
+piece's worth) keeps writing whole :class:`State` rollups, byte for byte as before, until it
+first writes a manifest. A manifest and a piece are version 6 or, if a collection they hold
+needs more, that version; a whole :class:`State` rollup is never version 6 or above, which is
+how a reader tells the two apart (:func:`is_manifest`).
 """
 
 from __future__ import annotations
@@ -82,7 +94,7 @@ from persist.indexed.format.stats import PartStats
 
 #: The newest metadata format this persist reads (and writes for records referencing Parquet
 #: parts, forks and restores).
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
 #: The format of records carrying a collection of records (version-2 types).
@@ -94,6 +106,9 @@ PARQUET_FORMAT_VERSION = 4
 #: The format of records carrying a reference to a blob another collection owns (a fork), or a
 #: restore of an earlier state.
 REFS_FORMAT_VERSION = 5
+#: The format of a rollup's manifest and its pieces (incremental rollups); every record of
+#: this version or newer stored at a rollup key is a :class:`Manifest`.
+MANIFEST_FORMAT_VERSION = 6
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -451,6 +466,51 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     trim: Trim | msgspec.UnsetType = msgspec.UNSET
 
 
+class PieceRef(msgspec.Struct, frozen=True, array_like=True):
+    """One piece of a rollup: the collections hashed into ``bucket``
+    (:func:`persist.indexed.state.pieces.bucket_of`), stored at ``key``
+    (``meta/piece/<digest>``, the blake2b digest of its stored bytes), ``count`` collections in
+    ``nbytes`` bytes."""
+
+    bucket: int
+    key: str
+    count: int
+    nbytes: int
+
+
+class Dropped(msgspec.Struct, frozen=True, array_like=True):
+    """A piece an older rollup references and this one does not: no rollup from ``seq`` on
+    references it, so it is deleted with the last rollup below ``seq`` (the metadata trim)."""
+
+    key: str
+    seq: int
+
+
+class Piece(msgspec.Struct, frozen=True, kw_only=True):
+    """The collections of one bucket of a rollup (name -> metadata). Immutable once stored."""
+
+    version: int = MANIFEST_FORMAT_VERSION
+    collections: dict[str, CollectionMeta] = msgspec.field(default_factory=dict)
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """An incremental rollup as of ``seq``: :class:`State`'s fields but its collections, which
+    are in ``pieces`` (hashed into ``buckets`` buckets, at most one piece each; an empty bucket
+    has none), plus the pieces older rollups still reference (``dropped``)."""
+
+    version: int = MANIFEST_FORMAT_VERSION
+    seq: int = 0
+    epoch: int = 0
+    writer: str = ""
+    wall_ms: int = 0
+    next_cid: int = 1
+    retired: tuple[Retired, ...] = ()
+    buckets: int = 1
+    pieces: tuple[PieceRef, ...] = ()
+    dropped: tuple[Dropped, ...] = ()
+    trim: Trim | msgspec.UnsetType = msgspec.UNSET
+
+
 class _Versioned(msgspec.Struct):
     version: int
 
@@ -459,6 +519,8 @@ _ENC = msgspec.msgpack.Encoder()
 _COMMIT_DEC = msgspec.msgpack.Decoder(Commit)
 _STATE_DEC = msgspec.msgpack.Decoder(State)
 _VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
+_MANIFEST_DEC = msgspec.msgpack.Decoder(Manifest)
+_PIECE_DEC = msgspec.msgpack.Decoder(Piece)
 
 
 _OP_DECODERS: dict[type[Any], msgspec.msgpack.Decoder[Any]] = {
@@ -638,6 +700,10 @@ def decode_rollup(key: str, data: bytes) -> tuple[State, Trim | None]:
         Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
         IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
     """
+    if is_manifest(key, data) and version_of(key, data) <= FORMAT_VERSION:
+        # NB: a manifest decoded as a State would read as a location without collections.
+        raise Corruption(key, "a rollup manifest, not a whole state: it is read with its "
+                              "pieces (persist.indexed.state.pieces.read_rollup)")
     state: State = _decode_at(key, data, _STATE_DEC, "rollup")
     trim = state.trim
     if isinstance(trim, msgspec.UnsetType):
@@ -659,3 +725,49 @@ def _decode_at(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any], wha
         raise Corruption(key, f"{what} says seq {record.seq} but is stored as "
                               f"{layout.seq_of(key)}")
     return record
+
+
+def is_manifest(key: str, data: bytes) -> bool:
+    """Whether the rollup record ``data`` (stored at ``key``) is a :class:`Manifest` (version 6
+    or newer; a whole state rollup is at most 5).
+
+    Raises:
+        Corruption: not a msgpack record with an int ``version``.
+    """
+    return version_of(key, data) >= MANIFEST_FORMAT_VERSION
+
+
+def encode_piece(collections: dict[str, CollectionMeta]) -> bytes:
+    """The stored bytes of a piece holding ``collections`` (version 6, or more if one of them
+    needs it)."""
+    version = max((collection_version(c) for c in collections.values()),
+                  default=MANIFEST_FORMAT_VERSION)
+    return _ENC.encode(Piece(version=max(version, MANIFEST_FORMAT_VERSION),
+                             collections=collections))
+
+
+def decode_piece(key: str, data: bytes) -> Piece:
+    """Decodes the piece stored under ``key``.
+
+    Raises:
+        Corruption: undecodable.
+        IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
+    """
+    piece: Piece = _decode(key, data, _PIECE_DEC)
+    return piece
+
+
+def encode_manifest(manifest: Manifest) -> bytes:
+    """The stored bytes of ``manifest`` (its version as given: the highest of its pieces')."""
+    return _ENC.encode(manifest)
+
+
+def decode_manifest(key: str, data: bytes) -> Manifest:
+    """Decodes the manifest stored under ``key`` (a ``meta/rollup/<seq>`` key).
+
+    Raises:
+        Corruption: undecodable, or its ``seq`` is not the one ``key`` names.
+        IncompatibleFormat: a format version newer than :data:`FORMAT_VERSION`.
+    """
+    manifest: Manifest = _decode_at(key, data, _MANIFEST_DEC, "rollup manifest")
+    return manifest

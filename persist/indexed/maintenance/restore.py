@@ -25,7 +25,7 @@ from persist.blob.base import BlobRead
 from persist.errors import InvalidUsage
 from persist.indexed.format import meta
 from persist.indexed.format.meta import CollectionMeta, Restore, State
-from persist.indexed.state import holds, refs
+from persist.indexed.state import holds, pieces, refs
 from persist.indexed.state.transitions import apply
 
 
@@ -48,7 +48,11 @@ def state_at(blob: BlobRead, seq: int) -> State:
         if data is None:
             raise InvalidUsage(f"seq {seq} is no longer restorable: rollup {base} vanished "
                                f"(trimmed meanwhile)")
-        state = meta.decode_state(layout.rollup_key(base), data)
+        try:
+            state = pieces.read_rollup(blob, layout.rollup_key(base), data).state
+        except pieces.PieceMissing as e:
+            raise InvalidUsage(f"seq {seq} is no longer restorable: rollup {base} lost a "
+                               f"piece (trimmed meanwhile): {e}") from e
     for s in range(base + 1, seq + 1):
         key = layout.log_key(s)
         data = blob.get(key) if s in logs else None

@@ -26,7 +26,7 @@ from persist.errors import Corruption, IncompatibleFormat, MissingResource, Pers
 from persist.indexed.format import columnar, evolve, meta, parquet, sorting
 from persist.indexed.format.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.maintenance import gc
-from persist.indexed.state import lease, pins, refs
+from persist.indexed.state import lease, pieces, pins, refs
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import apply
 
@@ -439,7 +439,8 @@ def _verify_metadata(blob: BlobRead, log_keys: list[str], rollup_keys: list[str]
             if key.startswith(layout.LOG_PREFIX):
                 commits[layout.seq_of(key)] = meta.decode_commit(key, record)
             else:
-                rollup = meta.decode_state(key, record)
+                # NB: a manifest's pieces are read here, each checked against its digest.
+                rollup = pieces.read_rollup(blob, key, record, check=True).state
                 rollups[rollup.seq] = rollup
                 report.problems.extend(check_state(rollup, f"rollup {rollup.seq}"))
         except Corruption as e:

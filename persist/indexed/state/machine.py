@@ -26,6 +26,7 @@ from persist.blob.base import Blob, BlobRead
 from persist.errors import Corruption, Determinate, Fenced, PersistError
 from persist.indexed.format import meta
 from persist.indexed.format.meta import Commit, State, Trim
+from persist.indexed.state import pieces
 from persist.indexed.state.transitions import apply
 
 T = TypeVar("T")
@@ -70,6 +71,8 @@ class Machine:
         self._last_sync = float("-inf")
         #: What the last successful :meth:`load` found (None: none yet).
         self.loaded: Loaded | None = None
+        #: The newest rollup's pieces, for the next incremental rollup (:mod:`.pieces`).
+        self.pieces = pieces.Pieces()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -98,7 +101,8 @@ class Machine:
         for attempt in range(5):
             started = time.monotonic()
             try:
-                state, self.loaded = self._load_once(scan)
+                state, self.loaded, rollup = self._load_once(scan)
+                self.pieces.loaded(rollup)
                 self._last_sync = started
                 return state
             except _GapError as e:
@@ -109,24 +113,29 @@ class Machine:
         assert last is not None
         raise Corruption(layout.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
 
-    def _load_once(self, scan: bool) -> tuple[State, Loaded]:
+    def _load_once(self, scan: bool) -> tuple[State, Loaded, pieces.Rollup | None]:
         listed = time.monotonic()
         rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
         loaded = Loaded(rollup=0, trim=None,
                         rollups=tuple(layout.seq_of(k) for k in rollups),
                         listed_at=time.monotonic(), listed_ms=int(time.time() * 1000))
         state = State()
+        rollup: pieces.Rollup | None = None
         if rollups:
             key = rollups[-1]
             data = self._read(self.blob.get, key)
             if data is None:
                 raise _GapError(f"rollup {key} vanished")
+            try:
+                rollup = pieces.read_rollup(self.blob, key, data, retry=self._read)
+            except pieces.PieceMissing as e:
+                raise _GapError(f"rollup {key}: {e}") from e
             # NB: a record's version is stamped when it is encoded (the lowest that can carry
             # it) and says nothing about the state in memory; replaying a commit drops it too
             # (``apply``). Dropped here as well, so a state reads the same however it was
             # reached (a writer's, a replica's, one loaded from a rollup with no log after it).
             # So is the record's trim progress (not part of the state): kept in ``loaded``.
-            state, trim = meta.decode_rollup(key, data)
+            state, trim = rollup.state, rollup.trim
             state = msgspec.structs.replace(state, version=meta.BASE_FORMAT_VERSION)
             loaded = Loaded(rollup=state.seq, trim=trim, rollups=loaded.rollups,
                             listed_at=loaded.listed_at, listed_ms=loaded.listed_ms)
@@ -145,7 +154,7 @@ class Machine:
                 rollups = self._read(self.blob.list_keys, layout.ROLLUP_PREFIX)
                 if rollups and layout.seq_of(rollups[-1]) > state.seq:
                     raise _GapError(f"rollup {rollups[-1]} appeared beyond seq {state.seq}")
-            return state, loaded
+            return state, loaded, rollup
         after = layout.log_key(state.seq)
         logs = self._read(lambda p: self.blob.list_keys(p, start_after=after), layout.LOG_PREFIX)
         for key in logs:
@@ -155,7 +164,7 @@ class Machine:
             if data is None:
                 raise _GapError(f"log entry {key} vanished")
             state = apply(state, meta.decode_commit(key, data))
-        return state, loaded
+        return state, loaded, rollup
 
     def _read(self, read: Callable[[str], T], key: str) -> T:
         """``read(key)``, retried briefly on a definite failure.
@@ -255,12 +264,11 @@ class Machine:
         )
 
     def write_rollup(self, state: State, trim: Trim | None = None) -> str:
-        """Stores the whole ``state``, recording the metadata trim's progress ``trim`` (the
+        """Stores the rollup of ``state``, recording the metadata trim's progress ``trim`` (the
         state at a seq is unique, so writing it again changes at most the record of the trim,
-        which no reader of the state reads)."""
-        key = layout.rollup_key(state.seq)
-        self._writable().set(key, meta.encode_rollup(state, trim))
-        return key
+        which no reader of the state reads): whole, or incrementally as a manifest and the
+        pieces that changed since the newest rollup (:mod:`.pieces`)."""
+        return self.pieces.write(self._writable(), state, trim)
 
     def _writable(self) -> Blob:
         if not isinstance(self.blob, Blob):

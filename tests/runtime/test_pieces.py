@@ -1,0 +1,341 @@
+"""Incremental rollups (DESIGN.md §9, :mod:`persist.indexed.state.pieces`): a rollup rewrites
+only the pieces whose collections changed, its bytes independent of the untouched ones; what
+it stores reads back whole (and ``persist verify`` agrees); retired pieces are collected with
+their rollups; a location of whole-state rollups rolls up to manifests; a writer killed between
+a rollup's pieces and its manifest loses nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from typing_extensions import override
+
+import persist
+from persist import layout
+from persist.blob.base import Blob, Wrapping
+from persist.blob.envelope import Framed
+from persist.blob.file import FileBlob
+from persist.blob.memory import MemoryBlob
+from persist.indexed.engine import Options
+from persist.indexed.format import meta
+from persist.indexed.maintenance.verify import verify
+from persist.indexed.state import pieces
+from persist.indexed.state.machine import Machine
+from persist.location import resolve
+from persist.runtime.client import Client
+from tests.nemesis.seam_writer import OPTIONS, RID
+from tests.nemesis.test_crashpoints import _check_recovery, _parse
+from tests.runtime.pieces_writer import OTHERS
+from tests.runtime.test_trim import _open
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WrittenBlob(Wrapping):
+    """A real store that counts the bytes written under each key (what crosses to storage)."""
+
+    def __init__(self, inner: Blob) -> None:
+        self.inner = inner
+        self.supports_conditional_create = inner.supports_conditional_create
+        self.is_local = inner.is_local
+        self.written: list[tuple[str, int]] = []
+        self._lock = threading.Lock()
+
+    def bytes_under(self, prefix: str) -> int:
+        with self._lock:
+            return sum(n for k, n in self.written if k.startswith(prefix))
+
+    def keys_under(self, prefix: str) -> list[str]:
+        with self._lock:
+            return [k for k, _ in self.written if k.startswith(prefix)]
+
+    def reset(self) -> None:
+        with self._lock:
+            self.written.clear()
+
+    def _count(self, key: str, data: bytes | Framed) -> None:
+        with self._lock:
+            self.written.append((key, len(data)))
+
+    @override
+    def _get(self, key: str) -> bytes | memoryview | None:
+        return self.inner._get(key)
+
+    @override
+    def _list(self, prefix: str) -> list[str]:
+        return self.inner._list(prefix)
+
+    @override
+    def _list_after(self, prefix: str, start_after: str) -> list[str]:
+        return self.inner._list_after(prefix, start_after)
+
+    @override
+    def _set(self, key: str, data: bytes | Framed) -> None:
+        self._count(key, data)
+        self.inner._set(key, data)
+
+    @override
+    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
+        self._count(key, data)
+        return self.inner._set_if_absent(key, data)
+
+    @override
+    def _delete(self, key: str) -> None:
+        self.inner._delete(key)
+
+
+#: Inline parts (every collection's metadata carries its rows, as a small append's does),
+#: rollups every 8 commits, no automatic maintenance (the test runs each round).
+OPTS = Options(rollup_every=8, gc_grace_seconds=3600.0, inline_threshold=4096)
+
+
+def _populate(client: Client, n: int) -> None:
+    for i in range(n):
+        w, _ = client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
+        w.append([((i, j), 0, 1) for j in range(20)], 1).result()
+    client.maintain()
+
+
+def _touch(client: Client, name: str, commits: int) -> None:
+    w, r = client.create_or_load(name, key_type=pa.int64(), value_type=pa.int64())
+    for _ in range(commits):
+        t = r.upper
+        w.append([((-t, t), t, 1)], t + 1).result()
+
+
+def _rollup_bytes_one_changed(n: int) -> tuple[int, int, int]:
+    """At a location of ``n`` collections: (bytes a rollup writes after commits to one
+    collection, pieces it writes, bytes of every piece of the state)."""
+    name = uuid.uuid4().hex
+    blob = WrittenBlob(MemoryBlob(name))
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, n)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()  # the first manifest: every piece written
+        whole = blob.bytes_under(layout.PIECE_PREFIX)
+        blob.reset()
+        _touch(client, "c1", OPTS.rollup_every)
+        client.maintain()
+        rollups = blob.keys_under(layout.ROLLUP_PREFIX)
+        assert len(rollups) == 1, rollups
+        written = blob.bytes_under(layout.ROLLUP_PREFIX) + blob.bytes_under(layout.PIECE_PREFIX)
+        return written, len(blob.keys_under(layout.PIECE_PREFIX)), whole
+    finally:
+        client.stop()
+
+
+def test_rollup_bytes_follow_what_changed_not_the_number_of_collections() -> None:
+    small, small_pieces, small_whole = _rollup_bytes_one_changed(130)
+    big, big_pieces, big_whole = _rollup_bytes_one_changed(1040)
+    # one piece rewritten either way (the changed collection's), the rest referenced
+    assert small_pieces == big_pieces == 1
+    assert big_whole > 6 * small_whole
+    # what grows with the collections is the manifest alone: a reference per piece (about
+    # 56 bytes; 8 pieces at 130 collections, 64 at 1,040)
+    assert big - small < (pieces.buckets_for(1040) - pieces.buckets_for(130)) * 100
+    assert big < big_whole / 10
+
+
+def test_a_manifest_reads_back_whole_and_verifies_clean() -> None:
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        for i in range(3):
+            _touch(client, f"c{i * 7}", OPTS.rollup_every)
+            client.maintain()
+        want = client.state
+    finally:
+        client.stop()
+    key = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    data = blob.get(key)
+    assert data is not None
+    assert meta.is_manifest(key, data)
+    m = meta.decode_manifest(key, data)
+    assert m.buckets == pieces.buckets_for(200) > 1
+    assert len(m.pieces) == m.buckets
+    # an older rollup's pieces not referenced any more are listed for the trim
+    assert m.dropped
+    assert all(d.key not in {p.key for p in m.pieces} for d in m.dropped)
+    state = Machine(blob.read_only()).load()
+    assert len(state.collections) == 200
+    assert state.collections == want.collections
+    report = verify(blob.read_only())
+    assert report.problems == []
+    # a piece whose bytes are not the ones its name says is corruption, found by verify
+    victim = m.pieces[0].key
+    inner = blob.get(victim)
+    assert inner is not None
+    blob.set(victim, meta.encode_piece({}))
+    assert any(victim in p for p in verify(blob.read_only()).problems)
+    blob.set(victim, inner)
+
+
+def test_retired_pieces_and_rollups_are_collected() -> None:
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    opts = Options(rollup_every=8, gc_grace_seconds=0.0, inline_threshold=4096)
+    client = _open(blob, name, opts)
+    try:
+        _populate(client, 200)
+        for i in range(30):
+            _touch(client, f"c{i}", opts.rollup_every)
+            client.maintain()
+        client.maintain()
+        _, r = client.create_or_load("c5", key_type=pa.int64(), value_type=pa.int64())
+        assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + opts.rollup_every
+    finally:
+        client.stop()
+    rollups = blob.list_keys(layout.ROLLUP_PREFIX)
+    stored = set(blob.list_keys(layout.PIECE_PREFIX))
+    newest = meta.decode_manifest(rollups[-1], blob.get(rollups[-1]) or b"")
+    live = {p.key for p in newest.pieces}
+    # 30 rollups wrote about 30 pieces beyond the first 4: all but those the retained
+    # rollups name are gone
+    named = set(live)
+    for key in rollups:
+        m = meta.decode_manifest(key, blob.get(key) or b"")
+        named |= {p.key for p in m.pieces}
+    assert len(rollups) <= 2
+    assert stored == named, (sorted(stored - named)[:3], sorted(named - stored)[:3])
+    assert len(stored) <= 2 * newest.buckets
+    assert verify(blob.read_only()).problems == []
+
+
+def test_orphan_pieces_are_swept_and_named_ones_kept() -> None:
+    """A crash between a rollup's pieces and its manifest leaves pieces no rollup names: the
+    writer's sweep deletes them once they stayed so for its grace, and nothing a rollup names."""
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 100)
+        for i in range(2):
+            _touch(client, f"c{i}", OPTS.rollup_every)
+            client.maintain()
+    finally:
+        client.stop()
+    before = set(blob.list_keys(layout.PIECE_PREFIX))
+    orphan = layout.piece_key(pieces.digest(b"orphan"))
+    blob.set(orphan, meta.encode_piece({}))
+    machine = Machine(blob)
+    machine.load()
+    assert machine.pieces.sweep(blob, 60.0, now=0.0) == []  # first seen: not yet
+    assert orphan in blob.list_keys(layout.PIECE_PREFIX)
+    assert machine.pieces.sweep(blob, 60.0, now=61.0) == [orphan]
+    assert set(blob.list_keys(layout.PIECE_PREFIX)) == before
+    assert verify(blob.read_only()).problems == []
+    assert len(Machine(blob.read_only()).load().collections) == 100
+
+
+def test_a_location_of_whole_rollups_rolls_up_to_manifests(monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    monkeypatch.setattr(pieces, "COLLECTIONS_PER_PIECE", 1 << 20)  # as a persist before it
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 150)
+        _touch(client, "c3", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    old = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    assert not meta.is_manifest(old, blob.get(old) or b"")
+    monkeypatch.undo()
+    client = _open(blob, name, OPTS)
+    try:
+        _touch(client, "c4", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    new = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    assert meta.is_manifest(new, blob.get(new) or b"")
+    client = _open(blob, name, OPTS)
+    try:
+        for i in (3, 4, 149):
+            _, r = client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
+            rows = 20 + (OPTS.rollup_every if i in (3, 4) else 0)
+            assert len(r.snapshot(r.upper - 1).to_arrow()) == rows
+    finally:
+        client.stop()
+    assert verify(blob.read_only()).problems == []
+
+
+def test_a_persist_before_manifests_refuses_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 130)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    monkeypatch.setattr(meta, "FORMAT_VERSION", meta.REFS_FORMAT_VERSION)
+    with pytest.raises(persist.IncompatibleFormat):
+        Machine(blob.read_only()).load()
+
+
+def _spawn(location: Path, seam: str, n: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PERSIST_CRASH_AT=f"{seam}:{n}")
+    return subprocess.Popen([sys.executable, "-m", "tests.runtime.pieces_writer",
+                             str(location)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("seam", "n"), [("rollup.pieces_written", 1),
+                                    ("rollup.pieces_written", 9),
+                                    ("rollup.written", 11), ("trim.log_deleted", 60)])
+def test_a_writer_killed_in_an_incremental_rollup_loses_nothing(
+        seam: str, n: int, tmp_path: Path) -> None:
+    location = tmp_path / "loc"
+    proc = _spawn(location, seam, n)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (
+        f"{seam}:{n} was not reached (exit {proc.returncode}): {err.decode()[-2000:]}")
+    acked, tried = _parse(out)
+    _check_recovery(location, acked, tried)  # every acknowledged write; verify is clean
+    blob = FileBlob(str(location))
+    others = b'{"others": true}' in out
+    with persist.open(location, reentrance_id=RID, options=OPTIONS) as client:
+        for i in range(OTHERS if others else 0):
+            _, r = client.create_or_load(f"x{i}", key_type=pa.int64(), value_type=pa.int64())
+            assert r.snapshot(0).to_python() == [((i, i), 0, 1)]
+        client.maintain()
+    newest = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    assert meta.is_manifest(newest, blob.get(newest) or b"") == others
+
+
+@pytest.mark.s3
+def test_incremental_rollups_on_s3(aws_options: dict[str, Any], bucket: str) -> None:
+    """The same on S3 (the moto server): pieces written in parallel, a replica reads them,
+    verify agrees."""
+    url = f"s3://{bucket}/pieces-{uuid.uuid4().hex}"
+    so = {**aws_options, "lock": "s3"}
+    with persist.open(url, reentrance_id="w", storage_options=so, options=OPTS) as client:
+        _populate(client, 70)
+        for name in ("c1", "c2"):
+            _touch(client, name, OPTS.rollup_every)
+            client.maintain()
+    loc = resolve(url, storage_options=so)
+    blob = loc.read_half()
+    newest = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    assert meta.is_manifest(newest, bytes(blob.get(newest) or b""))
+    with persist.open(url, read_only=True, storage_options=so) as replica:
+        assert len(replica.collections) == 70
+        _, r = replica.create_or_load("c2", key_type=pa.int64(), value_type=pa.int64())
+        assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + OPTS.rollup_every
+    assert verify(blob, url=url).problems == []
