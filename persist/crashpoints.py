@@ -10,7 +10,9 @@ Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``
 ``gc.before_delete``, ``gc.after_delete``, ``rollup.written``, ``trim.log_deleted`` (a
 metadata trim deleted a log entry, more to go), ``fork.pinned`` (a fork across
 locations pinned the source's blobs, not yet committed), ``fork.committed``, ``adopt.adopted``
-(a native write's part files adopted as staged parts, not yet committed).
+(a native write's part files adopted as staged parts, not yet committed),
+``distributed.compaction.task`` and ``distributed.compaction.staged`` (a distributed
+compaction's task started, staged a part), ``distributed.compaction.committed``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@
     │   │   ├── MissingResource the bucket or DynamoDB table does not exist
     │   │   ├── CommitDeadline  not sent: its data blobs are older than the commit deadline
     │   │   ├── PartMissing     a part the read state references was collected: read again
-    │   │   └── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
+    │   │   ├── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
+    │   │   └── PartsChanged    a distributed compaction's parts changed since its plan: not committed
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -115,6 +116,13 @@ class LeaseRevoked(Determinate):
     may be reclaimed, so they cannot be committed. Nothing was committed; rerun the job."""
 
 
+class PartsChanged(Determinate):
+    """A distributed compaction was not committed: a part its plan read is no longer in the
+    collection (a writer's own compaction replaced it, a restore undid it), or the collection
+    can no longer take the plan's merge (a hold below the frontier it forwarded to). Nothing
+    was committed and its staged parts were discarded; plan again."""
+
+
 class Indeterminate(ExternalError):
     """The operation may or may not have taken effect (for example a timeout after sending)."""
 
@@ -176,6 +184,7 @@ __all__ = [
     "LockHeld",
     "MissingResource",
     "PartMissing",
+    "PartsChanged",
     "PersistError",
     "ReadOnly",
     "RuntimeShutdown",
