@@ -286,8 +286,10 @@ def commit_compaction(plan: CompactionPlan, staged: Iterable[StagedPart], *,
         LeaseRevoked: the plan's lease lapsed: nothing committed, staged parts discarded.
         LockHeld: another writer held the lock (staged parts discarded).
         Determinate: the commit's outcome was unknown and, read back, it did not land.
-        PersistError: an unknown outcome that could not be settled (the staged parts are
-            kept: the commit may yet land; the lease's sweep reclaims them otherwise).
+        PersistError: an unknown outcome that could not be settled: on the caller's
+            ``client`` (fail-stop now: reopen, then ``Client.landed`` tells), or reopening
+            failed. The staged parts are kept (the commit may have landed); the lease's sweep
+            reclaims them otherwise.
     """
     parts = list(staged)
 
@@ -320,10 +322,11 @@ def commit_compaction(plan: CompactionPlan, staged: Iterable[StagedPart], *,
             give_up()  # definitely nothing landed
             raise
         except PersistError as e:
-            if not parts:
+            if not parts or not own:
+                # NB: the caller's writer went fail-stop and still holds the lock: the caller
+                # settles (reopening fences it); the staged parts stay for a commit in flight
                 raise
-            if own:
-                writer.stop()
+            writer.stop()
             writer = opened()
             own = True
             if not writer.landed(seq, parts):
