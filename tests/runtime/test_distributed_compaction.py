@@ -17,10 +17,13 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist import LeaseRevoked, PartsChanged, distributed
+from persist import Client, Determinate, LeaseRevoked, PartsChanged, distributed
+from persist.blob.unreliable import BLOB_OPS, FaultPlan, Faults, UnreliableBlob
+from persist.indexed.engine import Indexed
 from persist.indexed.maintenance import compact, verify
 from persist.indexed.state.transitions import effective_since
 from persist.location import resolve
+from persist.runtime.runtime import Runtime
 
 ROWS = 20_000
 _TYPES: dict[str, pa.DataType] = {}
@@ -82,7 +85,8 @@ def _run(plan: distributed.CompactionPlan, pool: Any) -> list[distributed.Staged
 
 def _blob_exists(tmp_path: Path, part: distributed.StagedPart) -> bool:
     assert part.part.blob_key is not None
-    return resolve(str(tmp_path)).blob.get(part.part.blob_key) is not None
+    key = part.part.blob_key
+    return key in resolve(str(tmp_path)).blob.list_keys(key)
 
 
 def _clean(tmp_path: Path) -> None:
@@ -242,3 +246,52 @@ def test_string_keys_merge_in_one_task(tmp_path: Path) -> None:
             plan, distributed.run_compaction_task(plan.tasks[0]), client=client)
         assert _contents(client, "s", 2) == want
         assert len(client.state.collections["s"].parts) == 1
+
+
+def _faulty_opener(url: str, faults: Faults) -> tuple[Any, list[UnreliableBlob]]:
+    """Opens writers of ``url`` over a fault-injecting store: the first one's first metadata
+    commit suffers ``faults``; later ones (the reopen that settles) none."""
+    blobs: list[UnreliableBlob] = []
+
+    def open_writer() -> Client:
+        loc = resolve(url)
+        blob = UnreliableBlob(loc.blob, plan=FaultPlan(7, ops=BLOB_OPS, name="blob"))
+        lock = loc.lock()
+        lease = lock.acquire("compactor", timeout=10)
+        ix = Indexed.open(blob, epoch=lease.generation, writer="compactor")
+        ix.fence()
+        client = Client(url, ix, runtime=Runtime(ix, lock=lock, lease=lease))
+        if not blobs:  # opened: the next metadata commit is the compaction's
+            blob.set_faults({"set_if_absent": faults})
+        blobs.append(blob)
+        return client
+
+    return open_writer, blobs
+
+
+@pytest.mark.parametrize(("faults", "landed"), [(Faults(indeterminate=1.0), True),
+                                                (Faults(lost=1.0), False)],
+                         ids=["written-answer-lost", "never-written"])
+def test_an_unknown_outcome_is_settled_from_the_log(tmp_path: Path, faults: Faults,
+                                                    landed: bool) -> None:
+    url = f"file://{tmp_path}"
+    with persist.open(tmp_path, options=_options()) as client:
+        _fill(client, appends=3)
+        want = _contents(client, "c", 2)
+        parts = {p.id for p in client.state.collections["c"].parts}
+    plan = distributed.plan_compaction(url, "c", n=2)
+    assert plan is not None
+    staged = [s for t in plan.tasks for s in distributed.run_compaction_task(t)]
+    opener, blobs = _faulty_opener(url, faults)
+    if landed:
+        distributed.commit_compaction(plan, staged, opener=opener)
+    else:
+        with pytest.raises(Determinate, match="did not land"):
+            distributed.commit_compaction(plan, staged, opener=opener)
+    assert len(blobs) == 2  # reopened once, to read what happened
+    with persist.open(tmp_path, options=_options()) as client:
+        now = {p.id for p in client.state.collections["c"].parts}
+        assert now == ({s.part.id for s in staged} if landed else parts)
+        assert _contents(client, "c", 2) == want
+    assert all(_blob_exists(tmp_path, s) for s in staged) == landed
+    _clean(tmp_path)
