@@ -3,6 +3,7 @@
     from operators import PersistTable
     df = PersistTable.forPath(spark, "s3://bucket/loc", "events").toDF()           # consolidated
     raw = PersistTable.forPath(spark, url, "events").toDF(as_of=41, consolidated=False)
+    PersistTable.forPath(spark, url, "events").optimize()   # compacted by a Spark job
 
 Shaped like Delta's ``DeltaTable.forPath(spark, path).toDF()``. The Python data source
 (``format("persist")``, :mod:`operators.source`) is capped by the Python Data Source API
@@ -207,6 +208,45 @@ class PersistTable:
             t.url, t.collection, build, as_of=as_of, consolidated=consolidated, n=partitions,
             files=lambda info: native_types(CollectionTypes.of(info)),
             storage_options=t.storage_options)
+
+    def optimize(self, *, partitions: int | None = None,
+                 reentrance_id: str = "persist-optimize", lock_timeout: float = 60.0,
+                 part_target_bytes: int = 64 << 20, **unknown: Any) -> Any:
+        """Compacts the collection into a base of key-disjoint consolidated parts by a Spark
+        job, as Delta's ``OPTIMIZE`` (:mod:`operators.optimize`): after it, a consolidated
+        :meth:`toDF` at or after the since reads the parts as they are, with nothing to sum.
+
+        Args:
+            partitions: key ranges (Spark tasks) at most (None: the session's default
+                parallelism).
+            reentrance_id, lock_timeout: the writer identity the driver commits as, and how
+                long it waits for the location's lock.
+            part_target_bytes: the merged parts' size target (Arrow bytes).
+
+        Returns:
+            An :class:`operators.optimize.Optimized` (the commit's seq, parts and rows), or
+            None if there was nothing to merge.
+
+        Raises:
+            PartsChanged: a planned part changed while the job ran (another writer compacted
+                it): nothing committed, the staged parts discarded; run it again.
+            LeaseRevoked: the job outlived its staging lease: nothing committed.
+            LockHeld: another writer held the location's lock for ``lock_timeout``.
+            InvalidUsage: an argument of the wrong type or an unknown keyword.
+            DiffOverflow: a ``(key, value)``'s diffs sum outside int64 (nothing committed).
+        """
+        _no_unknown("optimize", unknown, ("partitions", "reentrance_id", "lock_timeout",
+                                          "part_target_bytes"))
+        if partitions is not None and (isinstance(partitions, bool)
+                                       or not isinstance(partitions, int) or partitions < 1):
+            raise InvalidUsage(f"optimize: partitions must be an int >= 1 or None, not "
+                               f"{partitions!r}")
+        from operators.optimize import optimize
+
+        t = self._target
+        return optimize(self._spark, t.url, t.collection, storage_options=t.storage_options,
+                        partitions=partitions, reentrance_id=reentrance_id,
+                        lock_timeout=lock_timeout, part_target_bytes=part_target_bytes)
 
 
 def _no_unknown(where: str, unknown: Mapping[str, Any], valid: tuple[str, ...]) -> None:

@@ -11,7 +11,9 @@ Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``
 rollup's pieces are stored, its manifest not yet), ``rollup.written``, ``trim.log_deleted`` (a
 metadata trim deleted a log entry, more to go), ``fork.pinned`` (a fork across
 locations pinned the source's blobs, not yet committed), ``fork.committed``, ``adopt.adopted``
-(a native write's part files adopted as staged parts, not yet committed).
+(a native write's part files adopted as staged parts, not yet committed),
+``distributed.compaction.task`` and ``distributed.compaction.staged`` (a distributed
+compaction's task started, staged a part), ``distributed.compaction.committed``.
 
 A writer's merge worker process (:mod:`persist.indexed.maintenance.offload`) does not inherit
 ``PERSIST_CRASH_AT`` (the writer hits ``compact.part_written`` itself once the worker's merge is

@@ -13,7 +13,8 @@
     │   │   ├── CommitDeadline  not sent: its data blobs are older than the commit deadline
     │   │   ├── PartMissing     a part the read state references was collected: read again
     │   │   ├── LeaseRevoked    a staging lease was revoked: its parts cannot be committed
-    │   │   └── MergeWorkerLost a writer's merge worker process died: the merge did not happen
+    │   │   ├── MergeWorkerLost a writer's merge worker process died: the merge did not happen
+    │   │   └── PartsChanged    a distributed compaction's parts changed since its plan: not committed
     │   └── Indeterminate       may or may not have happened; the runtime goes fail-stop
     ├── LockHeld                another writer holds the location's lock
     ├── Fenced                  a newer writer took over; this writer can never commit again
@@ -123,6 +124,13 @@ class MergeWorkerLost(Determinate):
     The next merge starts a new worker."""
 
 
+class PartsChanged(Determinate):
+    """A distributed compaction was not committed: a part its plan read is no longer in the
+    collection (a writer's own compaction replaced it, a restore undid it), or the collection
+    can no longer take the plan's merge (a hold below the frontier it forwarded to). Nothing
+    was committed and its staged parts were discarded; plan again."""
+
+
 class Indeterminate(ExternalError):
     """The operation may or may not have taken effect (for example a timeout after sending)."""
 
@@ -185,6 +193,7 @@ __all__ = [
     "MergeWorkerLost",
     "MissingResource",
     "PartMissing",
+    "PartsChanged",
     "PersistError",
     "ReadOnly",
     "RuntimeShutdown",

@@ -47,6 +47,13 @@ Everything here stands on the metadata log and the blob store alone: no runtime,
 no writer lock, except where a commit (the ``Committer``) or a hold with no writer running
 (:class:`ConsumerHold`) needs one. Every record it hands out is frozen and serializable.
 
+Compacting: plan by key range, merge anywhere, replace once
+(:mod:`persist.distributed.compaction`; Spark's ``PersistTable.optimize()``)::
+
+    plan = pd.plan_compaction(url, "events", n=8)      # None: nothing to merge
+    staged = [s for t in plan.tasks for s in pd.run_compaction_task(t)]   # on any machine
+    pd.commit_compaction(plan, staged)   # PartsChanged if a planned part changed meanwhile
+
 Named holds (:mod:`persist.distributed.holds`): a consumer in another process takes a hold with
 a lease (:class:`ConsumerHold`), advances and renews it; the writer commits it through a
 request it answers (or, with no writer running, the consumer commits it under the lock).
@@ -56,6 +63,14 @@ alias.
 
 from persist.distributed.adopt import Staging, adopt, clean_staging, native_types, staging
 from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
+from persist.distributed.compaction import (
+    CompactionPlan,
+    CompactionTask,
+    commit_compaction,
+    compact_distributed,
+    plan_compaction,
+    run_compaction_task,
+)
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
     FileRead,
@@ -86,6 +101,8 @@ __all__ = [
     "Address",
     "CollectionInfo",
     "Committer",
+    "CompactionPlan",
+    "CompactionTask",
     "ConsumerHold",
     "FileRead",
     "KeyBounds",
@@ -106,6 +123,8 @@ __all__ = [
     "adopt",
     "check_type",
     "clean_staging",
+    "commit_compaction",
+    "compact_distributed",
     "consolidate",
     "describe",
     "hadoop_options",
@@ -113,10 +132,12 @@ __all__ = [
     "native_types",
     "parquet_files",
     "parquet_task",
+    "plan_compaction",
     "plan_native",
     "read_native",
     "read_part",
     "read_task",
+    "run_compaction_task",
     "s3a_failure",
     "set_read_hold",
     "settled",

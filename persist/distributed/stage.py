@@ -164,6 +164,17 @@ class Stager(msgspec.Struct, frozen=True, kw_only=True):
                           schema=evolve.history(self.collection)[self.schema_version],
                           part=evolve.tag(part, self.schema_version))
 
+    def lease_for_staging(self) -> str:
+        """The lease to stage a part under now (for a caller that writes its own parts, a
+        distributed compaction's task): the job's, renewed at most every
+        :data:`RENEW_EVERY_SECONDS`; or, if a sweep revoked it, a fresh one (refused at the
+        commit if the parts it protects were reclaimed meanwhile).
+
+        Raises:
+            ExternalError: storage failed.
+        """
+        return self._lease(self._blob())
+
     def renew(self, *, at_most_every: float | None = None) -> None:
         """Renews the job's lease (a job idle between stages, e.g. a stream between
         micro-batches, keeps its parts protected).

@@ -628,7 +628,8 @@ class Indexed:
         return self.state
 
     def added_since(self, lo_seq: int, hi_seq: int, part_ids: set[str]) -> bool:
-        """Whether a commit with ``lo_seq < seq <= hi_seq`` added any part in ``part_ids``.
+        """Whether a commit with ``lo_seq < seq <= hi_seq`` added any part in ``part_ids`` (by an
+        append or a compaction's ``ReplaceParts``).
 
         NB: reads the log rather than the state: compaction may already have replaced the
         parts. An entry trimmed from the log (after a rollup) counts as not found.
@@ -642,7 +643,9 @@ class Indexed:
             if data is None:
                 continue
             entry = decode_commit(key, data)
-            if any(isinstance(op, AddPart) and op.part.id in part_ids for op in entry.ops):
+            if any((isinstance(op, AddPart) and op.part.id in part_ids)
+                   or (isinstance(op, ReplaceParts) and any(p.id in part_ids for p in op.added))
+                   for op in entry.ops):
                 return True
         return False
 

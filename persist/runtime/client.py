@@ -10,6 +10,7 @@ import atexit
 import collections
 import datetime
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -22,22 +23,24 @@ from persist.errors import (
     Corruption,
     Fenced,
     InvalidUsage,
+    PartsChanged,
     ReadOnly,
     RuntimeShutdown,
     SchemaMismatch,
     Timeout,
 )
-from persist.indexed.engine import Indexed, Options, check_types
+from persist.indexed.engine import Indexed, Options, Txn, check_types
 from persist.indexed.format import columnar, evolve
 from persist.indexed.format.columnar import Codec
 from persist.indexed.format.evolve import Types
-from persist.indexed.format.meta import CollectionMeta, PartMeta, State
+from persist.indexed.format.meta import CollectionMeta, PartMeta, ReplaceParts, State
 from persist.indexed.format.transfer import StagedPart, Token, check_inline
 from persist.indexed.maintenance import restore as restoring
 from persist.indexed.read.filter import Filter, col
 from persist.indexed.read.prune import PruneCounts
 from persist.indexed.read.scan import Address, CollectionInfo, SnapshotRead, read_task, retrying
 from persist.indexed.state import history, holds, refs
+from persist.indexed.state import lease as staging
 from persist.indexed.state.transitions import check_time, collection, effective_since
 from persist.runtime import branches
 from persist.runtime import commands as cmd
@@ -406,6 +409,51 @@ class Client:
         """
         state = self.state
         return CollectionInfo(self.address, collection(state.collections, name), state.seq)
+
+    def replace_parts(self, name: str, removed: Sequence[str],
+                      staged: Sequence[StagedPart], *, frontier: int,
+                      collection_id: int) -> PersistFuture:
+        """Commits a distributed compaction (:mod:`persist.distributed.compaction`): parts
+        ``removed`` of collection ``name`` (id ``collection_id``) are replaced by ``staged``,
+        their merge with times forwarded to ``frontier``, in one ``ReplaceParts`` op decided on
+        the state it commits on.
+
+        Returns:
+            A future resolved with the commit's seq; it fails with ``PartsChanged`` (nothing
+            committed) if a part of ``removed`` is no longer in the collection, the collection
+            was replaced, or its effective since or an in-process read hold is now below
+            ``frontier``; ``LeaseRevoked`` if a staging lease of ``staged`` was revoked.
+
+        Raises:
+            InvalidUsage, SchemaMismatch, UnknownCollection, Corruption: a staged part that
+                is not this collection's (as ``apply(parts=...)``).
+        """
+        runtime = self._writer()
+        state = self.state
+        added = tuple(self._part_of(state, name, p) for p in staged)
+        gone = tuple(removed)
+        leases = {lid for p in added if p.blob_key is not None
+                  and (lid := layout.lease_of(p.blob_key)) is not None}
+        blob = self._ix.blob
+
+        def plan(txn: Txn) -> tuple[ReplaceParts]:
+            c = collection(txn.collections, name)
+            have = {p.id for p in c.parts}
+            missing = [r for r in gone if r not in have]
+            hold = runtime.holds.frontier(name)
+            why = (f"collection {name!r} was replaced" if c.id != collection_id
+                   else f"parts it read are gone: {missing[:5]}" if missing
+                   else f"its since {effective_since(c)} is below the frontier {frontier}"
+                   if effective_since(c) < frontier
+                   else f"a read in this process holds it at {hold}, below the frontier "
+                        f"{frontier}" if hold is not None and hold < frontier else None)
+            if why is not None:
+                raise PartsChanged(f"a compaction of {name!r} planned against other parts was "
+                                   f"not committed ({why}); plan it again")
+            staging.check_committable(blob, leases)
+            return (ReplaceParts(name=name, removed=gone, added=added, frontier=frontier),)
+
+        return runtime.submit(cmd.Plan(plan, written_at=time.monotonic()))
 
     def landed(self, since_seq: int, staged: Sequence[StagedPart | PartMeta]) -> bool:
         """Whether a commit after ``since_seq`` (up to this client's state) added any of

@@ -419,6 +419,12 @@ class _Lazy:
         return columnar.forward(t.slice(a, max(0, b - a)), f)
 
 
+#: A run read range by range, and a sorted table's keys as integers: public for the tasks of a
+#: distributed compaction (:mod:`persist.distributed.compaction`), which merge as this module does.
+LazyRun = _Lazy
+sorted_keys = _keys
+
+
 def _side(s: str) -> Literal["left", "right"]:
     return "left" if s == "left" else "right"
 

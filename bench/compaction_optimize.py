@@ -1,0 +1,150 @@
+"""Distributed compaction (``PersistTable.optimize()``) against ``Client.maintain()`` and Spark's
+own aggregate-sort-write pipeline, over the same rows.
+
+    python -m bench.compaction_optimize [--appends 5] [--rows 1000000] [--rounds 3]
+
+W9's shape: ``--appends`` appends of ``--rows`` random int64 keys (``key, value`` int64, one
+time per append), background compaction off, since advanced to the last time. Each round (after one
+warm-up round, not counted), in this order, each on a fresh copy of the same location (a copy of its directory):
+
+* ``maintain``: ``Client.maintain()`` until idle, in this process (wall and this process's CPU);
+* ``optimize``: ``PersistTable.forPath(spark, url, "w9").optimize(partitions=2)`` on a
+  ``local[2]`` SparkSession (wall; the merge runs in Spark's Python workers, so this process's
+  CPU is only the driver's plan and commit);
+* ``spark``: the same rows as zstd Parquet files (one per append, written by pyarrow
+  beforehand), ``spark.read.parquet -> groupBy(key, value).sum(diff) -> filter(sum != 0) ->
+  sortWithinPartitions(key, value) -> write.parquet(zstd)`` (wall).
+
+Prints the medians and the ratios ``spark / optimize`` (target >= 3) and ``optimize /
+maintain`` (target <= 2), and the layouts the two persist runs leave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import persist
+from bench.compaction_base import _layout, _table
+
+
+def _build(root: Path, appends: int, rows: int) -> tuple[Path, Path]:
+    """The location (``root/loc``) and the same rows as Parquet files (``root/parquet``)."""
+    rng = np.random.default_rng(7)
+    opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
+                           gc_grace_seconds=3600.0)
+    loc, files = root / "loc", root / "parquet"
+    files.mkdir(parents=True)
+    with persist.open(loc, options=opts) as client:
+        write, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(appends):
+            keys = rng.integers(-(1 << 62), 1 << 62, rows, dtype=np.int64)
+            table = _table(keys, rng.integers(0, 1 << 40, rows), t, np.ones(rows, np.int64))
+            write.append(table, upper=t + 1).result()
+            pq.write_table(table.set_column(2, "time", table.column("time").cast(pa.int64())),
+                           files / f"{t}.parquet", compression="zstd")
+        write.allow_compaction(appends - 1).result()
+    return loc, files
+
+
+def _maintain(loc: Path) -> tuple[float, float, dict[str, Any]]:
+    opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
+                           gc_grace_seconds=3600.0)
+    with persist.open(loc, options=opts) as client:
+        w0, c0 = time.perf_counter(), time.process_time()
+        while client.maintain():
+            pass
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        return wall, cpu, _layout(client, "w9")
+
+
+def _optimize(spark: Any, loc: Path) -> tuple[float, float, dict[str, Any]]:
+    from operators import PersistTable
+
+    w0, c0 = time.perf_counter(), time.process_time()
+    done = PersistTable.forPath(spark, f"file://{loc}", "w9").optimize(partitions=2)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    assert done is not None
+    with persist.open(loc, options=persist.Options(background_compaction=False)) as client:
+        return wall, cpu, _layout(client, "w9")
+
+
+def _spark(spark: Any, files: Path, out: Path) -> float:
+    from pyspark.sql import functions as F
+
+    w0 = time.perf_counter()
+    (spark.read.parquet(str(files))
+     .groupBy("key", "value").agg(F.sum("diff").alias("diff"))
+     .filter(F.col("diff") != 0)
+     .sortWithinPartitions("key", "value")
+     .write.option("compression", "zstd").mode("overwrite").parquet(str(out)))
+    return time.perf_counter() - w0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--appends", type=int, default=5)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    # NB: Spark's Python workers run the tasks: this Python, with this checkout importable
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))
+    import operators
+    from tests.spark.support import session_builder
+
+    root = Path(tempfile.mkdtemp())
+    loc, files = _build(root, args.appends, args.rows)
+    spark = session_builder("bench-optimize").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    operators.register(spark)
+    times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
+                                     "optimize_driver_cpu": [], "spark": []}
+    layouts: dict[str, Any] = {}
+    try:
+        # NB: round 0 is a warm-up, not counted: Spark's first job starts its Python workers
+        # (which import persist and pyarrow), and the JVM compiles as it goes
+        for r in range(args.rounds + 1):
+            if r == 1:
+                times = {k: [] for k in times}
+            for what in ("maintain", "optimize", "spark"):
+                copy = root / f"{what}-{r}"
+                if what == "spark":
+                    times["spark"].append(_spark(spark, files, copy))
+                    continue
+                shutil.copytree(loc, copy)
+                if what == "maintain":
+                    wall, cpu, layouts["maintain"] = _maintain(copy)
+                    times["maintain_cpu"].append(cpu)
+                else:
+                    wall, cpu, layouts["optimize"] = _optimize(spark, copy)
+                    times["optimize_driver_cpu"].append(cpu)
+                times[what].append(wall)
+                shutil.rmtree(copy)
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    med = {k: round(statistics.median(v), 2) for k, v in times.items()}
+    print(json.dumps({"rows": args.appends * args.rows, "rounds": args.rounds,
+                      "samples_s": {k: [round(x, 2) for x in v] for k, v in times.items()},
+                      "median_s": med,
+                      "spark_over_optimize": round(med["spark"] / med["optimize"], 2),
+                      "optimize_over_maintain": round(med["optimize"] / med["maintain"], 2),
+                      "layouts": layouts}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
