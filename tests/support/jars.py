@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 POMS = Path(__file__).resolve().parent / "maven"
 #: Where the checkout keeps the resolved sets (git-ignored).
 CACHE = REPO / ".jars"
-SETS = ("s3a", "delta")
+SETS = ("s3a", "delta", "delta40")
 
 
 class JarsUnavailable(RuntimeError):
