@@ -19,6 +19,8 @@ the order rotated every round, of:
 * ``parquet write``: ``df.write.parquet`` of the same rows (the floor, in the same JVM);
 * ``delta read``: ``spark.read.format("delta")`` of the table, into the ``noop`` sink;
 * ``parquet read``: ``spark.read.parquet`` of W9's directory, into the ``noop`` sink;
+* ``parquet read of delta's files``: ``spark.read.parquet`` of the table's directory (its data
+  files, the log left out), into the ``noop`` sink: Delta's file layout without its log;
 
 then Delta's answer to updates: one ``MERGE`` of 1% updates into a copy of the table (deletion
 vectors on: the deletes are recorded beside the files, as persist's retractions are, not by
@@ -60,6 +62,9 @@ PROTOCOL = 1
 MARKER = "DELTA-PEER-RESULT "
 #: The cases the script times, each in seconds per round.
 CASES = ("delta write", "parquet write", "delta read", "parquet read")
+#: Delta's own data files (the table's directory) read as plain Parquet: what of Delta's read
+#: is its files' layout (Spark-written) and what its log.
+DELTA_FILES = "parquet read of delta's files"
 MERGED_READ = "delta read after merge"
 #: Parquet's read as the read after the MERGE is measured (every row through the query's RDD).
 PARQUET_RDD = "parquet read (rdd)"
@@ -205,6 +210,10 @@ def add_to(res: Any, doc: dict[str, Any], *, write: str, reads: tuple[str, ...],
             f"one warm-up each, order rotated; in that session, Delta / Parquet: write "
             f"{ratio('delta write', 'parquet write')}x, read "
             f"{ratio('delta read', 'parquet read')}x (records/s)")
+    if sec.get(DELTA_FILES):
+        text += (f", Delta's own data files read as plain Parquet "
+                 f"{ratio(DELTA_FILES, 'parquet read')}x (the rest of Delta's read is its log "
+                 f"and reader)")
     if sec.get(MERGED_READ) and sec.get(PARQUET_RDD):
         text += (f", read after a MERGE of {m.get('deleted', 0):,} deletes and "
                  f"{m.get('inserted', 0):,} inserts (deletion vectors "
@@ -278,15 +287,19 @@ def peer(parquet: str, work: Path, jar_list: str, rounds: int, quick: bool) -> d
         if got != rows:
             raise RuntimeError(f"Delta read {got} rows of the {rows} it wrote")
         seconds: dict[str, list[float]] = {c: [] for c in CASES}
+        cases = (*CASES, DELTA_FILES)
+        seconds[DELTA_FILES] = []
         for r in range(rounds):
-            k = r % len(CASES)
-            for case in [*CASES[k:], *CASES[:k]]:
+            k = r % len(cases)
+            for case in [*cases[k:], *cases[:k]]:
                 if case == "delta write":
                     s = _timed_write(src.write, str(work / f"delta-{r}"), "delta")
                 elif case == "parquet write":
                     s = _timed_write(src.write, str(work / f"parquet-{r}"), "parquet")
                 elif case == "delta read":
                     s = _noop(spark.read.format("delta").load(table))
+                elif case == DELTA_FILES:
+                    s = _noop(spark.read.parquet(table))
                 else:
                     s = _noop(spark.read.parquet(parquet))
                 seconds[case].append(s)

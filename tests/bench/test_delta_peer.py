@@ -27,6 +27,7 @@ def _doc(**over: Any) -> dict[str, Any]:
         "rounds": 2,
         "seconds": {"delta write": [2.0, 4.0, 4.0], "parquet write": [1.0, 1.0],
                     "delta read": [0.5, 0.5], "parquet read": [0.25, 0.25],
+                    ds.DELTA_FILES: [0.5, 0.5],
                     ds.MERGED_READ: [1.0, 1.0], ds.PARQUET_RDD: [0.5, 0.5],
                     ds.MERGE: [3.0]},
         "merge": {"deleted": 10, "inserted": 10, "rows_after": 1000, "deletion_vectors": True},
@@ -73,6 +74,7 @@ def test_w9_reports_delta_beside_persist_with_the_sessions_ratios() -> None:
     assert "delta-spark 4.0.1 on pyspark 4.0.5" in note
     assert "write 0.25x" in note
     assert "read 0.50x" in note
+    assert "Delta's own data files read as plain Parquet 0.50x" in note
     assert "10 deletes and 10 inserts (deletion vectors on) 0.50x" in note
     table = render_workload(res, ["persist", "floor", "delta"])
     head = table.splitlines()[1]
@@ -114,7 +116,7 @@ def test_the_peer_writes_and_reads_delta_in_its_own_environment(tmp_path: Path) 
     doc = ds.measure(str(src), tmp_path / "work", rounds=1, quick=True, timeout=900)
     assert doc["rows"] == 6000
     assert (doc["pyspark"], doc["delta"]) == (ds.PYSPARK, ds.DELTA)
-    for case in (*ds.CASES, ds.MERGED_READ, ds.PARQUET_RDD, ds.MERGE):
+    for case in (*ds.CASES, ds.DELTA_FILES, ds.MERGED_READ, ds.PARQUET_RDD, ds.MERGE):
         assert len(doc["seconds"][case]) >= 1
         assert all(s > 0 for s in doc["seconds"][case])
     # 1% of the rows deleted and as many inserted, through deletion vectors
