@@ -46,6 +46,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -309,8 +310,9 @@ def peer(parquet: str, work: Path, jar_list: str, rounds: int, quick: bool) -> d
         # NB: the noop sink fails on a table with deletion vectors in delta-spark 4.0.1
         # ("Cannot work with a non-pinned table snapshot of the TahoeFileIndex"), so these
         # two read every row through the query's RDD instead, Parquet's read alike
-        after = {MERGED_READ: lambda: _rdd(spark.read.format("delta").load(table)),
-                 PARQUET_RDD: lambda: _rdd(spark.read.parquet(parquet))}
+        after: dict[str, Callable[[], float]] = {
+            MERGED_READ: lambda: _rdd(spark.read.format("delta").load(table)),
+            PARQUET_RDD: lambda: _rdd(spark.read.parquet(parquet))}
         for f in after.values():
             f()
         for r in range(rounds):
