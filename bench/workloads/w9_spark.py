@@ -81,10 +81,13 @@ COMPACT_WALL = "compaction into the base: maintain() until False, wall (s)"
 COMPACT_CPU = "compaction into the base: maintain() until False, CPU (s)"
 TASK_CPU = "native consolidated read CPU, compacted, partitions={} (JVM s)"
 TASKS = (1, 2, 8)
+#: The W9 rows written from Spark: persist's ``operators.write`` (the native path, sorted
+#: within partitions as it stores parts), ``df.write.parquet`` (zstd) in the floor column, and
+#: Delta's ``df.write.format("delta")`` (its own session: :mod:`bench.systems.delta_spark`).
+WRITE = "Spark write records/s (W9's rows from spark.read.parquet)"
+#: Applying stage (c)'s 1% updates: persist's one append of them; Delta's one MERGE.
+UPDATES_APPLIED = "1% updates applied: persist append, Delta MERGE (s)"
 NO_READER = {
-    "delta": "not measured: no delta-spark runs on pyspark 4.3 (every version tried fails at "
-             "the first read; the versions and errors are in docs/spark.md, 'The native path "
-             "on S3')",
     "iceberg": "not measured: reading Iceberg from Spark needs the iceberg-spark-runtime JAR "
                "(not installed)",
 }
@@ -412,8 +415,10 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
     updates = pa.concat_tables([gone, new])
     with persist.open(url) as client:
         w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
-        w.append(updates, upper=last + 2).result()
+        with timed() as t:
+            w.append(updates, upper=last + 2).result()
         now = _parts(client)
+    res.add(UPDATES_APPLIED, "s", "lower", "persist", t.seconds)
     updated = root / "parquet-updated"
     updated.mkdir()
     for f in sorted(Path(parquet).iterdir()):
@@ -429,6 +434,69 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
         f"of the {rows + 2 * fresh:,} rows (the updates as one more file); read CPU: user + "
         f"system of the Spark JVM and its children (psutil) around one noop read of the "
         f"compacted base per round, toDF(partitions=n)")
+
+
+def writes(ctx: Context, res: WorkloadResult, spark: Any, parquet: str, root: Path, *,
+           rows: int, repeats: int, with_parquet: bool) -> None:
+    """W9's rows read with ``spark.read.parquet`` and written by persist's ``operators.write``
+    (a new collection each round) and, in the floor column, by ``df.write.parquet`` (zstd), one
+    warm-up write each, then ``repeats`` rounds, order rotated: :data:`WRITE`."""
+    import operators
+
+    src = spark.read.parquet(parquet)
+    out = root / "writes"
+
+    def persist_write(tag: str) -> None:
+        w = operators.write(src, f"file://{out}/persist-{tag}", "bench")
+        if not w.native:
+            raise RuntimeError(f"W9 write: operators.write took the sink ({w.why})")
+
+    def parquet_write(tag: str) -> None:
+        src.write.option("compression", "zstd").parquet(str(out / f"parquet-{tag}"))
+
+    cases: list[tuple[str, Callable[[str], None]]] = [("persist", persist_write)]
+    if with_parquet:
+        cases.append(("floor", parquet_write))
+    for _, f in cases:
+        f("warm")
+    for r in range(repeats):
+        for column, f in rotate(cases, r):
+            ctx.log(f"W9 write round {r + 1}/{repeats}: {column}")
+            settle()
+            with timed() as t:
+                f(str(r))
+            res.add(WRITE, "rec/s", "higher", column, rows / t.seconds)
+        remove(out)
+    remove(out)
+    res.notes.append(
+        f"writes: {repeats} round(s) after one warm-up each, order rotated; persist: "
+        "operators.write(df, url, c), the native path (Spark's Parquet writer, sorted within "
+        "partitions by key, value, time, adopted and committed by the driver), a new "
+        "collection each round; floor: df.write.parquet, zstd, unsorted; the source df is "
+        "spark.read.parquet of W9's rows")
+
+
+def delta_peer(ctx: Context, res: WorkloadResult, parquet: str, root: Path, *,
+               repeats: int, quick: bool) -> None:
+    """Delta's Spark writer and reader on W9's rows, in their own environment and JVM
+    (:mod:`bench.systems.delta_spark`), beside persist's; skipped with the reason where that
+    environment is missing or the peer fails."""
+    from bench.systems import delta_spark
+
+    why = delta_spark.unavailable()
+    if why is not None:
+        res.skip("delta", why)
+        return
+    ctx.log(f"W9: Delta's peer (pyspark {delta_spark.PYSPARK}, delta-spark "
+            f"{delta_spark.DELTA}, its own JVM)")
+    settle()
+    try:
+        doc = delta_spark.measure(parquet, root / "delta-peer", rounds=repeats, quick=quick)
+    except delta_spark.PeerError as e:
+        res.skip("delta", str(e))
+        return
+    delta_spark.add_to(res, doc, write=WRITE, reads=(RAW, NATIVE_RAW), updated=STAGE_UPDATES,
+                       merge=UPDATES_APPLIED)
 
 
 def native_decoded(table: Any) -> tuple[float, int]:
@@ -765,9 +833,15 @@ def run(ctx: Context) -> list[WorkloadResult]:
                 ctx.log("W9: issue 28 stages (compaction into the base, updates)")
                 stages(ctx, res, spark, url, parquet, root, rows=rows, part_rows=part_rows,
                        repeats=repeats)
+            ctx.log("W9: writes from Spark")
+            writes(ctx, res, spark, parquet, root, rows=rows, repeats=repeats,
+                   with_parquet="floor" in ctx.systems)
             ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
             processed, committed = latency(spark, root, seals, gap)
             sink_overhead(ctx, res, spark, root, repeats=repeats)
+        # NB: after W9's own session ended: the peer's JVM does not share the cores with it
+        if "delta" in ctx.systems:
+            delta_peer(ctx, res, parquet, root, repeats=repeats, quick=bool(a.quick))
     finally:
         remove(root)
     for label, xs in (("processed", processed), ("committed", committed)):

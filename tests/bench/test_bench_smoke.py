@@ -108,6 +108,16 @@ def test_quick_mode_covers_every_workload_and_system(tmp_path: Path, part: str) 
     if "W10" in wids:
         _check_w10(doc["workloads"]["W10"], spark=_can_run("W9"))
         assert any(t["id"].startswith("W10.") for t in doc["targets"])
+    if "W9" in wids and _can_run("W9") and doc["systems"]["delta"]["available"]:
+        # Delta's Spark peer runs in its own environment where `./dev delta-env` made it
+        from bench.systems import delta_spark
+
+        status = doc["workloads"]["W9"]["status"]["delta"]
+        if delta_spark.unavailable() is None:
+            assert status.startswith("ok"), status
+        else:
+            assert status.startswith("skipped: "), status
+            assert "./dev delta-env" in status, status
     if "W11" in wids:
         w11 = doc["workloads"]["W11"]
         assert w11["status"]["delta"].startswith("skipped: "), w11["status"]

@@ -3,9 +3,10 @@
     from tests.support import jars
     paths = jars.classpath("s3a")       # hadoop-aws + the AWS SDK bundle, for s3a:// paths
     paths = jars.classpath("delta")     # delta-spark, for Delta's own Spark reader
+    paths = jars.classpath("delta40")   # delta-spark 4.0.1, the Delta peer's (pyspark 4.0.5)
     builder = jars.with_jars(builder, "s3a", "delta")   # a SparkSession.Builder using them
 
-    ./dev jars [--colon] [s3a] [delta]  # fetch, print the JARs (commas, as spark.jars takes)
+    ./dev jars [--colon] [s3a] [delta] [delta40]  # fetch, print the JARs (commas, as spark.jars takes)
 
 Each set is a small checked-in pom (``tests/support/maven/<set>/pom.xml``) resolved with the
 ordinary Maven client, ``mvn dependency:build-classpath``: Maven downloads the artifacts into
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 POMS = Path(__file__).resolve().parent / "maven"
 #: Where the checkout keeps the resolved sets (git-ignored).
 CACHE = REPO / ".jars"
-SETS = ("s3a", "delta")
+SETS = ("s3a", "delta", "delta40")
 
 
 class JarsUnavailable(RuntimeError):
@@ -133,7 +134,7 @@ def _link(name: str, sources: list[Path]) -> list[Path]:
 
 
 def classpath(name: str) -> list[Path]:
-    """The JARs of set ``name`` (``s3a`` or ``delta``), fetched first if need be.
+    """The JARs of set ``name`` (one of :data:`SETS`), fetched first if need be.
 
     Raises:
         JarsUnavailable: they cannot be fetched here; the message says why.
