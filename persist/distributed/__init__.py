@@ -13,6 +13,8 @@ Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
         pd.read_part(handle, filter=...)
     urls, rest = pd.parquet_files(scan)    # or let another engine's Parquet reader read
                                           # the Parquet parts (persist.distributed.native)
+    scan.layers                            # the base (settled parts) and the runs on top:
+                                          # what a consolidated read passes and what it sums
     df = pd.read_native(url, "events", build)   # ... with each piece's residual (time bound,
                                           # key range, whether to sum), planned again if GC
                                           # removed a file meanwhile
@@ -58,12 +60,14 @@ from persist.distributed.adopt import Staging, adopt, clean_staging, native_type
 from persist.distributed.commit import WRITERS, Committer, Overwrite, Writers
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
+    RUNS_SHARE,
     FileRead,
     KeyBounds,
     NativePlan,
     Residual,
     consolidate,
     key_bounds,
+    layered,
     parquet_files,
     parquet_task,
     plan_native,
@@ -76,10 +80,18 @@ from persist.distributed.s3a import hadoop_options, s3a_failure
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
-from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, Scan
+from persist.indexed.read.scan import (
+    Address,
+    CollectionInfo,
+    Layers,
+    PartHandle,
+    ReadTask,
+    Scan,
+)
 from persist.runtime.client import TOKENS, LatestValues
 
 __all__ = [
+    "RUNS_SHARE",
     "S3A_SOURCES",
     "TOKENS",
     "WRITERS",
@@ -90,6 +102,7 @@ __all__ = [
     "FileRead",
     "KeyBounds",
     "LatestValues",
+    "Layers",
     "NativePlan",
     "Overwrite",
     "PartHandle",
@@ -110,6 +123,7 @@ __all__ = [
     "describe",
     "hadoop_options",
     "key_bounds",
+    "layered",
     "native_types",
     "parquet_files",
     "parquet_task",
