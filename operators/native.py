@@ -396,17 +396,20 @@ class _Plan:
         NB: the runs' keys are broadcast (they are at most ``RUNS_SHARE`` of the base), so
         each half is one pass over the base's files with a hash probe per row and no
         exchange of the base; Spark scans the files once per half. A null key never matches
-        an equi-join: every null-key row of the base is summed (exact either way).
+        an equi-join: when a run may hold one (``null_keys``), every null-key row of the base
+        is summed (exact either way).
         """
         from pyspark.sql import functions as F
 
         contents = self._python([runs], partial=True)
         keys = F.broadcast(contents.select(F.col("key").alias("_run_key")))
         hit = base["key"] == keys["_run_key"]
-        passed = (base.join(keys, hit, "left_anti").where(F.col("key").isNotNull())
-                  .withColumn("time", F.lit(as_of)))
-        touched = base.join(keys, hit, "left_semi").unionByName(
-            base.where(F.col("key").isNull()))
+        passed = base.join(keys, hit, "left_anti")
+        touched = base.join(keys, hit, "left_semi")
+        if persist.distributed.null_keys(runs):
+            passed = passed.where(F.col("key").isNotNull())
+            touched = touched.unionByName(base.where(F.col("key").isNull()))
+        passed = passed.withColumn("time", F.lit(as_of))
         if self.sql_sum:
             summed = _sum(touched.unionByName(contents), as_of)
         else:

@@ -55,7 +55,7 @@ from persist.blob.base import BlobRead
 from persist.distributed.read import describe, record_reader
 from persist.distributed.stores import read_half
 from persist.errors import InvalidUsage, PartMissing, PersistError, SchemaMismatch
-from persist.indexed.format import evolve
+from persist.indexed.format import evolve, stats
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.parquet import MAX_SIGNED_TIME
 from persist.indexed.format.stats import Phys
@@ -374,6 +374,20 @@ def layered(lay: Layers) -> bool:
     return bool(lay.base) and bool(lay.runs) and lay.run_rows <= RUNS_SHARE * lay.base_rows
 
 
+def null_keys(task: ReadTask) -> bool:
+    """Whether a part of ``task`` may hold a null key: its key stats count one, or it has no
+    key stats (then nothing is known). An engine applying a base's runs by key with an
+    equi-join (which never matches null) treats the base's null-key rows as touched only
+    then (:class:`FileRead`)."""
+    for p in task.parts:
+        s = p.stats
+        leaf = None if s is msgspec.UNSET else next(
+            (x for x in s.leaves if x.path == stats.path_key(("key",))), None)
+        if leaf is None or leaf.nulls:
+            return True
+    return False
+
+
 def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
                 files: bool = True, rows_per_task: int | None = None) -> NativePlan:
     """``scan`` (a snapshot) planned for another engine's Parquet reader: which parts it reads
@@ -550,5 +564,5 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
 
 
 __all__ = ["RUNS_SHARE", "FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate",
-           "key_bounds", "layered", "parquet_files", "parquet_task", "plan_native",
+           "key_bounds", "layered", "null_keys", "parquet_files", "parquet_task", "plan_native",
            "read_native", "settled"]
