@@ -364,10 +364,9 @@ def settled(scan: Scan) -> bool:
 
 #: A consolidated read applies its runs to the base by key (:class:`FileRead`'s ``runs``)
 #: while the runs hold at most this share of the base's rows; beyond it, it sums every row by
-#: key range, as before there was a base. Measured on Spark (DESIGN.md §11a): runs of 2% of
-#: the base cost 0.8x the JVM CPU of summing every row, runs of 25% 2x; the crossover,
-#: interpolated, lies near 5%.
-RUNS_SHARE = 0.05
+#: key range, as before there was a base. Measured on Spark (DESIGN.md §11a): runs of 0.2% of
+#: the base cost 0.8x the JVM CPU of summing every row, runs of 2% the same, runs of 25% 2x.
+RUNS_SHARE = 0.02
 
 
 def layered(lay: Layers) -> bool:

@@ -48,9 +48,9 @@ def _histories(draw: st.DrawFn) -> tuple[list[Any], list[list[Any]]]:
             for i, (k, v) in enumerate(zip(rng.integers(-500, 500, n).tolist(),
                                            rng.integers(0, 4, n).tolist(), strict=True))]
     batches = []
-    for _ in range(draw(st.integers(1, 3))):
+    for _ in range(draw(st.integers(1, 2))):
         b: list[Any] = []
-        for _ in range(draw(st.integers(1, 25))):
+        for _ in range(draw(st.integers(1, 20))):
             kind = draw(st.sampled_from(["retract", "new", "other", "null"]))
             k, v, _ = base[draw(st.integers(0, n - 1))]
             if kind == "retract":
