@@ -27,7 +27,10 @@ the Python source's:
   exchange), else by ``mapInArrow`` through :func:`persist.distributed.consolidate`. The
   ranges are unioned: each key lives in one.
   A read whose parts are settled (``persist.distributed.settled``: consolidated, one time
-  each, key-disjoint) is read as the raw read is: nothing to sum.
+  each, key-disjoint) is read as the raw read is: nothing to sum. A base with a few runs on
+  top (``FileRead.runs``, the runs at most ``persist.distributed.RUNS_SHARE`` of the base's
+  rows) is read raw too, the runs applied by key (:meth:`_Plan._layered`): the base rows of
+  keys no run holds pass, the rest are summed with the runs' contents.
 
 On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
 them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
