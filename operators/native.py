@@ -28,7 +28,10 @@ the Python source's:
   exchange), else by ``mapInArrow`` through :func:`persist.distributed.consolidate`. The
   ranges are unioned: each key lives in one.
   A read whose parts are settled (``persist.distributed.settled``: consolidated, one time
-  each, key-disjoint) is read as the raw read is: nothing to sum.
+  each, key-disjoint) is read as the raw read is: nothing to sum. A base with a few runs on
+  top (``FileRead.runs``, the runs at most ``persist.distributed.RUNS_SHARE`` of the base's
+  rows) is read raw too, the runs applied by key (:meth:`_Plan._layered`): the base rows of
+  keys no run holds pass, the rest are summed with the runs' contents.
 
 On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
 them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
@@ -328,7 +331,8 @@ class _Plan:
         # the same partitioning partition by partition (spark.sql.unionOutputPartitioning,
         # SPARK-52921): every range would run in one task, one after the other. A child
         # partitioned otherwise makes the union a plain concatenation: one task per range.
-        if plan.tasks or not frames or any(f.residual.consolidate for f in plan.files):
+        if plan.tasks or not frames or any(f.residual.consolidate or f.runs is not None
+                                           for f in plan.files):
             frames.append(self._python(list(plan.tasks)))
         return functools.reduce(lambda a, b: a.union(b), frames)
 
@@ -339,6 +343,8 @@ class _Plan:
 
         r = piece.residual
         df = self._files(piece.urls).where(_where(r))
+        if piece.runs is not None:
+            return self._layered(df, piece.runs, r.as_of)
         if not r.consolidate:
             return df.withColumn("time", F.lit(r.as_of))
         assert piece.rest is not None
@@ -386,18 +392,40 @@ class _Plan:
         aggregation run in that partition's task. Exact where Spark's grouping is persist's
         (:func:`sql_groups`).
         """
-        from pyspark.sql import functions as F
 
         rows = files
         if rest.rows:
             rows = rows.unionByName(self._python([rest], partial=True))
-        # NB: try_sum is null where the sum leaves int64 (a plain sum fails with Spark's own
-        # ArithmeticException under ANSI, and wraps without it): persist's error instead.
-        total = F.try_sum("diff")
-        diff = F.when(total.isNull(), F.raise_error(F.lit(DIFF_OVERFLOW))).otherwise(total)
-        return (rows.coalesce(1).groupBy("key", "value").agg(diff.alias("diff"))
-                .where(F.col("diff") != 0)
-                .select("key", "value", F.lit(as_of).alias("time"), "diff"))
+        return _sum(rows.coalesce(1), as_of)
+
+    def _layered(self, base: Any, runs: persist.distributed.ReadTask, as_of: int) -> Any:
+        """The base's files (``base``: their rows at or before ``as_of``) with the runs applied
+        by key (``FileRead.runs``): the rows of keys no run holds as they are, the rest summed
+        with the runs' contents (read by persist, in one Spark task, twice: for the keys and
+        for the sum).
+
+        NB: the runs' keys are broadcast (they are at most ``RUNS_SHARE`` of the base), so
+        each half is one pass over the base's files with a hash probe per row and no
+        exchange of the base; Spark scans the files once per half. A null key never matches
+        an equi-join: when a run may hold one (``null_keys``), every null-key row of the base
+        is summed (exact either way).
+        """
+        from pyspark.sql import functions as F
+
+        contents = self._python([runs], partial=True)
+        keys = F.broadcast(contents.select(F.col("key").alias("_run_key")))
+        hit = base["key"] == keys["_run_key"]
+        passed = base.join(keys, hit, "left_anti")
+        touched = base.join(keys, hit, "left_semi")
+        if persist.distributed.null_keys(runs):
+            passed = passed.where(F.col("key").isNotNull())
+            touched = touched.unionByName(base.where(F.col("key").isNull()))
+        passed = passed.withColumn("time", F.lit(as_of))
+        if self.sql_sum:
+            summed = _sum(touched.unionByName(contents), as_of)
+        else:
+            summed = touched.coalesce(1).mapInArrow(_Consolidate(runs, self.types), self.schema)
+        return passed.unionByName(summed)
 
     def _python(self, tasks: list[persist.distributed.ReadTask], *, partial: bool = False
                 ) -> Any:
@@ -407,6 +435,20 @@ class _Plan:
         seed = self.spark.createDataFrame(
             self.spark.sparkContext.parallelize(rows, max(1, len(rows))), "task binary")
         return seed.mapInArrow(_ReadTasks(self.types, partial=partial), self.schema)
+
+def _sum(rows: Any, as_of: int) -> Any:
+    """``rows`` summed per ``(key, value)`` by Spark's aggregation, zero sums dropped, time
+    ``as_of`` (exact where Spark groups as persist does: :func:`sql_groups`)."""
+    from pyspark.sql import functions as F
+
+    # NB: try_sum is null where the sum leaves int64 (a plain sum fails with Spark's own
+    # ArithmeticException under ANSI, and wraps without it): persist's error instead.
+    total = F.try_sum("diff")
+    diff = F.when(total.isNull(), F.raise_error(F.lit(DIFF_OVERFLOW))).otherwise(total)
+    return (rows.groupBy("key", "value").agg(diff.alias("diff"))
+            .where(F.col("diff") != 0)
+            .select("key", "value", F.lit(as_of).alias("time"), "diff"))
+
 
 def _where(r: persist.distributed.Residual) -> Any:
     """A residual's filter as a Spark condition, pushed to Spark's reader (its row groups and

@@ -13,6 +13,8 @@ Reading: plan on one machine, read anywhere (:mod:`persist.distributed.read`)::
         pd.read_part(handle, filter=...)
     urls, rest = pd.parquet_files(scan)    # or let another engine's Parquet reader read
                                           # the Parquet parts (persist.distributed.native)
+    scan.layers                            # the base (settled parts) and the runs on top:
+                                          # what a consolidated read passes and what it sums
     df = pd.read_native(url, "events", build)   # ... with each piece's residual (time bound,
                                           # key range, whether to sum), planned again if GC
                                           # removed a file meanwhile
@@ -73,12 +75,15 @@ from persist.distributed.compaction import (
 )
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
+    RUNS_SHARE,
     FileRead,
     KeyBounds,
     NativePlan,
     Residual,
     consolidate,
     key_bounds,
+    layered,
+    null_keys,
     parquet_files,
     parquet_task,
     plan_native,
@@ -91,10 +96,18 @@ from persist.distributed.s3a import hadoop_options, s3a_failure
 from persist.distributed.stage import Stager, check_type
 from persist.distributed.stream import StreamCursor
 from persist.indexed.format.transfer import StagedPart, Token
-from persist.indexed.read.scan import Address, CollectionInfo, PartHandle, ReadTask, Scan
+from persist.indexed.read.scan import (
+    Address,
+    CollectionInfo,
+    Layers,
+    PartHandle,
+    ReadTask,
+    Scan,
+)
 from persist.runtime.client import TOKENS, LatestValues
 
 __all__ = [
+    "RUNS_SHARE",
     "S3A_SOURCES",
     "TOKENS",
     "WRITERS",
@@ -107,6 +120,7 @@ __all__ = [
     "FileRead",
     "KeyBounds",
     "LatestValues",
+    "Layers",
     "NativePlan",
     "Overwrite",
     "PartHandle",
@@ -129,7 +143,9 @@ __all__ = [
     "describe",
     "hadoop_options",
     "key_bounds",
+    "layered",
     "native_types",
+    "null_keys",
     "parquet_files",
     "parquet_task",
     "plan_compaction",

@@ -92,6 +92,16 @@ def _read(plan: distributed.NativePlan) -> list[pa.Table]:
         files = pa.concat_tables([pq.read_table(u.removeprefix("file://")).cast(schema)
                                   for u in f.urls])
         rows = _where(files, f.residual)
+        if f.runs is not None:
+            # the runs applied by key, as an engine's anti join against the runs' keys does
+            # (an equi-join: a null key never matches, so null-key rows are summed)
+            assert not f.residual.consolidate
+            keys = distributed.consolidate(f.runs, schema.empty_table()).column("key")
+            hit = pc.fill_null(pc.is_in(rows.column("key"), value_set=keys.combine_chunks(),
+                                        skip_nulls=True), True)
+            out.append(rows.filter(pc.invert(hit)))
+            out.append(distributed.consolidate(f.runs, rows.filter(hit)))
+            continue
         if f.residual.consolidate:
             assert f.rest is not None
             if f.residual.keys is None or f.residual.keys.exact:
@@ -225,8 +235,23 @@ def test_overlapping_or_multi_time_parts_are_summed(tmp_path: Path) -> None:
     assert distributed.settled(info.snapshot(3))
     assert not distributed.settled(info.snapshot(4))
     plan = distributed.plan_native(info.snapshot(4), consolidated=True)
-    assert all(f.residual.consolidate for f in plan.files)
+    # a base with a small run on top: the base's files raw, the run applied by key
+    lay = info.snapshot(4).layers
+    assert distributed.layered(lay)
+    (piece,) = plan.files
+    assert piece.runs is not None
+    assert {p.id for p in piece.runs.parts} == {p.id for p in lay.runs}
+    assert piece.residual == distributed.Residual(4, None, False)
+    assert plan.tasks == ()
     assert _sums(_read(plan)) == _client(tmp_path, 4)
+    # runs beyond RUNS_SHARE of the base: every row summed by key range
+    ix.write({"c": _updates(rng, 8000, 5, pa.array(rng.integers(0, 5000, 8000)))})
+    ix.seal("c", 6)
+    info = distributed.describe(str(tmp_path), "c")
+    assert not distributed.layered(info.snapshot(5).layers)
+    plan = distributed.plan_native(info.snapshot(5), consolidated=True)
+    assert all(f.residual.consolidate and f.runs is None for f in plan.files)
+    assert _sums(_read(plan)) == _client(tmp_path, 5)
 
 
 def _part(i: int, keys: pa.Array, *, budget: int = 1024, time: int = 1) -> PartMeta:

@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist.errors import Corruption, InvalidUsage, PartMissing, PersistError, SchemaMismatch
-from persist.indexed.format import columnar, evolve, stats, transfer
+from persist.indexed.format import columnar, evolve, records, stats, transfer
 from persist.indexed.format.meta import CollectionMeta, OfPart, PartMeta, State
 from persist.indexed.read import buckets, split
 from persist.indexed.read.filter import AnyFilter, Bound, Filter, bind
@@ -211,6 +211,51 @@ class PartHandle(transfer.Travelling, msgspec.Struct, OfPart, frozen=True, kw_on
 TaskKind = Literal["snapshot", "consolidated", "changes"]
 
 
+@dataclass(frozen=True)
+class Layers:
+    """A snapshot's parts as its consolidated read uses them (:func:`layers`): the ``base``,
+    parts that are settled among themselves (consolidated, one time at or before the as-of
+    time, key-disjoint by their stats, of the schema version read), whose rows are their own
+    contents already; and the ``runs``, every other part with rows, applied on top of the base.
+
+    How a read applies them (DESIGN.md §11a, the read plan): a base row whose key no run
+    holds is an answer row as it is (its time forwarded to the as-of time); only the base
+    rows whose key a run holds are summed, together with the runs' rows. With no runs the
+    read sums nothing (:attr:`settled`).
+    """
+
+    base: tuple[PartMeta, ...]
+    runs: tuple[PartMeta, ...]
+
+    @property
+    def settled(self) -> bool:
+        """Whether there are no runs: the base alone is the contents."""
+        return not self.runs
+
+    @property
+    def base_rows(self) -> int:
+        """Rows stored in the base's parts."""
+        return sum(p.rows for p in self.base)
+
+    @property
+    def run_rows(self) -> int:
+        """Rows stored in the runs (an upper bound on the updates applied to the base)."""
+        return sum(p.rows for p in self.runs)
+
+
+def layers(parts: Sequence[PartMeta], as_of: int, view: evolve.View) -> Layers:
+    """``parts`` (of a snapshot as of ``as_of``, read as ``view``) split into its base and its
+    runs (:class:`Layers`): the base is :func:`persist.indexed.read.split.base` of the parts
+    stored as the version read (a part of another version is migrated on read, and a migration
+    may make two records equal), the runs every other part with rows. The one rule every
+    consolidated read follows: ``read_task``, a client's snapshot and the native plan
+    (:func:`persist.distributed.plan_native`)."""
+    same = [p for p in parts if evolve.part_version(p) == view.target]
+    b = split.base(same, as_of, view.schema.field("key").type)
+    ids = {p.id for p in b}
+    return Layers(b, tuple(p for p in parts if p.rows and p.id not in ids))
+
+
 class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     """One task of a scan (:meth:`Scan.tasks`), read on any machine with
     :func:`persist.distributed.read_task`.
@@ -284,6 +329,12 @@ class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):
     def schema(self) -> pa.Schema:
         """The schema of every table the task yields (``key, value, time, diff``)."""
         return self.view.schema
+
+    @property
+    def layers(self) -> Layers:
+        """A consolidated task's parts split into the base its read passes through and the
+        runs it applies on top (:func:`layers`, as of the task's as-of time)."""
+        return layers(self.parts, self.as_of, self.view)
 
     KIND: ClassVar[str] = "persist.ReadTask"
     NEWEST: ClassVar[int] = READ_TASK_VERSION
@@ -692,6 +743,20 @@ class Scan:
         """How many parts the read needs, and how many the filter's stats pruned."""
         return len(self.kept), len(self.skipped_parts)
 
+    @property
+    def layers(self) -> Layers:
+        """A snapshot's parts split into its base and the runs on top (:func:`layers`): what
+        its consolidated read passes through and what it applies. Its consolidated tasks
+        (:meth:`tasks`) each split their own parts by the same rule.
+
+        Raises:
+            InvalidUsage: a range of changes (it has no base).
+        """
+        if self.kind != "snapshot":
+            raise InvalidUsage("a range of changes is read raw: it has no base")
+        return layers(self.kept, self.as_of, evolve.View.of(self.info.meta,
+                                                             self.schema_version))
+
     def _common(self) -> dict[str, Any]:
         """What every task of this scan carries."""
         return {"address": self.info.address, "collection": stripped(self.info.meta),
@@ -998,15 +1063,22 @@ def _contents(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
     # is what makes the read definite, since compaction (which migrates to the current
     # version) cannot then change what it returns.
     older = not view.current
-    tables = [t for p in task.parts
+    loaded = [(p, t) for p in task.parts
               if (t := _load(reader, view, pr, p, 0, task.hi, current=older)) is not None]
-    if not tables:
+    if not loaded:
         return view.schema.empty_table()
-    out = columnar.contents_at(pa.concat_tables(tables), task.as_of)
+    if not older and not _nested(view.schema):
+        return _applied(loaded, task, ordered=True)
+    out = columnar.contents_at(pa.concat_tables([t for _, t in loaded]), task.as_of)
     if not older:
         return out
     out = columnar.contents_at(view.from_current(out), task.as_of)
     return out if pr is None or not len(out) else out.filter(pr.bound.mask(out))
+
+
+def _nested(schema: pa.Schema) -> bool:
+    """Whether the key or value is a record or list (sorted by their frame, not by Arrow)."""
+    return any(records.is_nested(schema.field(i).type) for i in (0, 1))
 
 
 def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
@@ -1028,9 +1100,9 @@ def _bucket(reader: PartReader, task: ReadTask, counts: PruneCounts | None,
         raise InvalidUsage(f"a consolidated task of hash bucket {task.bucket} of "
                            f"{task.buckets}: planned by an older persist (reads split by key "
                            f"range now); plan and read with the same persist version")
-    tables = [t for part in task.parts
+    loaded = [(part, t) for part in task.parts
               if (t := _load(reader, view, pr, part, 0, task.hi)) is not None]
-    return _consolidated(tables, task)
+    return _applied(loaded, task)
 
 
 def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | None
@@ -1039,7 +1111,7 @@ def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | 
     range (and, with a filter, may match it) are decoded, and only the range's rows kept."""
     r = task.key_range
     assert r is not None
-    tables: list[pa.Table] = []
+    loaded: list[tuple[PartMeta, pa.Table]] = []
     for part in task.parts:
         if pr is not None:
             # NB: the filter's own batch pruning decides what is decoded; the range's rows are
@@ -1055,29 +1127,62 @@ def _ranged(reader: PartReader, task: ReadTask, view: evolve.View, pr: Pruner | 
                                view.name)
             t = _in_range(t, part, 0, task.hi)
         if len(t):
-            tables.append(t)
-    return _consolidated(tables, task)
+            loaded.append((part, t))
+    return _applied(loaded, task)
 
 
 def settled(task: ReadTask) -> bool:
     """Whether a consolidated task's parts, times forwarded to its as-of time, are its contents
-    already (:func:`persist.indexed.read.split.settled`: consolidated, one time each, key-
-    disjoint), all read as the version they were written with (a migration could make two
-    records equal): its read may skip summing them."""
-    return (all(evolve.part_version(p) == task.view.target for p in task.parts)
-            and split.settled(task.parts, task.as_of, task.schema.field("key").type))
+    already: they are all its base, no run on top (:attr:`ReadTask.layers`: consolidated, one
+    time each, key-disjoint, each read as the version it was written with, since a migration
+    could make two records equal). Its read then sums nothing."""
+    return task.layers.settled
 
 
-def _consolidated(tables: list[pa.Table], task: ReadTask) -> pa.Table:
-    """The task's rows (``tables``, at or before its as-of time) consolidated; skipped where
-    the parts are :func:`settled` (times forwarded only)."""
+def _applied(loaded: Sequence[tuple[PartMeta, pa.Table]], task: ReadTask, *,
+             ordered: bool = False) -> pa.Table:
+    """A consolidated task's contents from its parts' rows (``loaded``: each part's rows at or
+    before the as-of time, filtered): the runs applied to the base (:attr:`ReadTask.layers`).
+
+    A base row whose key no run holds is an answer row already (the base is settled: one row
+    per ``(key, value)``, no zero diff): it passes with its time forwarded. Only the base rows
+    whose key a run holds (``is_in`` of the runs' keys, NaNs made one NaN first, null equal to
+    null) are summed with the runs' rows. Exact: every group of rows consolidation sums has
+    one key, so a group is either wholly passed (no run row in it, one base row) or wholly
+    summed. ``ordered``: sorted by ``(key, value)``, as ``contents_at`` sorts (flat types).
+    Keys without a range order (records) are summed whole.
+    """
     schema = task.view.schema
-    if not tables:
+    as_of = task.as_of
+
+    def summed(t: pa.Table) -> pa.Table:
+        return columnar.contents_at(t, as_of) if ordered else buckets.consolidate(t, as_of)
+
+    ids = {p.id for p in task.layers.base}
+    base = [t for p, t in loaded if p.id in ids and len(t)]
+    runs = [t for p, t in loaded if p.id not in ids and len(t)]
+    if not base and not runs:
         return schema.empty_table()
-    t = pa.concat_tables(tables)
-    if settled(task):
-        return t.set_column(2, schema.field(2), columnar.constant_times(task.as_of, len(t)))
-    return buckets.consolidate(t, task.as_of)
+    key_type = schema.field("key").type
+    if runs and (not base or not split.splittable(key_type)):
+        return summed(pa.concat_tables(base + runs))
+    b = pa.concat_tables(base)
+    pieces: list[pa.Table] = []
+    if runs:
+        r = pa.concat_tables(runs)
+        keys = pc.unique(records.one_nan(r.column("key")))
+        if isinstance(keys, pa.ChunkedArray):
+            keys = keys.combine_chunks()
+        touched = pc.is_in(records.one_nan(b.column("key")), value_set=keys)
+        pieces.append(summed(pa.concat_tables([b.filter(touched), r])))
+        b = b.filter(pc.invert(touched))
+    if ordered:
+        # NB: contents_at's one NaN, so that a passed row is the row the sum would return
+        b = b.set_column(0, schema.field(0), records.one_nan(b.column(0)))
+        b = b.set_column(1, schema.field(1), records.one_nan(b.column(1)))
+    pieces.append(b.set_column(2, schema.field(2), columnar.constant_times(as_of, len(b))))
+    out = pa.concat_tables(pieces)
+    return out.sort_by([("key", "ascending"), ("value", "ascending")]) if ordered else out
 
 
 class SnapshotRead:

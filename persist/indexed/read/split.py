@@ -679,8 +679,9 @@ def _common_prefix(bs: list[bytes]) -> int:
     return i
 
 
-__all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "batches_in", "decoded_bytes",
-           "load", "mask", "part_in", "plan", "rows_in", "splittable"]
+__all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "base", "batches_in",
+           "decoded_bytes", "disjoint", "load", "mask", "part_in", "plan", "rows_in", "settled",
+           "splittable"]
 
 
 # -- reads that need no consolidation ---------------------------------------------------------
@@ -733,3 +734,50 @@ def settled(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> boo
     """
     return all(p.consolidated and p.min_time == p.max_time <= as_of for p in parts if p.rows) \
         and disjoint(parts, key_type)
+
+
+def base(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> tuple[PartMeta, ...]:
+    """The *base* of ``parts`` for a read as of ``as_of``: parts that are :func:`settled` among
+    themselves, so that their rows, times forwarded to ``as_of``, are their consolidated
+    contents already. Every other part with rows is a *run* on top of the base.
+
+    Taken greedily, the largest part first (ties by id): a part qualifies when it is
+    consolidated, holds a single time at or before ``as_of`` and has known part-level key
+    stats; it joins the base when its key bounds are strictly apart from every part taken
+    (:func:`disjoint`'s rule: equal bounds on both sides are not apart) and, if it holds NaN
+    or null keys, no part taken holds any (a part whose keys are all NaN or null has no
+    bounds and conflicts only with such parts). Keys without an order (records) have a base
+    only when one part is all there is. Pure and deterministic: a planner and every task that
+    computes it over the same parts agree. The caller keeps out parts that must not be read
+    as they are stored (a part of another schema version: a migration may make two records
+    equal). What the base is for: DESIGN.md §11a, the read plan.
+    """
+    live = [p for p in parts if p.rows]
+    cands = [p for p in live if p.consolidated and p.min_time == p.max_time <= as_of]
+    kind = _kind(key_type)
+    if kind is None:
+        return tuple(cands) if len(live) == 1 and len(cands) == 1 else ()
+    los: list[Phys] = []  # the taken parts' bounds, ascending by lo (disjoint: so are his)
+    his: list[Phys] = []
+    special = False
+    taken: list[PartMeta] = []
+    for p in sorted(cands, key=lambda p: (-p.rows, p.id)):
+        ks = _key_stats(p, kind)
+        if ks.special is None or (ks.special and special):
+            continue
+        if ks.lo is None or ks.hi is None:
+            if ks.lo is None and ks.hi is None and ks.special == p.rows:
+                taken.append(p)  # only NaN and null keys: apart from every bounded part
+                special = True
+            continue
+        i = bisect.bisect_left(los, ks.lo)
+        if i > 0 and not _lt(his[i - 1], ks.lo):
+            continue
+        if i < len(los) and not _lt(ks.hi, los[i]):
+            continue
+        los.insert(i, ks.lo)
+        his.insert(i, ks.hi)
+        special = special or bool(ks.special)
+        taken.append(p)
+    ids = {p.id for p in taken}
+    return tuple(p for p in parts if p.id in ids)

@@ -1,0 +1,100 @@
+"""Issue 28 item 2: the native consolidated read of a compacted base with fresh runs on top,
+with the runs applied by key (``FileRead.runs``) against the plan that sums every row by key
+range (``RUNS_SHARE`` below 0), and ``spark.read.parquet`` raw of the same rows.
+
+    python -m bench.read_base [--rows 5000000] [--share 100] [--rounds 3]
+
+W9's stage (c) collection: ``rows`` random int64 keys in appends of 1 M, compacted into the
+base (since at the last time, ``maintain()`` until idle), then ``rows / share`` retractions of
+existing rows and as many new rows, appended and not merged. Each round reads the three cases
+in a rotated order into Spark's ``noop`` sink; prints the medians of wall time and of the JVM's
+CPU (user + system, with its Python workers) and each ratio ``Parquet / case``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bench.common import make_batch
+from bench.workloads.w9_spark import _jvm_cpu, prepare, spark_session
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=5_000_000)
+    ap.add_argument("--share", type=int, default=100, help="updates: rows / share of each kind")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    import persist
+    import persist.distributed.native as native
+
+    part = 1_000_000
+    with tempfile.TemporaryDirectory(prefix="read-base-") as tmp:
+        root = Path(tmp)
+        url, parquet = prepare(root, a.rows, part)
+        last = (a.rows + part - 1) // part - 1
+        with persist.open(url, options=persist.Options(background_compaction=False)) as client:
+            w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
+            w.allow_compaction(last).result()
+            while client.maintain():
+                pass
+            fresh = max(1, a.rows // a.share)
+            old = make_batch(9000, min(part, a.rows), time_lo=0).slice(0, fresh)
+            new = make_batch(7777, fresh, time_lo=last + 1)
+            gone = pa.table({"key": old["key"], "value": old["value"],
+                             "time": pa.array([last + 1] * fresh, pa.int64()),
+                             "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
+            updates = pa.concat_tables([gone, new])
+            w.append(updates, upper=last + 2).result()
+        updated = root / "parquet-updated"
+        updated.mkdir()
+        for f in sorted(Path(parquet).iterdir()):
+            (updated / f.name).symlink_to(f)
+        pq.write_table(updates, updated / "part-updates.parquet", compression="zstd")
+        lay = persist.distributed.describe(url, "bench").snapshot().layers
+        print(f"base: {len(lay.base)} parts, {lay.base_rows:,} rows; runs: {len(lay.runs)} "
+              f"parts, {lay.run_rows:,} rows; layered: {persist.distributed.layered(lay)}")
+        with spark_session(fast_start=False) as spark:
+            from operators import PersistTable
+
+            table = PersistTable.forPath(spark, url, "bench")
+            share = native.RUNS_SHARE
+
+            def summed() -> Any:
+                native.RUNS_SHARE = -1.0
+                try:
+                    return table.toDF()
+                finally:
+                    native.RUNS_SHARE = share
+
+            cases = {"parquet": lambda: spark.read.parquet(str(updated)),
+                     "summed": summed, "layered": table.toDF}
+
+            def run(factory: Any) -> tuple[float, float]:
+                c, t = _jvm_cpu(), time.perf_counter()
+                factory().write.format("noop").mode("overwrite").save()
+                return time.perf_counter() - t, _jvm_cpu() - c
+
+            for factory in cases.values():
+                run(factory)
+            res: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+            names = list(cases)
+            for r in range(a.rounds):
+                for k in names[r % 3:] + names[:r % 3]:
+                    res[k].append(run(cases[k]))
+            for j, what in ((0, "wall s"), (1, "JVM CPU s")):
+                med = {k: statistics.median(x[j] for x in v) for k, v in res.items()}
+                print(what, {k: round(v, 2) for k, v in med.items()}, "Parquet / case:",
+                      {k: round(med["parquet"] / v, 3) for k, v in med.items()})
+
+
+if __name__ == "__main__":
+    main()
