@@ -26,10 +26,15 @@ Spawn = Callable[..., Proc]
 def test_writer_and_two_replicas_listen_to_every_update_once(loc: str, spawn: Spawn) -> None:
     until = 300
     writer = spawn("writer", "--url", loc, "--rid", "w", "--until", str(until),
-                   "--interval", "0.002", "--notify")
-    writer.wait_for("ack", pred=lambda e: e["t"] >= 5)
+                   "--interval", "0.002", "--notify", "--pause-at", "5")
+    writer.wait_for("paused")
     pushed = spawn("listener", "--url", loc, "--until", str(until), "--notify")
     polling = spawn("listener", "--url", loc, "--until", str(until))
+    # NB: the writer goes on only once the pushed listener is connected: on a busy machine
+    # it could otherwise acknowledge all 300 times before the listener's first push
+    for p in (pushed, polling):
+        p.wait_for("ready")
+    writer.send("go")
     results = [p.wait_for("done") for p in (pushed, polling)]
     writer.wait_for("stopped")
     acked = _acks(writer)

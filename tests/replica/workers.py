@@ -192,6 +192,14 @@ def listener(a: argparse.Namespace) -> None:
         listen = r.listen(0, poll=0.5)
         if a.snapshots:
             reads.start()
+        if a.notify:
+            # NB: "ready" means pushes can arrive: the subscriber connects in its own thread,
+            # so a test that counts pushes must not start the writer's updates before it is
+            while not client.stats.get("push", {}).get("live"):
+                if time.monotonic() > deadline:
+                    emit(ev="timeout", frontier=listen.frontier, push=client.stats.get("push"))
+                    return
+                time.sleep(0.01)
         emit(ev="ready")
         progress: list[int] = []
         while not until.reached(listen.frontier):
