@@ -7,9 +7,9 @@ with a consolidated *delta* run read raw, at >= 0.6x ``spark.read.parquet`` raw?
 W9's stage (c) collection (as ``bench.read_base``): ``rows`` random int64 keys in appends of
 1 M, compacted into the base, then ``rows / share`` retractions of existing rows and as many
 new rows, appended and not merged. The marks and the delta are computed here, before timing,
-as a compaction step would write them: per base file, the row positions whose key a run holds
-(pyarrow, over the file's key column); the delta, the consolidated rows of those keys (the
-client's consolidated read, filtered), one Parquet file. Checked once per plan: its rows'
+as a compaction step would write them, by ``persist.indexed.read.marks.find`` over the base
+files' rows and the runs' rows: per base file, the row positions whose key a run holds; the
+delta, the consolidated rows of those keys, one Parquet file. Checked once per plan: its rows'
 count and an order-free hash sum equal the client's consolidated read.
 
 Each round reads every case in a rotated order into Spark's ``noop`` sink (wall time includes
@@ -51,7 +51,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bench.common import make_batch
@@ -66,6 +65,7 @@ def main() -> None:
     ap.add_argument("--cases", default="parquet,layered,floor,anti,bitmap,bitmap_files")
     a = ap.parse_args()
     import persist
+    from persist.indexed.read import marks as marks_mod
 
     part = 1_000_000
     with tempfile.TemporaryDirectory(prefix="read-marks-") as tmp:
@@ -98,20 +98,21 @@ def main() -> None:
         plan = persist.distributed.plan_native(scan)
         (piece,) = plan.files
         assert piece.runs is not None, "not a layered plan"
-        run_keys = pc.unique(updates["key"])
-        marks: dict[str, np.ndarray] = {}
+        # the engine's form of rows (uint64 times, as persist's readers return them)
+        engine = pa.schema([pa.field(f.name, pa.uint64() if f.name == "time" else f.type)
+                            for f in updates.schema])
         t = time.perf_counter()
-        for u in piece.urls:
-            keys = pq.read_table(u.removeprefix("file://"), columns=["key"])["key"]
-            marks[u] = np.flatnonzero(pc.is_in(keys, value_set=run_keys).to_numpy(
-                zero_copy_only=False)).astype(np.int64)
+        rows = [pq.read_table(u.removeprefix("file://")).cast(engine) for u in piece.urls]
+        found, delta = marks_mod.find(rows, updates.cast(engine), as_of)
         t_marks = time.perf_counter() - t
-        delta = contents.filter(pc.is_in(contents["key"], value_set=run_keys))
+        marks: dict[str, np.ndarray] = dict(zip(piece.urls, found, strict=True))
+        delta = delta.cast(updates.schema)
         delta_file = root / "delta.parquet"
         pq.write_table(delta, delta_file, compression="zstd")
         print(f"base: {len(piece.urls)} files; marks: "
               f"{sum(len(m) for m in marks.values()):,} positions (found in {t_marks:.2f} s "
-              f"by pyarrow); delta: {delta.num_rows:,} rows; answer: {contents.num_rows:,} rows")
+              f"by persist.indexed.read.marks.find, reading the files); delta: "
+              f"{delta.num_rows:,} rows; answer: {contents.num_rows:,} rows")
 
         with spark_session(fast_start=False) as spark:
             from pyspark.sql import functions as F
@@ -138,10 +139,7 @@ def main() -> None:
             pos = F.col("_metadata.row_index")
 
             def words(u: str) -> np.ndarray:
-                w = np.zeros((rows_of[u] + 63) // 64, dtype=np.uint64)
-                m = marks[u]
-                np.bitwise_or.at(w, m >> 6, np.uint64(1) << (m & 63).astype(np.uint64))
-                return w.view(np.int64)
+                return marks_mod.bitmap(marks[u], rows_of[u])
 
             def longs(a: np.ndarray) -> Any:
                 # NB: one byte array over py4j, made a long[] in the JVM: an array literal
