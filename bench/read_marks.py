@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--cases", default="parquet,layered,floor,anti,bitmap,bitmap_files")
     a = ap.parse_args()
     import persist
+    import persist.distributed.native as native
     from persist.indexed.read import marks as marks_mod
 
     part = 1_000_000
@@ -95,7 +96,13 @@ def main() -> None:
 
         # what a compaction step would write: marks per base file, and the delta
         scan = persist.distributed.describe(url, "bench").snapshot(as_of)
-        plan = persist.distributed.plan_native(scan)
+        # NB: the layered piece names the base's files; planned with RUNS_SHARE at 1 so
+        # that runs beyond today's 2% (--share below 50) still split off a base
+        share, native.RUNS_SHARE = native.RUNS_SHARE, 1.0
+        try:
+            plan = persist.distributed.plan_native(scan)
+        finally:
+            native.RUNS_SHARE = share
         (piece,) = plan.files
         assert piece.runs is not None, "not a layered plan"
         # the engine's form of rows (uint64 times, as persist's readers return them)
