@@ -26,10 +26,10 @@ Cases:
 * ``floor_files``: the same, one scan of each base file, unioned.
 * ``anti``: one scan of each base file, a broadcast ``left_anti`` join on
   ``_metadata.row_index`` against that file's marks (a DataFrame from Arrow), unioned.
-* ``bitmap``: one scan of all base files; each file's marks as a bitmap (an ``array<bigint>``
-  literal of ``ceil(rows / 64)`` words, handed to the JVM as one byte array), picked by
-  ``CASE _metadata.file_name``, and the filter
-  ``getbit(element_at(words, row_index / 64 + 1), row_index % 64) = 0``.
+* ``bitmap``: one scan of all base files (``operators.marks.unmarked``); each file's marks as
+  a bitmap (an ``array<bigint>`` literal of ``ceil(rows / 64)`` words, handed to the JVM as
+  one byte array), and the filter ``CASE _metadata.file_name WHEN <name> THEN
+  getbit(element_at(<its words>, row_index / 64 + 1), row_index % 64) = 0 ... ELSE true``.
 * ``bitmap_files``: the same filter, one scan of each base file with its own literal, unioned.
 
 Measured alongside (not cases: the plans cost seconds on the driver before Spark reads a row):
@@ -125,6 +125,7 @@ def main() -> None:
             from pyspark.sql import functions as F
 
             from operators import PersistTable
+            from operators.marks import unmarked
 
             table = PersistTable.forPath(spark, url, "bench")
             schema = "key long, value long, time long, diff long"
@@ -166,13 +167,8 @@ def main() -> None:
                 return union([base([u]).where(pos >= 0) for u in piece.urls])
 
             def bitmap() -> Any:
-                name = F.col("_metadata.file_name")
-                table = F.when(name == piece.urls[0].rsplit("/", 1)[1], longs(words(piece.urls[0])))
-                for u in piece.urls[1:]:
-                    table = table.when(name == u.rsplit("/", 1)[1], longs(words(u)))
-                word = F.element_at(table, F.shiftright(pos, 6).cast("int") + 1)
-                return with_delta(base(list(piece.urls)).where(
-                    F.getbit(word, pos.bitwiseAND(63).cast("int")) == 0))
+                return with_delta(unmarked(spark, base(list(piece.urls)),
+                                           {u: words(u) for u in piece.urls}))
 
             def anti() -> Any:
                 dfs = []
