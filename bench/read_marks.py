@@ -28,8 +28,9 @@ Cases:
   ``_metadata.row_index`` against that file's marks (a DataFrame from Arrow), unioned.
 * ``bitmap``: one scan of all base files (``operators.marks.unmarked``); each file's marks as
   a bitmap (an ``array<bigint>`` literal of ``ceil(rows / 64)`` words, handed to the JVM as
-  one byte array), and the filter ``CASE _metadata.file_name WHEN <name> THEN
-  getbit(element_at(<its words>, row_index / 64 + 1), row_index % 64) = 0 ... ELSE true``.
+  one byte array) picked by the file's name, and the filter ``getbit(element_at(CASE
+  _metadata.file_name WHEN <name> THEN <its words> ... END, row_index / 64 + 1),
+  row_index % 64) = 0`` (a file with no words: kept).
 * ``bitmap_files``: the same filter, one scan of each base file with its own literal, unioned.
 
 Measured alongside (not cases: the plans cost seconds on the driver before Spark reads a row):
@@ -202,7 +203,7 @@ def main() -> None:
             for k in ("anti", "bitmap", "bitmap_files"):
                 if k in cases:
                     assert digest(cases[k]()) == want, k
-            print("anti, bitmap, bitmap_files checked against the layered read (row count, hash sum)")
+            print("anti and the bitmap cases checked against the layered read (row count, hash sum)")
 
             def run(factory: Any) -> tuple[float, float]:
                 c, t = _jvm_cpu(), time.perf_counter()

