@@ -253,11 +253,15 @@ class FileBlob(Blob):
         if shard is not None:
             # NB: the last entry of a shard of the log (a trim deletes in seq order): the shard
             # is empty for good (every later seq lies in a later shard), so its directory goes
-            # too, or ``meta/log/`` would gain a name per 1,024 commits forever. Not durable
-            # and not retried: a crash here (or a temp file a killed writer left in it) leaves
-            # an empty directory, which a listing after a later seq never reads.
+            # too, or ``meta/log/`` would gain a name per 1,024 commits forever; with the temp
+            # files killed writers left in it (no live writer creates a seq of a shard below
+            # the head: a fenced one that tries fails). Not durable and not retried: a crash
+            # here leaves an empty directory, which a listing after a later seq never reads.
             crashpoints.hit("file.shard_emptied")
             directory = self._path(shard.rstrip("/"))
             self._known_dirs.discard(directory)
             with contextlib.suppress(OSError):
+                for name in os.listdir(directory):
+                    if name.startswith(_TMP):
+                        os.unlink(os.path.join(directory, name))
                 os.rmdir(directory)

@@ -388,3 +388,26 @@ def test_a_writer_killed_in_a_trim_of_a_sharded_log_loses_nothing(
     upcoming = layout.log_key(head + 1, 2).split("/")[2]
     left = [e for e in empty if e != upcoming]
     assert len(left) <= (1 if seam == "file.shard_emptied" else 0), (empty, upcoming)
+
+
+def test_a_trimmed_shard_goes_with_the_temp_files_killed_writers_left(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(layout, "LOG_SHARD", 16)
+    root = tmp_path / "loc"
+    opts = Options(rollup_every=8, gc_grace_seconds=3600.0)
+    client = persist.open(root, reentrance_id="w", options=opts, storage_options={"fsync": False})
+    try:
+        _commits(client, 40, maintain_every=8)
+    finally:
+        client.stop()
+    first = root / layout.log_key(20, 2).rsplit("/", 1)[0]  # the shard of seqs 16..31
+    (first / ".tmp-left-by-a-killed-writer").write_bytes(b"half")
+    client = persist.open(root, reentrance_id="w", storage_options={"fsync": False},
+                          options=Options(rollup_every=8, gc_grace_seconds=0.0))
+    try:
+        _commits(client, 40, maintain_every=8)
+        client.maintain()
+        assert client.state.seq > 2 * 32
+    finally:
+        client.stop()
+    assert not first.exists()
