@@ -76,8 +76,8 @@ predates it reads the manifest's version first and refuses it with ``Incompatibl
 never reads a manifest as a state with no collections. A location of few collections (one
 piece's worth) keeps writing whole :class:`State` rollups, byte for byte as before, until it
 first writes a manifest. A manifest and a piece are version 6 or, if a collection they hold
-needs more, that version; a whole :class:`State` rollup is never version 6 or above, which is
-how a reader tells the two apart (:func:`is_manifest`) at version 6; from version 7 on, a
+needs more, that version; a whole :class:`State` rollup is never version 6, which is how a
+reader tells the two apart (:func:`is_manifest`); from version 7 on (a sharded log's), a
 manifest is told apart by its ``buckets`` field, which a whole state never has.
 
 Version 7 is the sharded log (:func:`persist.layout.log_key`): the entries from seq
