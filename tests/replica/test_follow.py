@@ -170,8 +170,8 @@ def test_snapshot_retries_when_gc_removed_a_part_and_trimmed_the_log(
             append_times(w, 3, 20)
             # the writer's grace is 0, the replica assumes 300 s: the log entry after the
             # replica's state is trimmed, so only a verified refresh can catch up
-            key = layout.log_key(seq + 1, meta.log_from(writer.state))
-            eventually(lambda: not os.path.exists(os.path.join(loc, *key.split("/"))),
+            entry = layout.log_key(seq + 1, meta.log_from(writer.state))
+            eventually(lambda: not os.path.exists(os.path.join(loc, *entry.split("/"))),
                        what="log trim")
             eventually(lambda: not any(
                 os.path.exists(os.path.join(loc, p.blob_key or ""))

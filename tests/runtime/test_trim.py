@@ -280,7 +280,8 @@ class _NamesRead:
 
 
 def _all_log_seqs(root: Path) -> list[int]:
-    return sorted(int(p.name) for p in (root / layout.LOG_PREFIX).rglob("*") if p.is_file())
+    return sorted(int(p.name) for p in (root / layout.LOG_PREFIX).rglob("*")
+                  if p.is_file() and not p.name.startswith(".tmp-"))
 
 
 def test_a_writer_open_reads_only_the_newest_shards_of_the_log(
