@@ -81,9 +81,9 @@ def _written(client: persist.Client) -> dict[str, int]:
     ix = client._writer().ix
     out = {"append_rows": 0, "append_bytes": 0, "merge_rows": 0, "merge_bytes": 0, "merges": 0}
     from persist import layout
-    from persist.indexed.format.meta import decode_commit
+    from persist.indexed.format.meta import decode_commit, log_from
     for seq in range(1, ix.state.seq + 1):
-        key = layout.log_key(seq)
+        key = layout.log_key(seq, log_from(ix.state))
         data = ix.store.get(key)
         if data is None:
             continue

@@ -2,7 +2,12 @@
 
 Every other module asks this one for keys and prefixes; none spells a path itself::
 
-    meta/log/<seq:020d>        Commit      one per metadata commit; created with set_if_absent
+    meta/log/<seq:020d>        Commit      one per metadata commit; created with set_if_absent (a
+                                           log not yet sharded: every persist before format 7)
+    meta/log/s<first:020d>/<seq:020d>
+                               Commit      the same, once the log is sharded (format 7): entries
+                                           in directories of LOG_SHARD seqs, so a listing after
+                                           a seq reads only the newest shards
     meta/rollup/<seq:020d>     State       the whole state as of <seq>, written every few commits,
                                or Manifest  its location-level fields and the pieces holding its collections
     meta/piece/<digest>        Piece       the collections of one bucket of a rollup, named by content
@@ -73,9 +78,36 @@ HOLD_REQUEST_PREFIX = "holds/requests/"
 REF_PREFIX = "ref/"
 
 
-def log_key(seq: int) -> str:
-    """Returns the key of metadata log entry ``seq``."""
-    return f"{LOG_PREFIX}{seq:020d}"
+#: Log entries per shard of a sharded log (format 7, :func:`log_key`).
+LOG_SHARD = 1024
+#: What starts the name of a shard of the log: a letter, so every shard sorts after every
+#: entry of the unsharded log before it (a seq's key sorts by seq across the switch).
+LOG_SHARD_MARK = "s"
+
+
+def log_key(seq: int, log_from: int | None = None) -> str:
+    """Returns the key of metadata log entry ``seq`` of a log sharded from seq ``log_from`` on
+    (None: not sharded; ``State.log_from``): ``meta/log/<seq>`` below it, and
+    ``meta/log/s<first seq of its shard>/<seq>`` from it on.
+
+    Every key sorts by seq, across the switch too (``s`` sorts after every digit), so a
+    listing after an entry's key returns the entries after it in order."""
+    if log_from is None or seq < log_from:
+        return f"{LOG_PREFIX}{seq:020d}"
+    return f"{LOG_PREFIX}{LOG_SHARD_MARK}{seq - seq % LOG_SHARD:020d}/{seq:020d}"
+
+
+def log_shard_done(key: str) -> str | None:
+    """The directory (a prefix ending in ``/``) of the log shard that ``key`` is the last
+    entry of, or None: not a sharded log entry, or not its shard's last. A trim deletes a
+    shard's entries in order, so deleting this one empties the shard for good (every later
+    seq lies in a later shard)."""
+    if not key.startswith(LOG_PREFIX + LOG_SHARD_MARK):
+        return None
+    shard, sep, name = key[len(LOG_PREFIX):].partition("/")
+    if not sep or not name.isdigit() or int(name) % LOG_SHARD != LOG_SHARD - 1:
+        return None
+    return f"{LOG_PREFIX}{shard}/"
 
 
 def rollup_key(seq: int) -> str:
@@ -231,6 +263,8 @@ __all__ = [
     "LOCK_KEY",
     "LOCK_MUTEX_NAME",
     "LOG_PREFIX",
+    "LOG_SHARD",
+    "LOG_SHARD_MARK",
     "META_PREFIX",
     "NOTIFY_KEY",
     "PENDING_PREFIX",
@@ -249,6 +283,7 @@ __all__ = [
     "lease_of",
     "lock_chain_key",
     "log_key",
+    "log_shard_done",
     "owner_of",
     "parse_ref",
     "pending_key",

@@ -54,6 +54,7 @@ from persist.indexed.format.meta import (
     State,
     check_op,
     decode_commit,
+    log_from,
 )
 from persist.indexed.format.write import new_parts
 from persist.indexed.maintenance import compact, gc, offload, pending
@@ -567,7 +568,7 @@ class Indexed:
                           wall_ms=_now_ms())
             new_state = apply(self.state, commit)
             self.check_deadline(txn.blobs_written_at)
-            self.machine.commit(commit)
+            self.machine.commit(commit, log_from(self.state))
         except (Determinate, Fenced, InvalidUsage):
             # NB: each of these means the commit definitely did not land (refused before it
             # was sent, lost the race for its log key, or the store refused it), so nothing
@@ -637,8 +638,9 @@ class Indexed:
         Raises:
             ExternalError, Corruption: reading the log failed.
         """
+        sharded = log_from(self.state)
         for s in range(lo_seq + 1, hi_seq + 1):
-            key = layout.log_key(s)
+            key = layout.log_key(s, sharded)
             data = self.store.get(key)
             if data is None:
                 continue
@@ -1048,7 +1050,7 @@ class Indexed:
         upto = self._trim.ripe(self.options.gc_grace_seconds)
         if upto is None:
             return 0
-        n = self._trim.trim(self.blob, upto)
+        n = self._trim.trim(self.blob, upto, log_from(self.state))
         if (self._trim.trimmed or 0) >= upto:
             # NB: the rollups below ``upto`` are deleted now: so go the pieces only they named.
             n += self.machine.pieces.collect(self.blob, upto)

@@ -160,6 +160,25 @@ class BlobConformance:
         assert blob.list_keys("zzz", start_after="a") == []
         assert blob.read_only().list_keys(log, start_after="meta/log/002") == ["meta/log/003"]
 
+    def test_list_keys_after_a_key_in_a_shard(self, blob: Blob) -> None:
+        """A sharded log (format 7): flat entries, then shards whose names sort after them."""
+        keys = ["meta/log/004", "meta/log/005", "meta/log/s000/006", "meta/log/s000/007",
+                "meta/log/s008/008", "meta/log/s008/009", "meta/log/s016/016", "meta/rollup/1"]
+        for k in keys:
+            blob.set(k, b"v")
+        log = "meta/log/"
+        assert blob.list_keys(log) == keys[:-1]
+        assert blob.list_keys(log, start_after="meta/log/004") == keys[1:-1]
+        assert blob.list_keys(log, start_after="meta/log/005") == keys[2:-1]
+        assert blob.list_keys(log, start_after="meta/log/s000/006") == keys[3:-1]
+        assert blob.list_keys(log, start_after="meta/log/s000/007") == keys[4:-1]
+        assert blob.list_keys(log, start_after="meta/log/s008/009") == keys[6:-1]
+        assert blob.list_keys(log, start_after="meta/log/s016/016") == []
+        blob.delete("meta/log/s008/008")
+        blob.delete("meta/log/s008/009")  # an emptied shard (a file store removes it or not)
+        assert blob.list_keys(log, start_after="meta/log/s000/007") == ["meta/log/s016/016"]
+        assert blob.list_keys(log) == [*keys[:4], "meta/log/s016/016"]
+
     def test_read_only_view_cannot_write(self, blob: Blob) -> None:
         blob.set("r", b"v")
         ro = blob.read_only()

@@ -139,7 +139,8 @@ def test_missing_location_is_not_created(tmp_path: Path) -> None:
 
 def test_inspect(loc: Path) -> None:
     info = json.loads(run("inspect", str(loc), "--json").stdout)
-    assert info["format_version"] == meta.PARQUET_FORMAT_VERSION  # it holds Parquet parts
+    # its log is sharded (format 7; it holds Parquet parts too, format 4)
+    assert info["format_version"] == meta.SHARDED_LOG_FORMAT_VERSION
     assert info["seq"] > 0
     assert info["writer"] == "builder"
     assert info["lock"]["holder"] == "builder"
@@ -158,7 +159,7 @@ def test_inspect(loc: Path) -> None:
     assert events["rows"] > 0
     assert events["bytes"] == events["inline_bytes"] + events["blob_bytes"]
     text = run("inspect", f"file://{loc}").stdout
-    for needle in ("format:     metadata v4", "events", "points", "lock:       free",
+    for needle in ("format:     metadata v7", "events", "points", "lock:       free",
                    "reader-a at 1"):
         assert needle in text, text
 

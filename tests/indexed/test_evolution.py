@@ -304,7 +304,7 @@ def test_refused_evolutions_change_nothing(tmp_path: Path) -> None:
     ix.write({"c": [((1, {"a": 1, "b": "x"}), 0, 1)]})
     ix.seal("c", 1)
     before = ix.state
-    files = sorted(p.name for p in (tmp_path / "meta" / "log").iterdir())
+    files = sorted(str(p) for p in (tmp_path / "meta" / "log").rglob("*"))
     for _, old, new, message in REFUSED:
         if old != st_(A, B):
             continue
@@ -317,7 +317,7 @@ def test_refused_evolutions_change_nothing(tmp_path: Path) -> None:
     with pytest.raises(SchemaMismatch, match="at version 0, not the expected 3"):
         ix.evolve_schema("c", value_type=st_(A), expect=3)
     assert ix.state is before
-    assert sorted(p.name for p in (tmp_path / "meta" / "log").iterdir()) == files
+    assert sorted(str(p) for p in (tmp_path / "meta" / "log").rglob("*")) == files
     assert Engine.open(FileBlob(tmp_path).read_only()).state == before
     # nothing to change: no commit, the current version
     assert ix.evolve_schema("c", value_type=st_(A, B)) == 0
@@ -530,6 +530,11 @@ def test_msgspec_structs_evolve_and_old_classes_read_old_versions(tmp_path: Path
         evolve.schema_id_for(c, Codec(pa.int64()), Codec(pa.string()))
 
 
+def unsharded(state: meta.State) -> meta.State:
+    """``state`` as if its log were not sharded: what its collections need of the format."""
+    return msgspec.structs.replace(state, log_from=msgspec.UNSET)
+
+
 def test_format_version_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ix = engine(tmp_path)
     ix.register("plain", pa.int64(), pa.int64())
@@ -537,24 +542,31 @@ def test_format_version_3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     ix.write({"plain": [((1, 1), 0, 1)], "rec": [((1, {"id": 1, "name": None}), 0, 1)]})
     # NB: 4 when the knobs put these parts in blobs (Parquet parts, format version 4)
     parquet = any(p.parquet for c in ix.state.collections.values() for p in c.parts)
-    assert meta.required_version(ix.state) == (4 if parquet else 2)
+    # NB: what the collections need; the state of a sharded log (format 7) is 7 as a whole
+    assert meta.required_version(unsharded(ix.state)) == (4 if parquet else 2)
     ix.evolve_schema("rec", value_type=V1)
     ix.write({"plain": [((1, 1), 1, 1)], "rec": [((1, {"id": 1, "tag": None, "name": None}),
                                                   1, 1)]})
     blob = FileBlob(tmp_path)
     versions = []
+    evolution = ""
     for key in blob.list_keys("meta/log/"):
         data = blob.get(key)
         assert data is not None
         commit = meta.decode_commit(key, bytes(data))
         versions.append((commit.version, [type(op).__name__ for op in commit.ops]))
+        if versions[-1][1] == ["EvolveSchema"]:
+            evolution = key
     assert (3, ["EvolveSchema"]) in versions
     assert all(v != 3 for v, ops in versions if ops != ["EvolveSchema"])
-    assert meta.required_version(ix.state) == (4 if parquet else 3)
-    # an older persist (reading up to version 2) refuses the location instead of misreading
+    assert meta.required_version(unsharded(ix.state)) == (4 if parquet else 3)
+    # an older persist (reading up to version 2) refuses the location instead of misreading,
+    # at the fence that sharded the log (format 7), or at the evolution's commit
     monkeypatch.setattr(meta, "FORMAT_VERSION", 2)
-    with pytest.raises(IncompatibleFormat, match=f"format version {4 if parquet else 3}"):
+    with pytest.raises(IncompatibleFormat, match="format version 7"):
         Engine.open(blob.read_only())
+    with pytest.raises(IncompatibleFormat, match="format version 3"):
+        meta.decode_commit(evolution, bytes(blob.get(evolution) or b""))
 
 
 # -- the property: a random chain of evolutions against a model ------------------------------

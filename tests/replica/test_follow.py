@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 import persist
+from persist import layout
 from persist.indexed.engine import Options
+from persist.indexed.format import meta
 from persist.indexed.format.meta import Seal
 from persist.lock.file import FileLock
 from persist.runtime.replica import Follower
@@ -168,8 +170,9 @@ def test_snapshot_retries_when_gc_removed_a_part_and_trimmed_the_log(
             append_times(w, 3, 20)
             # the writer's grace is 0, the replica assumes 300 s: the log entry after the
             # replica's state is trimmed, so only a verified refresh can catch up
-            eventually(lambda: not os.path.exists(
-                os.path.join(loc, "meta", "log", f"{seq + 1:020d}")), what="log trim")
+            entry = layout.log_key(seq + 1, meta.log_from(writer.state))
+            eventually(lambda: not os.path.exists(os.path.join(loc, *entry.split("/"))),
+                       what="log trim")
             eventually(lambda: not any(
                 os.path.exists(os.path.join(loc, p.blob_key or ""))
                 for p in replica.state.collections["events"].parts), what="part GC")

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
 from persist import layout
 from persist.blob.base import BlobRead
+from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
+from persist.indexed.format import meta
 from persist.indexed.state.machine import Machine
 from persist.runtime.replica import CountingRead, Follower
 from tests.replica.helpers import eventually
@@ -42,7 +46,7 @@ def test_a_missing_next_entry_is_trusted_only_until_verified(blob: MemoryBlob) -
     m = Machine(counted, gc_grace_seconds=300)  # assumes more grace than the writer gives
     stale = m.load()
     _commit_and_trim(ix, 6)
-    assert blob.get(layout.log_key(stale.seq + 1)) is None  # trimmed past the replica
+    assert blob.get(layout.log_key(stale.seq + 1, meta.log_from(ix.state))) is None  # trimmed past the replica
     before = counted.counts
     assert m.refresh(stale).seq == stale.seq  # within the trust window: one GET, no LIST
     after = counted.counts
@@ -120,3 +124,37 @@ def test_a_misconfigured_follower_catches_up_within_its_verify_interval(
         assert follower.verifies >= 1
     finally:
         follower.stop()
+
+
+def test_replicas_follow_a_sharded_log_through_trims_on_a_file_store(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Format 7 on a file store (shards of 4 entries here): a replica that follows every
+    commit, and one that is left behind while whole shards are trimmed and their directories
+    removed, both reach the writer's state, through the switch to the sharded log."""
+    monkeypatch.setattr(layout, "LOG_SHARD", 4)
+    store = FileBlob(tmp_path / "loc", fsync=False)
+    ix = Engine.open(store, epoch=1, writer="w", options=Options(gc_grace_seconds=0,
+                                                                 rollup_every=3))
+    follower_m = Machine(store.read_only(), gc_grace_seconds=0)
+    behind_m = Machine(store.read_only(), gc_grace_seconds=0)
+    following = follower_m.load()
+    behind = behind_m.load()
+    assert following.seq == behind.seq == 0
+    ix.fence()  # the switch: seq 1 at its flat key, every later entry under a shard
+    assert meta.log_from(ix.state) == 2
+    ix.register("c", pa.string(), pa.int64())
+    for _ in range(8):
+        _commit_and_trim(ix, 5)
+        following = follower_m.refresh(following)
+        assert following == ix.state
+    assert behind_m.refresh(behind, verify=True) == ix.state
+    # what the trims left: the newest entries in the newest shards; no empty shard behind
+    log_dir = tmp_path / "loc" / layout.LOG_PREFIX
+    shards = [p for p in log_dir.iterdir() if p.is_dir()]
+    upcoming = layout.log_key(ix.state.seq + 1, 2).split("/")[2]  # may be empty: not yet whole
+    assert shards
+    assert all(any(p.iterdir()) for p in shards if p.name != upcoming)
+    assert store.get(layout.log_key(1)) is None  # the switch, trimmed: behind had to reload
+    assert len(shards) <= 3
+    assert Machine(store.read_only()).load() == ix.state
+    assert Machine(store).load() == ix.state  # a writer's load: one LIST after the rollup

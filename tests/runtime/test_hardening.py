@@ -91,8 +91,8 @@ def test_a_commit_that_would_not_decode_is_never_written(tmp_path: Path) -> None
     bad = meta.Commit(seq=seq + 1, epoch=state.epoch, writer="a", wall_ms=0,
                       ops=(meta.Seal(name=7, upper=1),))  # type: ignore[arg-type]
     with pytest.raises(InvalidUsage, match="would not decode"):
-        machine.commit(bad)
-    assert FileBlob(loc).get(layout.log_key(seq + 1)) is None
+        machine.commit(bad, meta.log_from(state))
+    assert FileBlob(loc).get(layout.log_key(seq + 1, meta.log_from(state))) is None
     with pytest.raises(msgspec.DecodeError):  # what every open would have hit
         msgspec.msgpack.decode(meta.encode(bad), type=meta.Commit)
     _reopens(loc)

@@ -183,13 +183,16 @@ def test_a_location_an_older_persist_trimmed_is_listed_once() -> None:
         client.stop()
     # as an older persist left it: rollups without a record of the trim, the log from seq 1
     # (one of its trims cut the log at the first rollup, the rollups before it went too)
+    log_from = None
     for key in inner.list_keys(layout.ROLLUP_PREFIX):
         data = inner.get(key)
         assert data is not None
-        inner.set(key, meta.encode(meta.decode_state(key, data)))
+        state = meta.decode_state(key, data)
+        log_from = meta.log_from(state)
+        inner.set(key, meta.encode(state))
     first_rollup = _seqs(inner, layout.ROLLUP_PREFIX)[0]
     for seq in range(1, first_rollup // 2):
-        inner.delete(layout.log_key(seq))
+        inner.delete(layout.log_key(seq, log_from))
     before = len(_seqs(inner, layout.LOG_PREFIX))
     trim = Options(rollup_every=8, gc_grace_seconds=0.0)
     client = _open(blob, name, trim)
@@ -232,3 +235,180 @@ def test_a_writer_killed_in_a_trim_loses_nothing_and_the_next_trims(
     rollups = _seqs(blob, layout.ROLLUP_PREFIX)
     assert len(rollups) == 1
     assert all(s > rollups[0] for s in _seqs(blob, layout.LOG_PREFIX))
+
+
+class _NamesRead:
+    """Counts the names a file store reads from directories (``os.listdir``, and ``os.scandir``
+    under ``os.walk``): what a listing costs a file store, whatever it returns."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import os
+
+        self.names = 0
+        listdir, scandir = os.listdir, os.scandir
+
+        def counted_listdir(path: str) -> list[str]:
+            got = listdir(path)
+            self.names += len(got)
+            return got
+
+        names = self
+
+        class Counted:
+            def __init__(self, path: str) -> None:
+                self.it = scandir(path)
+
+            def __enter__(self) -> Counted:
+                return self
+
+            def __exit__(self, *exc: object) -> None:
+                self.it.close()
+
+            def __iter__(self) -> Counted:
+                return self
+
+            def __next__(self) -> os.DirEntry[str]:
+                entry = next(self.it)
+                names.names += 1
+                return entry
+
+        def counted_scandir(path: str) -> Counted:
+            return Counted(path)
+
+        monkeypatch.setattr(os, "listdir", counted_listdir)
+        monkeypatch.setattr(os, "scandir", counted_scandir)
+
+
+def _all_log_seqs(root: Path) -> list[int]:
+    return sorted(int(p.name) for p in (root / layout.LOG_PREFIX).rglob("*")
+                  if p.is_file() and not p.name.startswith(".tmp-"))
+
+
+def test_a_writer_open_reads_only_the_newest_shards_of_the_log(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Format 7: a file location's log is sharded, and an open reads the names of the shards
+    from its rollup's on, not every entry a grace period keeps (DESIGN.md §7)."""
+    monkeypatch.setattr(layout, "LOG_SHARD", 16)
+    root = tmp_path / "loc"
+    keep = Options(rollup_every=8, gc_grace_seconds=3600.0)  # nothing is trimmed
+    client = persist.open(root, reentrance_id="w", options=keep,
+                          storage_options={"fsync": False})
+    try:
+        _commits(client, 400, maintain_every=8)
+    finally:
+        client.stop()
+    seqs = _all_log_seqs(root)
+    assert seqs == list(range(1, seqs[-1] + 1))
+    assert len(seqs) > 400
+    log_dir = root / layout.LOG_PREFIX
+    shards = sorted(p.name for p in log_dir.iterdir() if p.is_dir())
+    assert [p.name for p in log_dir.iterdir() if p.is_file()] == [layout.log_key(1)[9:]]
+    assert len(shards) == seqs[-1] // 16 + 1  # the switch's flat entry, then shards of 16
+
+    # a writer's open: one LIST of the log after its rollup (counted by the store wrapper),
+    # which reads the shard names and the newest shards' entries, not the 400 kept
+    blob = CountingBlob(FileBlob(root, fsync=False))
+    read = _NamesRead(monkeypatch)
+    loc = Location(f"file://{root}", blob, lambda: MemoryLock(uuid.uuid4().hex))
+    w = open_writer(loc, "w2", lock_timeout=5.0, options=keep)
+    names = read.names
+    try:
+        assert blob.full_log_lists() == 0
+        log_lists = [(p, after) for p, after, _ in blob.lists if layout.LOG_PREFIX.startswith(p)]
+        assert len(log_lists) == 1
+        assert log_lists[0][1] is not None
+        rollups = len(list((root / layout.ROLLUP_PREFIX).iterdir()))
+        # the directories listed: meta/rollup/, meta/log/ (the flat entry and the shards), and
+        # at most the two newest shards
+        assert names <= rollups + 1 + len(shards) + 2 * 16, (names, len(seqs))
+        assert w.engine.state.seq == seqs[-1] + 1  # its fence, after the whole log
+    finally:
+        w.lock.release(w.lease)
+    # a reader reads the same state, through every shard
+    with persist.open(root, read_only=True) as replica:
+        _, r = replica.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        assert len(r.snapshot(r.upper - 1).to_arrow()) == 400
+
+
+def test_a_trim_empties_and_removes_whole_shards(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    monkeypatch.setattr(layout, "LOG_SHARD", 16)
+    root = tmp_path / "loc"
+    client = persist.open(root, reentrance_id="w",
+                          options=Options(rollup_every=8, gc_grace_seconds=0.0),
+                          storage_options={"fsync": False})
+    try:
+        _commits(client, 300, maintain_every=8)
+        head = client.state.seq
+    finally:
+        client.stop()
+    log_dir = root / layout.LOG_PREFIX
+    seqs = _all_log_seqs(root)
+    assert seqs
+    assert seqs[-1] == head
+    assert len(seqs) < 40
+    # every shard whose entries were all trimmed is gone: what is left is the shards holding
+    # entries (no empty directory accumulates, one per 16 commits)
+    dirs = [p for p in log_dir.iterdir() if p.is_dir()]
+    upcoming = layout.log_key(head + 1, 2).split("/")[2]  # may be empty: not yet whole
+    assert all(any(d.iterdir()) for d in dirs if d.name != upcoming)
+    assert len(dirs) <= len(seqs) // 16 + 2
+    assert not any(p.is_file() for p in log_dir.iterdir())  # the switch's flat entry went too
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize(("seam", "n"), [("file.shard_emptied", 1), ("file.shard_emptied", 3),
+                                         ("trim.log_deleted", 9)])
+def test_a_writer_killed_in_a_trim_of_a_sharded_log_loses_nothing(
+        seam: str, n: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Killed between deleting a shard's last entry and its directory (or between two
+    deletes): every acknowledged write is there, the next writer trims on, and what the kill
+    left is at most an empty shard directory, which no listing after a later seq reads."""
+    monkeypatch.setattr(layout, "LOG_SHARD", 4)
+    monkeypatch.setenv("SEAM_LOG_SHARD", "4")
+    location = tmp_path / "loc"
+    proc = _spawn(location, seam, n)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (
+        f"{seam}:{n} was not reached (exit {proc.returncode}): {err.decode()[-2000:]}")
+    acked, tried = _parse(out)
+    assert acked
+    _check_recovery(location, acked, tried)  # every acknowledged write, nothing else
+    with persist.open(location, reentrance_id=RID, options=OPTIONS) as client:
+        client.maintain()
+        client.maintain()
+        head = client.state.seq
+    rollups = _seqs(FileBlob(str(location)), layout.ROLLUP_PREFIX)
+    assert len(rollups) == 1
+    seqs = _all_log_seqs(location)
+    assert seqs == list(range(rollups[0] + 1, head + 1))
+    log_dir = location / layout.LOG_PREFIX
+    empty = [p.name for p in log_dir.iterdir() if p.is_dir() and not any(p.iterdir())]
+    # an empty shard is the one the next commit goes to (trimmed up to the head, not yet
+    # whole), or the one the kill left behind (a later trim never revisits a shard below it)
+    upcoming = layout.log_key(head + 1, 2).split("/")[2]
+    left = [e for e in empty if e != upcoming]
+    assert len(left) <= (1 if seam == "file.shard_emptied" else 0), (empty, upcoming)
+
+
+def test_a_trimmed_shard_goes_with_the_temp_files_killed_writers_left(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(layout, "LOG_SHARD", 16)
+    root = tmp_path / "loc"
+    opts = Options(rollup_every=8, gc_grace_seconds=3600.0)
+    client = persist.open(root, reentrance_id="w", options=opts, storage_options={"fsync": False})
+    try:
+        _commits(client, 40, maintain_every=8)
+    finally:
+        client.stop()
+    first = root / layout.log_key(20, 2).rsplit("/", 1)[0]  # the shard of seqs 16..31
+    (first / ".tmp-left-by-a-killed-writer").write_bytes(b"half")
+    client = persist.open(root, reentrance_id="w", storage_options={"fsync": False},
+                          options=Options(rollup_every=8, gc_grace_seconds=0.0))
+    try:
+        _commits(client, 40, maintain_every=8)
+        client.maintain()
+        assert client.state.seq > 2 * 32
+    finally:
+        client.stop()
+    assert not first.exists()

@@ -76,8 +76,24 @@ predates it reads the manifest's version first and refuses it with ``Incompatibl
 never reads a manifest as a state with no collections. A location of few collections (one
 piece's worth) keeps writing whole :class:`State` rollups, byte for byte as before, until it
 first writes a manifest. A manifest and a piece are version 6 or, if a collection they hold
-needs more, that version; a whole :class:`State` rollup is never version 6 or above, which is
-how a reader tells the two apart (:func:`is_manifest`).
+needs more, that version; a whole :class:`State` rollup is never version 6, which is how a
+reader tells the two apart (:func:`is_manifest`); from version 7 on (a sharded log's), a
+manifest is told apart by its ``buckets`` field, which a whole state never has.
+
+Version 7 is the sharded log (:func:`persist.layout.log_key`): the entries from seq
+``log_from`` on are stored in directories of ``LOG_SHARD`` seqs
+(``meta/log/s<first>/<seq>``), so a writer's open lists only the newest shards after its
+rollup instead of every name of one directory (a file store reads every name of a directory
+it lists: 100,120 entries kept for one grace period were 146 ms of a 231 ms open). The first
+commit a writer of this persist makes on a log that is not sharded (its fence) is the switch:
+it is stored at its flat key, where an older writer's commit of the same seq would be
+arbitrated against it, carries ``Commit.log_from = seq + 1`` and is version 7; every later
+entry is sharded, and every state from it on has :attr:`State.log_from`, so a rollup holding it
+(whole, or a manifest) is version 7 too. A persist that predates it reaches one of them
+first whichever way it reads (the newest rollup, or the flat log after an older rollup up to
+the switch), and refuses it with ``IncompatibleFormat``: it never probes the flat keys past
+the switch as an end of log, nor commits there. Every other record keeps its bytes
+(``log_from`` is ``UNSET`` until the switch).
 """
 
 from __future__ import annotations
@@ -94,7 +110,7 @@ from persist.indexed.format.stats import PartStats
 
 #: The newest metadata format this persist reads (and writes for records referencing Parquet
 #: parts, forks and restores).
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 #: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
 #: The format of records carrying a collection of records (version-2 types).
@@ -107,8 +123,11 @@ PARQUET_FORMAT_VERSION = 4
 #: restore of an earlier state.
 REFS_FORMAT_VERSION = 5
 #: The format of a rollup's manifest and its pieces (incremental rollups); every record of
-#: this version or newer stored at a rollup key is a :class:`Manifest`.
+#: this version stored at a rollup key is a :class:`Manifest` (from version 7 on, one with a
+#: ``buckets`` field).
 MANIFEST_FORMAT_VERSION = 6
+#: The format of the commit that shards the log and of every rollup of a sharded log.
+SHARDED_LOG_FORMAT_VERSION = 7
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -409,6 +428,10 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     writer: str
     wall_ms: int
     ops: tuple[Op, ...] = ()
+    #: Set on the one commit that shards the log (format 7): ``seq + 1``, the first entry
+    #: stored under a shard (:func:`persist.layout.log_key`); this commit itself is stored at
+    #: its flat key. UNSET on every other commit.
+    log_from: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class Retired(msgspec.Struct, frozen=True):
@@ -464,6 +487,16 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     #: rollups written before it (or by an older persist). Not part of the state: two
     #: rollups of one seq may differ in it, and replay never sets it.
     trim: Trim | msgspec.UnsetType = msgspec.UNSET
+    #: The first seq whose log entry is stored under a shard (format 7,
+    #: :func:`persist.layout.log_key`); UNSET: the log is not sharded (yet). Set by the commit
+    #: that shards it (:attr:`Commit.log_from`) and kept by every later state.
+    log_from: int | msgspec.UnsetType = msgspec.UNSET
+
+
+def log_from(state: State) -> int | None:
+    """The first seq of ``state``'s log stored under a shard (None: not sharded): what
+    :func:`persist.layout.log_key` takes to name the entries after ``state``."""
+    return None if isinstance(state.log_from, msgspec.UnsetType) else state.log_from
 
 
 class PieceRef(msgspec.Struct, frozen=True, array_like=True):
@@ -509,16 +542,24 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     pieces: tuple[PieceRef, ...] = ()
     dropped: tuple[Dropped, ...] = ()
     trim: Trim | msgspec.UnsetType = msgspec.UNSET
+    #: :attr:`State.log_from` (format 7; UNSET: the log is not sharded).
+    log_from: int | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Versioned(msgspec.Struct):
     version: int
 
 
+class _Shape(msgspec.Struct):
+    version: int
+    buckets: int | msgspec.UnsetType = msgspec.UNSET
+
+
 _ENC = msgspec.msgpack.Encoder()
 _COMMIT_DEC = msgspec.msgpack.Decoder(Commit)
 _STATE_DEC = msgspec.msgpack.Decoder(State)
 _VERSION_DEC = msgspec.msgpack.Decoder(_Versioned)
+_SHAPE_DEC = msgspec.msgpack.Decoder(_Shape)
 _MANIFEST_DEC = msgspec.msgpack.Decoder(Manifest)
 _PIECE_DEC = msgspec.msgpack.Decoder(Piece)
 
@@ -544,7 +585,14 @@ def required_version(record: Commit | State) -> int:
     commit) or registers or holds a collection referencing a blob it does not own (a fork),
     else 4 if it adds (a commit) or holds (a rollup) a Parquet part, else 3 if it evolves a
     schema (a commit) or registers or holds an evolved collection, else 2 if it registers (a
-    commit) or holds (a rollup) a collection of version-2 types, else 1."""
+    commit) or holds (a rollup) a collection of version-2 types, else 1; and at least 7 for
+    the commit that shards the log and every state of a sharded log."""
+    if record.log_from is not msgspec.UNSET:
+        return max(SHARDED_LOG_FORMAT_VERSION, _required(record))
+    return _required(record)
+
+
+def _required(record: Commit | State) -> int:
     if isinstance(record, Commit):
         if any(isinstance(op, Restore) for op in record.ops):
             return REFS_FORMAT_VERSION
@@ -728,13 +776,20 @@ def _decode_at(key: str, data: bytes, decoder: msgspec.msgpack.Decoder[Any], wha
 
 
 def is_manifest(key: str, data: bytes) -> bool:
-    """Whether the rollup record ``data`` (stored at ``key``) is a :class:`Manifest` (version 6
-    or newer; a whole state rollup is at most 5).
+    """Whether the rollup record ``data`` (stored at ``key``) is a :class:`Manifest`: version 6,
+    or a newer one with a ``buckets`` field (a whole state rollup is at most version 5, or 7
+    and newer without that field: a sharded log's).
 
     Raises:
         Corruption: not a msgpack record with an int ``version``.
     """
-    return version_of(key, data) >= MANIFEST_FORMAT_VERSION
+    version = version_of(key, data)
+    if version <= MANIFEST_FORMAT_VERSION:
+        return version == MANIFEST_FORMAT_VERSION
+    try:
+        return _SHAPE_DEC.decode(data).buckets is not msgspec.UNSET
+    except (msgspec.DecodeError, TypeError) as e:
+        raise Corruption(key, f"not a metadata record: {e}") from e
 
 
 def encode_piece(collections: dict[str, CollectionMeta]) -> bytes:
@@ -758,7 +813,11 @@ def decode_piece(key: str, data: bytes) -> Piece:
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
-    """The stored bytes of ``manifest`` (its version as given: the highest of its pieces')."""
+    """The stored bytes of ``manifest`` (its version as given, the highest of its pieces', but
+    at least 7 for a sharded log's)."""
+    if (manifest.log_from is not msgspec.UNSET
+            and manifest.version < SHARDED_LOG_FORMAT_VERSION):
+        manifest = msgspec.structs.replace(manifest, version=SHARDED_LOG_FORMAT_VERSION)
     return _ENC.encode(manifest)
 
 

@@ -180,10 +180,11 @@ class MetaTrim:
                     or (not r.own and now_ms - r.wall_ms >= grace_seconds * 1000)]
         return max(ripe, default=None)
 
-    def trim(self, blob: Blob, upto: int) -> int:
+    def trim(self, blob: Blob, upto: int, log_from: int | None = None) -> int:
         """Deletes the log entries ``trimmed+1 .. upto`` (at most :data:`TRIM_BATCH`, in
-        order) and then, once the log is trimmed to ``upto``, the known rollups ``< upto``;
-        returns how many keys it deleted. Progress is kept delete by delete.
+        order; of a log sharded from ``log_from`` on, :func:`persist.layout.log_key`) and then,
+        once the log is trimmed to ``upto``, the known rollups ``< upto``; returns how many
+        keys it deleted. Progress is kept delete by delete.
 
         Only call with a rollup ``upto`` at least a grace period old (:meth:`ripe`).
 
@@ -196,7 +197,7 @@ class MetaTrim:
         assert start is not None, "survey first"
         n = 0
         for seq in range(start + 1, min(upto, start + TRIM_BATCH) + 1):
-            blob.delete(layout.log_key(seq))
+            blob.delete(layout.log_key(seq, log_from))
             with self._lock:
                 self.trimmed = max(self.trimmed or 0, seq)
             n += 1

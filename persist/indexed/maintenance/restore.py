@@ -54,7 +54,7 @@ def state_at(blob: BlobRead, seq: int) -> State:
             raise InvalidUsage(f"seq {seq} is no longer restorable: rollup {base} lost a "
                                f"piece (trimmed meanwhile): {e}") from e
     for s in range(base + 1, seq + 1):
-        key = layout.log_key(s)
+        key = layout.log_key(s, meta.log_from(state))
         data = blob.get(key) if s in logs else None
         if data is None:
             top = max([*logs, *rollups, 0])

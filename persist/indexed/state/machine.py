@@ -145,7 +145,7 @@ class Machine:
             # after our LIST and have aged a whole grace period (see ``refresh``). A load
             # faster than half the grace cannot see that; a slower one LISTs the rollups again.
             while True:
-                key = layout.log_key(state.seq + 1)
+                key = layout.log_key(state.seq + 1, meta.log_from(state))
                 data = self._read(self.blob.get, key)
                 if data is None:
                     break
@@ -155,10 +155,13 @@ class Machine:
                 if rollups and layout.seq_of(rollups[-1]) > state.seq:
                     raise _GapError(f"rollup {rollups[-1]} appeared beyond seq {state.seq}")
             return state, loaded, rollup
-        after = layout.log_key(state.seq)
+        # NB: keys sort by seq across the switch to a sharded log (format 7), so this lists
+        # the entries after the rollup in order; on a sharded log a file store reads only the
+        # names of the shards from the rollup's on (DESIGN.md §7).
+        after = layout.log_key(state.seq, meta.log_from(state))
         logs = self._read(lambda p: self.blob.list_keys(p, start_after=after), layout.LOG_PREFIX)
         for key in logs:
-            if layout.seq_of(key) != state.seq + 1:
+            if key != layout.log_key(state.seq + 1, meta.log_from(state)):
                 raise _GapError(f"expected seq {state.seq + 1}, found {key}")
             data = self._read(self.blob.get, key)
             if data is None:
@@ -217,7 +220,7 @@ class Machine:
                 # exists (the next commit is pushed too), halving a pushed replica's requests.
                 return state
             probed_at = time.monotonic()
-            key = layout.log_key(state.seq + 1)
+            key = layout.log_key(state.seq + 1, meta.log_from(state))
             data = self.blob.get(key)
             if data is None:
                 break
@@ -232,8 +235,9 @@ class Machine:
 
     # -- writing -------------------------------------------------------------------------
 
-    def commit(self, commit: Commit) -> None:
-        """Durably commits ``commit`` as the entry after its predecessor, or refuses.
+    def commit(self, commit: Commit, log_from: int | None) -> None:
+        """Durably commits ``commit`` as the entry after its predecessor (whose state's log is
+        sharded from ``log_from`` on, :func:`persist.indexed.format.meta.log_from`), or refuses.
 
         Raises:
             InvalidUsage: the record would not decode (a bug upstream); nothing was written.
@@ -243,7 +247,7 @@ class Machine:
             Indeterminate: may have been committed; the caller must go fail-stop.
         """
         blob = self._writable()
-        key = layout.log_key(commit.seq)
+        key = layout.log_key(commit.seq, log_from)
         data = meta.encode_commit_checked(key, commit)
         if blob.set_if_absent(key, data):
             return

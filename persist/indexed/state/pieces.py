@@ -151,7 +151,8 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                               f"{sum(r.count for r in refs)}")
     state = State(seq=manifest.seq, epoch=manifest.epoch, writer=manifest.writer,
                   wall_ms=manifest.wall_ms, next_cid=manifest.next_cid,
-                  collections=collections, retired=manifest.retired)
+                  collections=collections, retired=manifest.retired,
+                  log_from=manifest.log_from)
     trim = None if isinstance(manifest.trim, msgspec.UnsetType) else manifest.trim
     return Rollup(state, trim, manifest, groups)
 
@@ -279,7 +280,7 @@ class Pieces:
             next_cid=state.next_cid, retired=state.retired, buckets=buckets,
             pieces=tuple(now[b].ref for b in sorted(now)),
             dropped=tuple(Dropped(k, s) for k, s in sorted(dropped.items())),
-            trim=msgspec.UNSET if trim is None else trim)
+            trim=msgspec.UNSET if trim is None else trim, log_from=state.log_from)
         blob.set(key, meta.encode_manifest(manifest))
         with self._lock:
             self.buckets, self.held, self.dropped = buckets, now, dropped

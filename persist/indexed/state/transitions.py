@@ -33,6 +33,7 @@ from persist.indexed.format.meta import (
     Seal,
     SetHold,
     State,
+    log_from,
 )
 from persist.indexed.state import holds as named
 from persist.indexed.state import refs
@@ -329,13 +330,18 @@ def apply(state: State, commit: Commit) -> State:
         Corruption: the commit does not follow ``state`` (a gap, a lower epoch, an op that
             fails its check): storage holds something persist never commits.
     """
+    key = layout.log_key(commit.seq, log_from(state))
     if commit.seq != state.seq + 1:
-        raise Corruption(layout.log_key(commit.seq), f"does not follow seq {state.seq}")
+        raise Corruption(key, f"does not follow seq {state.seq}")
     if commit.epoch < state.epoch:
-        raise Corruption(
-            layout.log_key(commit.seq),
-            f"epoch {commit.epoch} follows a commit of epoch {state.epoch}",
-        )
+        raise Corruption(key, f"epoch {commit.epoch} follows a commit of epoch {state.epoch}")
+    sharded = state.log_from
+    if commit.log_from is not msgspec.UNSET:
+        # NB: the log is sharded once, by the commit right before the first sharded entry.
+        if sharded is not msgspec.UNSET or commit.log_from != commit.seq + 1:
+            raise Corruption(key, f"shards the log from seq {commit.log_from} "
+                                  f"(already sharded from {sharded})")
+        sharded = commit.log_from
     # NB: one copy of the map per commit (readers hold the old state: it is never mutated); the
     # retired blobs only for a commit that changes them (most commit no ReplaceParts or Forget).
     collections = dict(state.collections)
@@ -345,7 +351,7 @@ def apply(state: State, commit: Commit) -> State:
         try:
             check(collections, op, retired)
         except InvalidUsage as e:
-            raise Corruption(layout.log_key(commit.seq), f"invalid op {op!r}: {e}") from e
+            raise Corruption(key, f"invalid op {op!r}: {e}") from e
         apply_op(collections, retired, op, seq=commit.seq, wall_ms=commit.wall_ms)
     return State(
         seq=commit.seq,
@@ -356,6 +362,7 @@ def apply(state: State, commit: Commit) -> State:
                                         if isinstance(op, Register))]),
         collections=collections,
         retired=tuple(retired) if touching else state.retired,
+        log_from=sharded,
     )
 
 
@@ -370,4 +377,10 @@ def plan(state: State, ops: Iterable[Op], *, epoch: int, writer: str, wall_ms: i
             f"location taken over by writer {state.writer!r} (generation {state.epoch}); "
             f"this writer holds generation {epoch}"
         )
-    return Commit(seq=state.seq + 1, epoch=epoch, writer=writer, wall_ms=wall_ms, ops=tuple(ops))
+    # NB: the first commit on a log that is not sharded shards it (format 7): it is stored at
+    # its flat key (arbitrated against an older writer's commit of that seq), the entries
+    # after it under shards.
+    shard: int | msgspec.UnsetType = (state.seq + 2 if state.log_from is msgspec.UNSET
+                                      else msgspec.UNSET)
+    return Commit(seq=state.seq + 1, epoch=epoch, writer=writer, wall_ms=wall_ms, ops=tuple(ops),
+                  log_from=shard)
