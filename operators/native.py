@@ -63,7 +63,7 @@ import pyarrow as pa
 
 import persist
 from operators.options import Target
-from operators.partitions import BATCH_ROWS, TaskPartition, describe
+from operators.partitions import BATCH_ROWS, TaskPartition
 from operators.partitions import read as read_partition
 from operators.s3a import effective as _effective
 from operators.s3a import java_classes as _java_classes
@@ -101,6 +101,12 @@ class PersistTable:
         self._spark = spark
         self._target = target
         self._reader_options = reader_options
+        # NB: the collection's metadata, held for the table's life and brought up to date by
+        # each toDF (one GET of the next log key when nothing changed) instead of read anew
+        # (a LIST of the rollups and a GET per log entry since the newest: 8 requests in the
+        # S3 request test).
+        self._watch = persist.distributed.Watch(
+            target.url, target.collection, storage_options=target.storage_options)
 
     @classmethod
     def forPath(cls, spark: Any, url: str, collection: str, *,
@@ -142,12 +148,13 @@ class PersistTable:
                                    f"{type(m).__name__}")
         opts = {str(k): str(v) for k, v in (reader_options or {}).items()}
         target = Target(url, tuple(sorted((storage_options or {}).items())), collection)
-        describe(target)  # the location and collection exist: say so now, not at toDF
+        # NB: the location and collection exist (the table's metadata is read here): said
+        # now, not at toDF
         return cls(spark, target, opts)
 
     def info(self) -> persist.distributed.CollectionInfo:
         """The collection as the location's latest metadata shows it."""
-        return describe(self._target)
+        return self._watch.current(fresh=True)
 
     def write(self, df: Any, *, mode: Literal["append", "overwrite"] = "append",
               upper: int | None = None, token: tuple[str, int] | None = None,
@@ -210,7 +217,7 @@ class PersistTable:
         return persist.distributed.read_native(
             t.url, t.collection, build, as_of=as_of, consolidated=consolidated, n=partitions,
             files=lambda info: native_types(CollectionTypes.of(info)),
-            storage_options=t.storage_options)
+            storage_options=t.storage_options, watch=self._watch)
 
     def optimize(self, *, partitions: int | None = None,
                  reentrance_id: str = "persist-optimize", lock_timeout: float = 60.0,
