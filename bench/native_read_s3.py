@@ -22,6 +22,10 @@ requests of two reads of each, the first and the second of the session, recorded
 loopback proxy (``tests/support/faulty_proxy.py``) in front of the server on fresh buckets
 (S3A keeps one file system per bucket, built with the first read's endpoint): by kind (GET,
 HEAD, LIST, persist's metadata, persist's own requests on data files) and by object.
+
+``--stream`` sets the session's ``fs.s3a.input.stream.type``: hadoop-aws 3.5's ``default`` is
+the analytics accelerator, which caches blocks across reads in the JVM (timed rounds after
+the warm-up then read little from the server); ``classic`` GETs every read's bytes.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--s3", choices=("moto", "ministack"), default="moto")
+    ap.add_argument("--stream", choices=("default", "classic", "analytics", "prefetch"),
+                    default="default", help="fs.s3a.input.stream.type of the session")
     a = ap.parse_args()
     from tests.support import s3_servers
 
@@ -146,7 +152,8 @@ def run(a: argparse.Namespace, s3: dict[str, str]) -> None:
     spark = (jars.with_jars(SparkSession.builder, "s3a").master("local[2]")
              .appName("persist-native-read-s3-bench")
              .config("spark.ui.enabled", "false").config("spark.driver.memory", "2g")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+             .config("spark.ui.showConsoleProgress", "false")
+             .config("spark.hadoop.fs.s3a.input.stream.type", a.stream).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     try:
         table = PersistTable.forPath(spark, url, "c", storage_options=s3)
@@ -180,7 +187,8 @@ def run(a: argparse.Namespace, s3: dict[str, str]) -> None:
                 cases[name]()
                 times[name].append(time.perf_counter() - t)
         med = {k: statistics.median(v) for k, v in times.items()}
-        print(f"{n} rows in {a.parts} files, {a.rounds} rounds, {a.s3} (S3A)")
+        print(f"{n} rows in {a.parts} files, {a.rounds} rounds, {a.s3} (S3A, input stream "
+              f"{a.stream})")
         for k, v in med.items():
             print(f"{k:8s} median {v:6.3f} s  {n / v / 1e6:5.2f} M rows/s  "
                   f"(rounds: {', '.join(f'{x:.3f}' for x in times[k])})")

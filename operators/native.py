@@ -329,9 +329,14 @@ class _Plan:
         self.schema = types.spark_schema
         self.options = {**options, **READER_OPTIONS}
         self.sql_sum = sql_groups(types)
+        self.times = True  # whether a file may hold rows after as_of (read() says)
 
     def read(self, plan: persist.distributed.NativePlan) -> Any:
         """The DataFrame of ``plan`` (see the module docstring)."""
+        # NB: a time filter pushed down makes Spark's Parquet reader fetch each row group's
+        # page index (ranged GETs on S3: 76 against 42 for 4 files with S3A's classic
+        # stream); when no file holds a row after as_of it keeps every row: left out.
+        self.times = plan.later_rows
         frames = [self._piece(f) for f in plan.files]
         # NB: a consolidated read always has a Python-path child, empty or not. Each range is
         # one partition (SinglePartition), and Spark >= 4.1 unions children that all report
@@ -349,7 +354,10 @@ class _Plan:
         from pyspark.sql import functions as F
 
         r = piece.residual
-        df = self._files(piece.urls).where(_where(r))
+        df = self._files(piece.urls)
+        cond = _where(r, times=self.times)
+        if cond is not None:
+            df = df.where(cond)
         if piece.runs is not None:
             return self._layered(df, piece.runs, r.as_of)
         if not r.consolidate:
@@ -457,23 +465,25 @@ def _sum(rows: Any, as_of: int) -> Any:
             .select("key", "value", F.lit(as_of).alias("time"), "diff"))
 
 
-def _where(r: persist.distributed.Residual) -> Any:
+def _where(r: persist.distributed.Residual, *, times: bool = True) -> Any | None:
     """A residual's filter as a Spark condition, pushed to Spark's reader (its row groups and
-    pages of other times and ranges are skipped). Spark orders NaN above every number and a
-    null key satisfies no comparison, the order the engine's bounds are meant in."""
+    pages of other times and ranges are skipped), or None for none; ``times``: keep the
+    ``time <= as_of`` bound (False: no file holds a later row). Spark orders NaN above every
+    number and a null key satisfies no comparison, the order the engine's bounds are meant
+    in."""
     from pyspark.sql import functions as F
 
-    cond = F.col("time") <= r.as_of
+    conds = [F.col("time") <= r.as_of] if times else []
     k = r.keys
-    if k is None:
-        return cond
     key = F.col("key")
-    if k.hi is not None:
-        cond = cond & (key < F.lit(k.hi))
-    if k.lo is not None:
+    if k is not None and k.hi is not None:
+        conds.append(key < F.lit(k.hi))
+    if k is not None and k.lo is not None:
         above = key >= F.lit(k.lo)
-        cond = cond & (above | key.isNull() if k.nulls else above)
-    return cond
+        conds.append(above | key.isNull() if k.nulls else above)
+    if not conds:
+        return None
+    return functools.reduce(lambda a, b: a & b, conds)
 
 
 class _ReadTasks:

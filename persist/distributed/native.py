@@ -297,6 +297,18 @@ class NativePlan:
     #: The parts the files are, to check that they are still there (:meth:`missing`).
     file_parts: tuple[PartMeta, ...] = field(default=(), repr=False)
 
+    @property
+    def later_rows(self) -> bool:
+        """Whether a file of the plan may hold rows after ``as_of``, so that the other
+        reader must apply the residuals' ``time <= as_of`` (False: every file's part records
+        a ``max_time`` at or before ``as_of`` and hides no rows past a fork's cut, so the
+        filter keeps every row; skipping it spares a Parquet reader the page index reads a
+        pushed filter costs)."""
+        if not self.file_parts:
+            return bool(self.files)
+        return any(p.max_time > self.as_of or p.blob_key is None
+                   or layout.parse_ref(p.blob_key)[2] is not None for p in self.file_parts)
+
     def missing(self) -> tuple[str, ...]:
         """The blob keys of the plan's files that are gone from their store (GC removed them
         after the plan's state): empty while the plan is readable. Lists the store once per
