@@ -19,7 +19,9 @@ expressions. Everything else goes through the Python path, in Spark tasks, so th
 the Python source's:
 
 * **raw** (``consolidated=False``): the files' rows at or before ``as_of`` (``time <= as_of``,
-  pushed down), times forwarded to ``as_of``, unioned with the other parts' raw tasks;
+  pushed down; left out when no file holds a later row, ``NativePlan.later_rows``: a pushed
+  filter costs Spark's reader the page index reads), times forwarded to ``as_of``, unioned
+  with the other parts' raw tasks;
 * **consolidated**: one DataFrame per key range of the engine's plan (disjoint ranges of the
   sorted runs): that range's files, filtered to the range and to ``time <= as_of`` (pushed
   down, so Parquet's statistics and page index skip what other ranges need), coalesced into
