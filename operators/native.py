@@ -19,7 +19,9 @@ expressions. Everything else goes through the Python path, in Spark tasks, so th
 the Python source's:
 
 * **raw** (``consolidated=False``): the files' rows at or before ``as_of`` (``time <= as_of``,
-  pushed down), times forwarded to ``as_of``, unioned with the other parts' raw tasks;
+  pushed down; left out when no file holds a later row, ``NativePlan.later_rows``: a pushed
+  filter costs Spark's reader the page index reads), times forwarded to ``as_of``, unioned
+  with the other parts' raw tasks;
 * **consolidated**: one DataFrame per key range of the engine's plan (disjoint ranges of the
   sorted runs): that range's files, filtered to the range and to ``time <= as_of`` (pushed
   down, so Parquet's statistics and page index skip what other ranges need), coalesced into
@@ -63,7 +65,7 @@ import pyarrow as pa
 
 import persist
 from operators.options import Target
-from operators.partitions import BATCH_ROWS, TaskPartition, describe
+from operators.partitions import BATCH_ROWS, TaskPartition
 from operators.partitions import read as read_partition
 from operators.s3a import effective as _effective
 from operators.s3a import java_classes as _java_classes
@@ -101,6 +103,12 @@ class PersistTable:
         self._spark = spark
         self._target = target
         self._reader_options = reader_options
+        # NB: the collection's metadata, held for the table's life and brought up to date by
+        # each toDF (one GET of the next log key when nothing changed) instead of read anew
+        # (a LIST of the rollups and a GET per log entry since the newest: 8 requests in the
+        # S3 request test).
+        self._watch = persist.distributed.Watch(
+            target.url, target.collection, storage_options=target.storage_options)
 
     @classmethod
     def forPath(cls, spark: Any, url: str, collection: str, *,
@@ -142,12 +150,13 @@ class PersistTable:
                                    f"{type(m).__name__}")
         opts = {str(k): str(v) for k, v in (reader_options or {}).items()}
         target = Target(url, tuple(sorted((storage_options or {}).items())), collection)
-        describe(target)  # the location and collection exist: say so now, not at toDF
+        # NB: the location and collection exist (the table's metadata is read here): said
+        # now, not at toDF
         return cls(spark, target, opts)
 
     def info(self) -> persist.distributed.CollectionInfo:
         """The collection as the location's latest metadata shows it."""
-        return describe(self._target)
+        return self._watch.current(fresh=True)
 
     def write(self, df: Any, *, mode: Literal["append", "overwrite"] = "append",
               upper: int | None = None, token: tuple[str, int] | None = None,
@@ -210,7 +219,7 @@ class PersistTable:
         return persist.distributed.read_native(
             t.url, t.collection, build, as_of=as_of, consolidated=consolidated, n=partitions,
             files=lambda info: native_types(CollectionTypes.of(info)),
-            storage_options=t.storage_options)
+            storage_options=t.storage_options, watch=self._watch)
 
     def optimize(self, *, partitions: int | None = None,
                  reentrance_id: str = "persist-optimize", lock_timeout: float = 60.0,
@@ -322,9 +331,14 @@ class _Plan:
         self.schema = types.spark_schema
         self.options = {**options, **READER_OPTIONS}
         self.sql_sum = sql_groups(types)
+        self.times = True  # whether a file may hold rows after as_of (read() says)
 
     def read(self, plan: persist.distributed.NativePlan) -> Any:
         """The DataFrame of ``plan`` (see the module docstring)."""
+        # NB: a time filter pushed down makes Spark's Parquet reader fetch each row group's
+        # page index (ranged GETs on S3: 76 against 42 for 4 files with S3A's classic
+        # stream); when no file holds a row after as_of it keeps every row: left out.
+        self.times = plan.later_rows
         frames = [self._piece(f) for f in plan.files]
         # NB: a consolidated read always has a Python-path child, empty or not. Each range is
         # one partition (SinglePartition), and Spark >= 4.1 unions children that all report
@@ -342,7 +356,10 @@ class _Plan:
         from pyspark.sql import functions as F
 
         r = piece.residual
-        df = self._files(piece.urls).where(_where(r))
+        df = self._files(piece.urls)
+        cond = _where(r, times=self.times)
+        if cond is not None:
+            df = df.where(cond)
         if piece.runs is not None:
             return self._layered(df, piece.runs, r.as_of)
         if not r.consolidate:
@@ -450,23 +467,25 @@ def _sum(rows: Any, as_of: int) -> Any:
             .select("key", "value", F.lit(as_of).alias("time"), "diff"))
 
 
-def _where(r: persist.distributed.Residual) -> Any:
+def _where(r: persist.distributed.Residual, *, times: bool = True) -> Any | None:
     """A residual's filter as a Spark condition, pushed to Spark's reader (its row groups and
-    pages of other times and ranges are skipped). Spark orders NaN above every number and a
-    null key satisfies no comparison, the order the engine's bounds are meant in."""
+    pages of other times and ranges are skipped), or None for none; ``times``: keep the
+    ``time <= as_of`` bound (False: no file holds a later row). Spark orders NaN above every
+    number and a null key satisfies no comparison, the order the engine's bounds are meant
+    in."""
     from pyspark.sql import functions as F
 
-    cond = F.col("time") <= r.as_of
+    conds = [F.col("time") <= r.as_of] if times else []
     k = r.keys
-    if k is None:
-        return cond
     key = F.col("key")
-    if k.hi is not None:
-        cond = cond & (key < F.lit(k.hi))
-    if k.lo is not None:
+    if k is not None and k.hi is not None:
+        conds.append(key < F.lit(k.hi))
+    if k is not None and k.lo is not None:
         above = key >= F.lit(k.lo)
-        cond = cond & (above | key.isNull() if k.nulls else above)
-    return cond
+        conds.append(above | key.isNull() if k.nulls else above)
+    if not conds:
+        return None
+    return functools.reduce(lambda a, b: a & b, conds)
 
 
 class _ReadTasks:

@@ -33,6 +33,8 @@ the ``Stager``.
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import logging
 from dataclasses import dataclass
 
@@ -146,17 +148,45 @@ def adopt(st: Staging, *, replay: bool = False, ordered: bool = True) -> list[St
     stager.renew(at_most_every=0)
     blob = writable(stager.address)
     out: list[StagedPart] = []
-    for key in blob.list_keys(st.prefix):
-        if not _is_part_file(st.prefix, key):
-            continue
-        data = blob.get_foreign(key)
-        if data is None:
-            raise Corruption(key, "a part file Spark wrote vanished before it was adopted")
-        staged = _adopt(stager, key, data, replay, ordered)
-        if staged is not None:
-            out.append(staged)
+    keys = iter([k for k in blob.list_keys(st.prefix) if _is_part_file(st.prefix, k)])
+    # NB: the next files' GETs overlap this one's checks (on S3 each is a round trip and a
+    # transfer): at most READS_AHEAD files are read or held at once, the one being checked
+    # among them; the checks (and any inline staging) run here, one file at a time, in key
+    # order.
+    with concurrent.futures.ThreadPoolExecutor(READS_AHEAD,
+                                               thread_name_prefix="persist-adopt") as pool:
+        ahead: collections.deque[tuple[str, concurrent.futures.Future[memoryview | None]]] = (
+            collections.deque())
+        try:
+            for key in keys:
+                ahead.append((key, pool.submit(blob.get_foreign, key)))
+                if len(ahead) < READS_AHEAD:
+                    continue
+                _adopt_next(stager, ahead, out, replay, ordered)
+            while ahead:
+                _adopt_next(stager, ahead, out, replay, ordered)
+        finally:
+            for _, fut in ahead:
+                fut.cancel()
     crashpoints.hit("adopt.adopted")  # staged and adopted, not committed
     return out
+
+
+#: How many part files :func:`adopt` reads or holds at once (the one it checks and the next
+#: ones, read meanwhile).
+READS_AHEAD = 3
+
+
+def _adopt_next(stager: Stager,
+                ahead: collections.deque[tuple[str, concurrent.futures.Future[memoryview | None]]],
+                out: list[StagedPart], replay: bool, ordered: bool) -> None:
+    key, fut = ahead.popleft()
+    data = fut.result()
+    if data is None:
+        raise Corruption(key, "a part file Spark wrote vanished before it was adopted")
+    staged = _adopt(stager, key, data, replay, ordered)
+    if staged is not None:
+        out.append(staged)
 
 
 def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,

@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 
 from persist import layout
 from persist.blob.base import BlobRead
-from persist.distributed.read import describe, record_reader
+from persist.distributed.read import Watch, describe, record_reader
 from persist.distributed.stores import read_half
 from persist.errors import InvalidUsage, PartMissing, PersistError, SchemaMismatch
 from persist.indexed.format import evolve, stats
@@ -297,6 +297,18 @@ class NativePlan:
     #: The parts the files are, to check that they are still there (:meth:`missing`).
     file_parts: tuple[PartMeta, ...] = field(default=(), repr=False)
 
+    @property
+    def later_rows(self) -> bool:
+        """Whether a file of the plan may hold rows after ``as_of``, so that the other
+        reader must apply the residuals' ``time <= as_of`` (False: every file's part records
+        a ``max_time`` at or before ``as_of`` and hides no rows past a fork's cut, so the
+        filter keeps every row; skipping it spares a Parquet reader the page index reads a
+        pushed filter costs)."""
+        if not self.file_parts:
+            return bool(self.files)
+        return any(p.max_time > self.as_of or p.blob_key is None
+                   or layout.parse_ref(p.blob_key)[2] is not None for p in self.file_parts)
+
     def missing(self) -> tuple[str, ...]:
         """The blob keys of the plan's files that are gone from their store (GC removed them
         after the plan's state): empty while the plan is readable. Lists the store once per
@@ -471,7 +483,8 @@ _T = TypeVar("_T")
 def read_native(url: str, collection_name: str, build: Callable[[NativePlan], _T], *,
                 as_of: int | None = None, consolidated: bool = True, n: int | None = None,
                 files: bool | Callable[[CollectionInfo], bool] = True,
-                storage_options: Mapping[str, Any] | None = None) -> _T:
+                storage_options: Mapping[str, Any] | None = None,
+                watch: Watch | None = None) -> _T:
     """Plans a snapshot read for another engine's Parquet reader (:func:`plan_native`, on the
     latest metadata) and returns ``build(plan)``, planning again on newer metadata when a
     part went meanwhile, within the engine's one read budget (``READ_ATTEMPTS`` states).
@@ -484,15 +497,26 @@ def read_native(url: str, collection_name: str, build: Callable[[NativePlan], _T
     Args:
         files: whether the other reader reads files at all (a callable: decided from the
             collection as described, e.g. by its types).
+        watch: the collection's metadata as a long-lived reader of it holds it (a
+            :class:`Watch` of ``url`` and ``collection_name``): each plan starts from it,
+            brought up to date (:meth:`Watch.current` with ``fresh``: one GET of the next log
+            key when nothing changed) rather than read anew (a LIST of the rollups, the
+            newest rollup, and a GET per log entry after it). None: read anew
+            (:func:`describe`).
 
     Raises:
-        InvalidUsage: as :meth:`CollectionInfo.snapshot` and :func:`plan_native`.
+        InvalidUsage: as :meth:`CollectionInfo.snapshot` and :func:`plan_native`; a
+            ``watch`` of another collection.
         PartMissing: parts kept disappearing for every attempt.
         MissingResource, UnknownCollection: as :func:`persist.distributed.describe`.
     """
+    if watch is not None and watch.name != collection_name:
+        raise InvalidUsage(f"read_native: the watch is of {watch.name!r}, not of "
+                           f"{collection_name!r}")
     gone: BaseException | None = None
     for _ in range(READ_ATTEMPTS):
-        info = describe(url, collection_name, storage_options=storage_options)
+        info = (describe(url, collection_name, storage_options=storage_options)
+                if watch is None else watch.current(fresh=True))
         use = files(info) if callable(files) else files
         try:
             # NB: planning verifies the files' tails (one read each): a part GC removed

@@ -10,6 +10,7 @@ and :func:`read_task`. A reader that is not the writer keeps history readable wi
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -153,7 +154,11 @@ class Watch:
         # NB: a part cache: admission control reads multi-time parts to count rows per time,
         # and the polls that follow ask again.
         self._reader = PartReader(blob)
-        self._state = load_state(self.address, must_exist=True, name=collection_name)
+        # NB: loaded by the machine that refreshes it: its first refresh then trusts a
+        # missing next entry as any later one does (no LIST of the rollups).
+        self._state = load_state(self.address, must_exist=True, name=collection_name,
+                                 machine=self._machine)
+        self._lock = threading.Lock()
         self._at = time.monotonic()
         self._info = self._make()
 
@@ -168,14 +173,17 @@ class Watch:
             UnknownCollection: the collection is gone (never, as collections are never
                 dropped, unless the location was replaced).
         """
-        now = time.monotonic()
-        if fresh or now - self._at >= self.interval:
-            state = self._machine.refresh(self._state)
-            self._at = now
-            if state is not self._state:
-                self._state = state
-                self._info = self._make()
-        return self._info
+        # NB: one refresh at a time: two callers (a table read from two threads) would
+        # otherwise probe the same keys twice and could leave the info of an older state.
+        with self._lock:
+            now = time.monotonic()
+            if fresh or now - self._at >= self.interval:
+                state = self._machine.refresh(self._state)
+                self._at = now
+                if state is not self._state:
+                    self._state = state
+                    self._info = self._make()
+            return self._info
 
     def rows_per_time(self, info: CollectionInfo, lo: int, hi: int) -> Counter[int]:
         """Updates per time in ``[lo, hi)`` of ``info`` (see

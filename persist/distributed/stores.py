@@ -37,15 +37,17 @@ def writable(address: Address) -> Blob:
     return _writable(address.url, address.storage)
 
 
-def load_state(address: Address, *, must_exist: bool, name: str = "") -> State:
-    """The newest metadata state of ``address``.
+def load_state(address: Address, *, must_exist: bool, name: str = "",
+               machine: Machine | None = None) -> State:
+    """The newest metadata state of ``address`` (loaded by ``machine``, a reader of
+    ``address`` that later refreshes the state, if given).
 
     Raises:
         MissingResource: ``must_exist`` and nothing was ever committed there (a mistyped URL);
             the message names collection ``name`` if given.
         ExternalError, Corruption: storage failed.
     """
-    state = Machine(read_half(address)).load()
+    state = (machine if machine is not None else Machine(read_half(address))).load()
     if must_exist and state.seq == 0:
         raise MissingResource(
             f"no persist location at {address.url!r}: nothing was ever committed there (a "

@@ -417,3 +417,29 @@ def test_read_task_skips_summing_settled_parts_and_reads_the_same(
     with pytest.raises(AssertionError, match="consolidate called"):
         list(distributed.read_task(distributed.describe(str(tmp_path), "c").snapshot(4)
                                    .task(consolidated=True)))
+
+
+def test_later_rows_says_whether_a_file_holds_rows_after_as_of(tmp_path: Path) -> None:
+    ix = _engine(tmp_path)
+    ix.register("c", pa.int64(), pa.int64())
+    rng = np.random.default_rng(30)
+    n = 400
+    times = np.where(np.arange(n) % 2 == 0, 0, 5).astype(np.uint64)  # one part, times 0 and 5
+    ix.write({"c": pa.table({"key": pa.array(np.arange(n), pa.int64()),
+                             "value": pa.array(rng.integers(0, 3, n)),
+                             "time": pa.array(times), "diff": pa.array(np.ones(n, np.int64))})})
+    ix.seal("c", 6)
+    info = distributed.describe(str(tmp_path), "c")
+    for as_of, later in ((2, True), (5, False)):
+        plan = distributed.plan_native(info.snapshot(as_of), consolidated=False)
+        assert plan.files
+        assert plan.later_rows is later
+        assert len(plan.file_parts) == 1
+        assert plan.file_parts[0].max_time == 5
+        got = _read(plan)
+        assert sum(t.num_rows for t in got) == (n // 2 if later else n)
+        if not later:  # no time filter at all: every row of the files is the answer
+            files = [pq.read_table(u.removeprefix("file://")) for f in plan.files
+                     for u in f.urls]
+            assert sum(t.num_rows for t in files) == n
+        assert _sums(got) == _client(tmp_path, as_of)
