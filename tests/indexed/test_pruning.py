@@ -17,11 +17,8 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from typing_extensions import override
 
 import persist
-from persist.blob.base import Blob
-from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.errors import Corruption, InvalidUsage
 from persist.indexed.engine import Options, Txn
@@ -34,41 +31,7 @@ from persist.indexed.read.filter import Filter, col
 from tests.indexed.test_filter import filters, model
 from tests.indexed.test_records import arrow_types, canon, collections, values, written
 from tests.support.engine import Engine
-
-# -- a store that counts what it serves ---------------------------------------------------------
-
-
-class CountingBlob(Blob):
-    """A real store (``inner``) that counts the data blobs it serves."""
-
-    def __init__(self, inner: Blob) -> None:
-        self.inner = inner
-        self.supports_conditional_create = inner.supports_conditional_create
-        self.is_local = inner.is_local
-        self.data_gets: list[str] = []
-
-    @override
-    def _get(self, key: str) -> bytes | memoryview | None:
-        if key.startswith("data/"):
-            self.data_gets.append(key)
-        return self.inner._get(key)
-
-    @override
-    def _list(self, prefix: str) -> list[str]:
-        return self.inner._list(prefix)
-
-    @override
-    def _set(self, key: str, data: bytes | Framed) -> None:
-        self.inner._set(key, data)
-
-    @override
-    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        return self.inner._set_if_absent(key, data)
-
-    @override
-    def _delete(self, key: str) -> None:
-        self.inner._delete(key)
-
+from tests.support.recording import RecordingBlob
 
 # -- pruned == unpruned, filtered ----------------------------------------------------------------
 
@@ -188,7 +151,7 @@ def bulk(n: int, t: int, start: int = 0) -> pa.Table:
 
 
 def test_a_key_range_read_fetches_only_the_parts_that_hold_it(tmp_path: Path) -> None:
-    store = CountingBlob(FileBlob(tmp_path))
+    store = RecordingBlob(FileBlob(tmp_path))
     opts = pinned(audit_pruning=False, compaction={"part_target_bytes": 64 << 10})
     ix = Engine.open(store, epoch=1, writer="w", options=opts)
     ix.fence()
@@ -200,19 +163,19 @@ def test_a_key_range_read_fetches_only_the_parts_that_hold_it(tmp_path: Path) ->
     parts = ix.state.collections["r"].parts
     assert len(parts) > 20  # 80,000 rows of ~40 bytes cut into 64 KiB parts
     f = (col("key") >= 41_000) & (col("key") < 41_010)
-    store.data_gets.clear()
+    store.reset()
     snap = ix.snapshot("r", 3, filter=f)
     got = snap.to_arrow()
     assert got.column("key").to_pylist() == list(range(41_000, 41_010))
     assert snap.pruning is not None
-    assert snap.pruning.parts_read == len(store.data_gets) <= 2
+    assert snap.pruning.parts_read == len(store.keys_read("data/")) <= 2
     assert snap.pruning.parts_pruned == len(parts) - snap.pruning.parts_read
     # a filter on a value field prunes by its bounds too
-    store.data_gets.clear()
+    store.reset()
     snap = ix.snapshot("r", 3, filter=col("value.amount") > 799_000)
     assert snap.to_arrow().column("key").to_pylist() == list(range(79_901, 80_000))
     assert snap.pruning is not None
-    assert len(store.data_gets) <= snap.pruning.parts_read <= 2  # (read parts are cached)
+    assert len(store.keys_read("data/")) <= snap.pruning.parts_read <= 2  # (read parts are cached)
     # nothing to prune: everything is read, and the answer is the same
     snap = ix.snapshot("r", 3, filter=col("value.city") == "Bergen")
     assert len(snap.to_arrow()) == len([k for k in range(80_000) if k % 3 == 1])

@@ -4,16 +4,13 @@ Counted, never timed: blob bytes written per commit, and collections a round re-
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import Any
 
 import pyarrow as pa
-from typing_extensions import override
 
-from persist.blob.base import Blob, Wrapping
-from persist.blob.envelope import Framed
+from persist.blob.base import Blob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
 from persist.indexed.format.columnar import Codec
@@ -22,53 +19,13 @@ from persist.lock.memory import MemoryLock
 from persist.runtime import commands as cmd
 from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
+from tests.support.recording import RecordingBlob
 
 #: Pinned: parts of 100 rows ride in the commit record (the bytes compared are the commit's
 #: own, under every knob set), and no rollup (the whole state, by format) falls in a window.
 OPTIONS = Options(inline_threshold=64 << 10, rollup_every=1_000_000, group_commit=True,
                   background_compaction=False)
 MANY = 2000
-
-
-class ByteCountingBlob(Wrapping):
-    """A real store that counts the bytes written to it."""
-
-    def __init__(self, inner: Blob) -> None:
-        self.inner = inner
-        self.supports_conditional_create = inner.supports_conditional_create
-        self.is_local = inner.is_local
-        self.written = 0
-        self._lock = threading.Lock()
-
-    def _count(self, data: bytes | Framed) -> None:
-        with self._lock:
-            self.written += len(data)
-
-    @override
-    def _get(self, key: str) -> bytes | memoryview | None:
-        return self.inner._get(key)
-
-    @override
-    def _list(self, prefix: str) -> list[str]:
-        return self.inner._list(prefix)
-
-    @override
-    def _list_after(self, prefix: str, start_after: str) -> list[str]:
-        return self.inner._list_after(prefix, start_after)
-
-    @override
-    def _set(self, key: str, data: bytes | Framed) -> None:
-        self._count(data)
-        self.inner._set(key, data)
-
-    @override
-    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        self._count(data)
-        return self.inner._set_if_absent(key, data)
-
-    @override
-    def _delete(self, key: str) -> None:
-        self.inner._delete(key)
 
 
 def _open(blob: Blob, name: str) -> tuple[Client, Runtime]:
@@ -83,10 +40,10 @@ def _rows(t: int) -> list[Any]:
     return [((f"k{j}", j), t, 1) for j in range(100)]
 
 
-def _location(n: int) -> tuple[Client, Runtime, ByteCountingBlob]:
+def _location(n: int) -> tuple[Client, Runtime, RecordingBlob]:
     """A writer of a location with ``n`` collections, each with one part of 100 rows."""
     name = uuid.uuid4().hex
-    blob = ByteCountingBlob(MemoryBlob(name))
+    blob = RecordingBlob(MemoryBlob(name))
     client, runtime = _open(blob, name)
     k, v = Codec.of(pa.string(), "key"), Codec.of(pa.int64(), "value")
     names = [f"c{i:05d}" for i in range(n)]
@@ -98,15 +55,15 @@ def _location(n: int) -> tuple[Client, Runtime, ByteCountingBlob]:
     return client, runtime, blob
 
 
-def _appends(client: Client, blob: ByteCountingBlob, n: int) -> list[int]:
+def _appends(client: Client, blob: RecordingBlob, n: int) -> list[int]:
     """The bytes each of ``n`` appends to collection c00000 wrote."""
     w, r = client.create_or_load("c00000", key_type=pa.string(), value_type=pa.int64())
     out = []
     for _ in range(n):
-        before = blob.written
+        before = blob.bytes_written()
         t = r.upper
         w.append(_rows(t), upper=t + 1).result()
-        out.append(blob.written - before)
+        out.append(blob.bytes_written() - before)
     return out
 
 
@@ -115,7 +72,7 @@ def test_a_commit_writes_the_same_bytes_with_one_collection_or_many() -> None:
     many, _, many_blob = _location(MANY)
     try:
         small, big = _appends(one, one_blob, 10), _appends(many, many_blob, 10)
-        state_bytes = many_blob.written  # what setting up the many wrote, for scale
+        state_bytes = many_blob.bytes_written()  # what setting up the many wrote, for scale
     finally:
         one.stop()
         many.stop()

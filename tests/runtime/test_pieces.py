@@ -10,19 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
-from typing_extensions import override
 
 import persist
 from persist import layout
-from persist.blob.base import Blob, Wrapping
-from persist.blob.envelope import Framed
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
@@ -36,61 +32,9 @@ from tests.nemesis.seam_writer import OPTIONS, RID
 from tests.nemesis.test_crashpoints import _check_recovery, _parse
 from tests.runtime.pieces_writer import OTHERS
 from tests.runtime.test_trim import _open
+from tests.support.recording import RecordingBlob
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class WrittenBlob(Wrapping):
-    """A real store that counts the bytes written under each key (what crosses to storage)."""
-
-    def __init__(self, inner: Blob) -> None:
-        self.inner = inner
-        self.supports_conditional_create = inner.supports_conditional_create
-        self.is_local = inner.is_local
-        self.written: list[tuple[str, int]] = []
-        self._lock = threading.Lock()
-
-    def bytes_under(self, prefix: str) -> int:
-        with self._lock:
-            return sum(n for k, n in self.written if k.startswith(prefix))
-
-    def keys_under(self, prefix: str) -> list[str]:
-        with self._lock:
-            return [k for k, _ in self.written if k.startswith(prefix)]
-
-    def reset(self) -> None:
-        with self._lock:
-            self.written.clear()
-
-    def _count(self, key: str, data: bytes | Framed) -> None:
-        with self._lock:
-            self.written.append((key, len(data)))
-
-    @override
-    def _get(self, key: str) -> bytes | memoryview | None:
-        return self.inner._get(key)
-
-    @override
-    def _list(self, prefix: str) -> list[str]:
-        return self.inner._list(prefix)
-
-    @override
-    def _list_after(self, prefix: str, start_after: str) -> list[str]:
-        return self.inner._list_after(prefix, start_after)
-
-    @override
-    def _set(self, key: str, data: bytes | Framed) -> None:
-        self._count(key, data)
-        self.inner._set(key, data)
-
-    @override
-    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        self._count(key, data)
-        return self.inner._set_if_absent(key, data)
-
-    @override
-    def _delete(self, key: str) -> None:
-        self.inner._delete(key)
 
 
 #: Inline parts (every collection's metadata carries its rows, as a small append's does),
@@ -116,20 +60,20 @@ def _rollup_bytes_one_changed(n: int) -> tuple[int, int, int]:
     """At a location of ``n`` collections: (bytes a rollup writes after commits to one
     collection, pieces it writes, bytes of every piece of the state)."""
     name = uuid.uuid4().hex
-    blob = WrittenBlob(MemoryBlob(name))
+    blob = RecordingBlob(MemoryBlob(name))
     client = _open(blob, name, OPTS)
     try:
         _populate(client, n)
         _touch(client, "c0", OPTS.rollup_every)
         client.maintain()  # the first manifest: every piece written
-        whole = blob.bytes_under(layout.PIECE_PREFIX)
+        whole = blob.bytes_written(layout.PIECE_PREFIX)
         blob.reset()
         _touch(client, "c1", OPTS.rollup_every)
         client.maintain()
-        rollups = blob.keys_under(layout.ROLLUP_PREFIX)
+        rollups = blob.keys_written(layout.ROLLUP_PREFIX)
         assert len(rollups) == 1, rollups
-        written = blob.bytes_under(layout.ROLLUP_PREFIX) + blob.bytes_under(layout.PIECE_PREFIX)
-        return written, len(blob.keys_under(layout.PIECE_PREFIX)), whole
+        written = blob.bytes_written(layout.ROLLUP_PREFIX) + blob.bytes_written(layout.PIECE_PREFIX)
+        return written, len(blob.keys_written(layout.PIECE_PREFIX)), whole
     finally:
         client.stop()
 

@@ -6,19 +6,16 @@ trimmed."""
 from __future__ import annotations
 
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from typing_extensions import override
 
 import persist
 from persist import layout
-from persist.blob.base import Blob, Wrapping
-from persist.blob.envelope import Framed
+from persist.blob.base import Blob
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
@@ -29,62 +26,7 @@ from persist.runtime.client import Client
 from persist.runtime.runtime import Runtime
 from tests.nemesis.seam_writer import OPTIONS, RID
 from tests.nemesis.test_crashpoints import _check_recovery, _parse, _spawn
-
-
-class CountingBlob(Wrapping):
-    """A real store that counts its LISTs: per call the prefix, whether it started after a key,
-    and how many keys it returned."""
-
-    def __init__(self, inner: Blob) -> None:
-        self.inner = inner
-        self.supports_conditional_create = inner.supports_conditional_create
-        self.is_local = inner.is_local
-        self.lists: list[tuple[str, str | None, int]] = []
-        self._lock = threading.Lock()
-
-    def full_log_lists(self) -> int:
-        """LISTs of the whole metadata log (from its start)."""
-        with self._lock:
-            return sum(1 for p, after, _ in self.lists
-                       if layout.LOG_PREFIX.startswith(p) and after is None)
-
-    def log_keys_listed(self) -> int:
-        with self._lock:
-            return sum(n for p, _, n in self.lists if layout.LOG_PREFIX.startswith(p))
-
-    def reset(self) -> None:
-        with self._lock:
-            self.lists.clear()
-
-    @override
-    def _get(self, key: str) -> bytes | memoryview | None:
-        return self.inner._get(key)
-
-    @override
-    def _list(self, prefix: str) -> list[str]:
-        keys = self.inner._list(prefix)
-        with self._lock:
-            self.lists.append((prefix, None, len(keys)))
-        return keys
-
-    @override
-    def _list_after(self, prefix: str, start_after: str) -> list[str]:
-        keys = self.inner._list_after(prefix, start_after)
-        with self._lock:
-            self.lists.append((prefix, start_after, len(keys)))
-        return keys
-
-    @override
-    def _set(self, key: str, data: bytes | Framed) -> None:
-        self.inner._set(key, data)
-
-    @override
-    def _set_if_absent(self, key: str, data: bytes | Framed) -> bool:
-        return self.inner._set_if_absent(key, data)
-
-    @override
-    def _delete(self, key: str) -> None:
-        self.inner._delete(key)
+from tests.support.recording import RecordingBlob
 
 
 def _open(blob: Blob, name: str, options: Options) -> Client:
@@ -112,7 +54,7 @@ def _seqs(blob: Blob, prefix: str) -> list[int]:
 
 def test_trimming_and_opening_never_list_the_log() -> None:
     name = uuid.uuid4().hex
-    blob = CountingBlob(MemoryBlob(name))
+    blob = RecordingBlob(MemoryBlob(name))
     opts = Options(rollup_every=8, gc_grace_seconds=0.0)
     client = _open(blob, name, opts)
     try:
@@ -144,7 +86,7 @@ def test_short_lived_writers_leave_a_bounded_log() -> None:
     """30 writers of 200 commits each, none living a grace period: each trims what the ones
     before it left (their rollups' records say when they were written)."""
     name = uuid.uuid4().hex
-    blob = CountingBlob(MemoryBlob(name))
+    blob = RecordingBlob(MemoryBlob(name))
     grace = 0.3
     opts = Options(rollup_every=16, gc_grace_seconds=grace)
     sessions, per = 30, 200
@@ -174,7 +116,7 @@ def test_short_lived_writers_leave_a_bounded_log() -> None:
 def test_a_location_an_older_persist_trimmed_is_listed_once() -> None:
     name = uuid.uuid4().hex
     inner = MemoryBlob(name)
-    blob = CountingBlob(inner)
+    blob = RecordingBlob(inner)
     keep = Options(rollup_every=8, gc_grace_seconds=3600.0)
     client = _open(inner, name, keep)
     try:
@@ -307,7 +249,7 @@ def test_a_writer_open_reads_only_the_newest_shards_of_the_log(
 
     # a writer's open: one LIST of the log after its rollup (counted by the store wrapper),
     # which reads the shard names and the newest shards' entries, not the 400 kept
-    blob = CountingBlob(FileBlob(root, fsync=False))
+    blob = RecordingBlob(FileBlob(root, fsync=False))
     read = _NamesRead(monkeypatch)
     loc = Location(f"file://{root}", blob, lambda: MemoryLock(uuid.uuid4().hex))
     w = open_writer(loc, "w2", lock_timeout=5.0, options=keep)
