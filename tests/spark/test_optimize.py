@@ -82,3 +82,25 @@ def test_optimize_refuses_bad_arguments(tmp_path: Path, spark: Any) -> None:
     with pytest.raises(persist.InvalidUsage, match="zorder"):
         table.optimize(zorder="key")
     assert table.optimize() is None  # an empty collection: nothing to merge
+
+
+def test_optimize_of_a_small_collection_runs_one_task(tmp_path: Path, spark: Any) -> None:
+    """With ``partitions=None`` the task count follows the planned rows (one task per
+    ``TASK_ROWS``), not the session's cores: 90,000 rows are merged by one task."""
+    from operators.optimize import TASK_ROWS
+
+    assert int(spark.sparkContext.defaultParallelism) >= 2
+    assert TASK_ROWS > 3 * 30_000
+    with persist.open(tmp_path, options=_options()) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(3):
+            w.append(_batch(t, t), upper=t + 1).result()
+        w.allow_compaction(2).result()
+        want = _sums(r.snapshot(2).to_arrow())
+    done = PersistTable.forPath(spark, f"file://{tmp_path}", "c").optimize()
+    assert done is not None
+    assert done.tasks == 1
+    assert done.rows_in == 3 * 30_000
+    with persist.open(tmp_path, options=_options()) as client:
+        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        assert _sums(r.snapshot(2).to_arrow()) == want
