@@ -10,13 +10,19 @@ warm-up round, not counted), in this order, each on a fresh copy of the same loc
 * ``maintain``: ``Client.maintain()`` until idle, in this process (wall and this process's CPU);
 * ``optimize``: ``PersistTable.forPath(spark, url, "w9").optimize(partitions=2)`` on a
   ``local[2]`` SparkSession (wall; the merge runs in Spark's Python workers, so this process's
-  CPU is only the driver's plan and commit);
+  CPU is only the driver's plan and commit). It runs more than a minute after the round
+  before's last Python task, so Spark has reaped its idle Python workers (after 60 s) and
+  forks fresh ones, which import persist and pyarrow: what a call to ``optimize()`` costs in
+  a session that ran no Python task in the last minute;
+* ``optimize_warm``: the same again right after (on a fresh copy), in the Python workers the
+  first one left alive: what a call costs with live workers;
 * ``spark``: the same rows as zstd Parquet files (one per append, written by pyarrow
   beforehand), ``spark.read.parquet -> groupBy(key, value).sum(diff) -> filter(sum != 0) ->
   sortWithinPartitions(key, value) -> write.parquet(zstd)`` (wall).
 
 Prints the medians and the ratios ``spark / optimize`` (target >= 3) and ``optimize /
-maintain`` (target <= 2), and the layouts the two persist runs leave.
+maintain`` (target <= 2), both also for ``optimize_warm``, and the layouts the two persist
+runs leave.
 """
 
 from __future__ import annotations
@@ -112,7 +118,8 @@ def main() -> None:
     spark.sparkContext.setLogLevel("ERROR")
     operators.register(spark)
     times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
-                                     "optimize_driver_cpu": [], "spark": []}
+                                     "optimize_driver_cpu": [], "optimize_warm": [],
+                                     "spark": []}
     layouts: dict[str, Any] = {}
     try:
         # NB: round 0 is a warm-up, not counted: Spark's first job starts its Python workers
@@ -120,7 +127,7 @@ def main() -> None:
         for r in range(args.rounds + 1):
             if r == 1:
                 times = {k: [] for k in times}
-            for what in ("maintain", "optimize", "spark"):
+            for what in ("maintain", "optimize", "optimize_warm", "spark"):
                 copy = root / f"{what}-{r}"
                 if what == "spark":
                     times["spark"].append(_spark(spark, files, copy))
@@ -129,9 +136,11 @@ def main() -> None:
                 if what == "maintain":
                     wall, cpu, layouts["maintain"] = _maintain(copy)
                     times["maintain_cpu"].append(cpu)
-                else:
+                elif what == "optimize":
                     wall, cpu, layouts["optimize"] = _optimize(spark, copy)
                     times["optimize_driver_cpu"].append(cpu)
+                else:
+                    wall, _, _ = _optimize(spark, copy)
                 times[what].append(wall)
                 shutil.rmtree(copy)
     finally:
@@ -143,6 +152,10 @@ def main() -> None:
                       "median_s": med,
                       "spark_over_optimize": round(med["spark"] / med["optimize"], 2),
                       "optimize_over_maintain": round(med["optimize"] / med["maintain"], 2),
+                      "spark_over_optimize_warm": round(med["spark"] / med["optimize_warm"], 2),
+                      "optimize_warm_over_maintain": round(
+                          med["optimize_warm"] / med["maintain"], 2),
+                      "load_average": [round(x, 1) for x in os.getloadavg()],
                       "layouts": layouts}, indent=1))
 
 
