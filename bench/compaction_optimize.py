@@ -104,6 +104,8 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=5)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--daemon", action="store_true",
+                    help="the session forks its Python workers from operators.daemon")
     args = ap.parse_args()
     # NB: Spark's Python workers run the tasks: this Python, with this checkout importable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -114,7 +116,10 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp())
     loc, files = _build(root, args.appends, args.rows)
-    spark = session_builder("bench-optimize").getOrCreate()
+    builder = session_builder("bench-optimize")
+    if args.daemon:
+        builder = builder.config("spark.python.daemon.module", "operators.daemon")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     operators.register(spark)
     times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
