@@ -1,7 +1,7 @@
 """Distributed compaction (``PersistTable.optimize()``) against ``Client.maintain()`` and Spark's
 own aggregate-sort-write pipeline, over the same rows.
 
-    python -m bench.compaction_optimize [--appends 5] [--rows 1000000] [--rounds 3]
+    python -m bench.compaction_optimize [--appends 5] [--rows 1000000] [--rounds 3] [--daemon]
 
 W9's shape: ``--appends`` appends of ``--rows`` random int64 keys (``key, value`` int64, one
 time per append), background compaction off, since advanced to the last time. Each round (after one
@@ -10,13 +10,21 @@ warm-up round, not counted), in this order, each on a fresh copy of the same loc
 * ``maintain``: ``Client.maintain()`` until idle, in this process (wall and this process's CPU);
 * ``optimize``: ``PersistTable.forPath(spark, url, "w9").optimize(partitions=2)`` on a
   ``local[2]`` SparkSession (wall; the merge runs in Spark's Python workers, so this process's
-  CPU is only the driver's plan and commit);
+  CPU is only the driver's plan and commit). It runs at least 65 s after the round before's
+  last Python task (waiting if the rest of the round took less), so Spark has reaped its idle
+  Python workers (after 60 s) and forks fresh ones, which import persist and pyarrow (with
+  ``--daemon`` they are forked from :mod:`operators.daemon`, which imported them already):
+  what a call to ``optimize()`` costs in a session that ran no Python task in the last
+  minute;
+* ``optimize_warm``: the same again right after (on a fresh copy), in the Python workers the
+  first one left alive: what a call costs with live workers;
 * ``spark``: the same rows as zstd Parquet files (one per append, written by pyarrow
   beforehand), ``spark.read.parquet -> groupBy(key, value).sum(diff) -> filter(sum != 0) ->
   sortWithinPartitions(key, value) -> write.parquet(zstd)`` (wall).
 
 Prints the medians and the ratios ``spark / optimize`` (target >= 3) and ``optimize /
-maintain`` (target <= 2), and the layouts the two persist runs leave.
+maintain`` (target <= 2), both also for ``optimize_warm``, and the layouts the two persist
+runs leave.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ import pyarrow.parquet as pq
 
 import persist
 from bench.compaction_base import _layout, _table
+
+#: Seconds without a Python task before ``optimize`` (Spark reaps idle Python workers after 60).
+IDLE_S = 65.0
 
 
 def _build(root: Path, appends: int, rows: int) -> tuple[Path, Path]:
@@ -98,6 +109,8 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=5)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--daemon", action="store_true",
+                    help="the session forks its Python workers from operators.daemon")
     args = ap.parse_args()
     # NB: Spark's Python workers run the tasks: this Python, with this checkout importable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -108,30 +121,41 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp())
     loc, files = _build(root, args.appends, args.rows)
-    spark = session_builder("bench-optimize").getOrCreate()
+    builder = session_builder("bench-optimize")
+    if args.daemon:
+        builder = builder.config("spark.python.daemon.module", "operators.daemon")
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     operators.register(spark)
     times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
-                                     "optimize_driver_cpu": [], "spark": []}
+                                     "optimize_driver_cpu": [], "optimize_warm": [],
+                                     "spark": []}
     layouts: dict[str, Any] = {}
+    last_python = time.monotonic()
     try:
         # NB: round 0 is a warm-up, not counted: Spark's first job starts its Python workers
         # (which import persist and pyarrow), and the JVM compiles as it goes
         for r in range(args.rounds + 1):
             if r == 1:
                 times = {k: [] for k in times}
-            for what in ("maintain", "optimize", "spark"):
+            for what in ("maintain", "optimize", "optimize_warm", "spark"):
                 copy = root / f"{what}-{r}"
                 if what == "spark":
                     times["spark"].append(_spark(spark, files, copy))
                     continue
                 shutil.copytree(loc, copy)
+                if what == "optimize":
+                    # NB: Spark reaps Python workers idle for 60 s: this call gets fresh ones
+                    time.sleep(max(0.0, IDLE_S - (time.monotonic() - last_python)))
                 if what == "maintain":
                     wall, cpu, layouts["maintain"] = _maintain(copy)
                     times["maintain_cpu"].append(cpu)
-                else:
+                elif what == "optimize":
                     wall, cpu, layouts["optimize"] = _optimize(spark, copy)
                     times["optimize_driver_cpu"].append(cpu)
+                else:
+                    wall, _, _ = _optimize(spark, copy)
+                    last_python = time.monotonic()
                 times[what].append(wall)
                 shutil.rmtree(copy)
     finally:
@@ -143,6 +167,10 @@ def main() -> None:
                       "median_s": med,
                       "spark_over_optimize": round(med["spark"] / med["optimize"], 2),
                       "optimize_over_maintain": round(med["optimize"] / med["maintain"], 2),
+                      "spark_over_optimize_warm": round(med["spark"] / med["optimize_warm"], 2),
+                      "optimize_warm_over_maintain": round(
+                          med["optimize_warm"] / med["maintain"], 2),
+                      "load_average": [round(x, 1) for x in os.getloadavg()],
                       "layouts": layouts}, indent=1))
 
 

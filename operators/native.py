@@ -230,7 +230,8 @@ class PersistTable:
 
         Args:
             partitions: key ranges (Spark tasks) at most (None: the session's default
-                parallelism).
+                parallelism, and one per ``operators.optimize.TASK_ROWS`` planned rows at
+                most: a small collection is merged by one task).
             reentrance_id, lock_timeout: the writer identity the driver commits as, and how
                 long it waits for the location's lock.
             part_target_bytes: the merged parts' size target (Arrow bytes).

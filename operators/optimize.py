@@ -4,7 +4,8 @@
     done = PersistTable.forPath(spark, url, "events").optimize()   # None: nothing to merge
 
 The engine plans the merge (:func:`persist.distributed.plan_compaction`: the parts at or before
-the effective since, cut into key ranges); each range runs as one Spark task
+the effective since, cut into key ranges: ``partitions`` of them, or with None one per core of
+the session and per :data:`TASK_ROWS` rows at most); each range runs as one Spark task
 (``sparkContext.parallelize(task bytes).map(...)``) that merges with persist's own merge of
 sorted runs (:func:`persist.distributed.run_compaction_task`, never Spark's ``groupBy``) and
 stages its base parts under the plan's staging lease; the driver commits them in one
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import persist
-from persist.distributed import CompactionTask, StagedPart
+from persist.distributed import StagedPart, run_encoded_task
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,9 @@ class Optimized:
     tasks: int
 
 
-def _run(data: bytes) -> list[bytes]:
-    """A Spark task: one key range merged and staged (on an executor)."""
-    task = CompactionTask.from_bytes(data)
-    return [s.to_bytes() for s in persist.distributed.run_compaction_task(task)]
+#: With ``partitions=None``, a task per this many planned rows at most (and at most the
+#: session's default parallelism): a tiny collection is merged by one task, not one per core.
+TASK_ROWS = 1 << 20
 
 
 def optimize(spark: Any, url: str, collection: str, *, storage_options: dict[str, Any],
@@ -56,12 +56,15 @@ def optimize(spark: Any, url: str, collection: str, *, storage_options: dict[str
     plan = persist.distributed.plan_compaction(url, collection, n=n,
                                                storage_options=storage_options,
                                                part_target_bytes=part_target_bytes,
-                                               job="spark optimize")
+                                               job="spark optimize",
+                                               task_rows=1 if partitions else TASK_ROWS)
     if plan is None:
         return None
     try:
         data = [t.to_bytes() for t in plan.tasks]
-        outs = spark.sparkContext.parallelize(data, len(data)).map(_run).collect()
+        # NB: the task function is persist's own (Spark pickles it by reference): a worker
+        # imports persist, not this connector and Spark's SQL modules
+        outs = spark.sparkContext.parallelize(data, len(data)).map(run_encoded_task).collect()
         # NB: a retried task stages again; collect() returns one attempt's output per task,
         # and the lease's sweep reclaims what the other attempts staged
         staged = [StagedPart.from_bytes(b) for out in outs for b in out]

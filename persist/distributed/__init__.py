@@ -72,6 +72,7 @@ from persist.distributed.compaction import (
     compact_distributed,
     plan_compaction,
     run_compaction_task,
+    run_encoded_task,
 )
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
@@ -154,6 +155,7 @@ __all__ = [
     "read_part",
     "read_task",
     "run_compaction_task",
+    "run_encoded_task",
     "s3a_failure",
     "set_read_hold",
     "settled",

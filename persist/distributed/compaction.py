@@ -12,11 +12,16 @@ anywhere, committed once.
 collection whose rows are all at or before the effective since ``f`` (the frontier the merge
 forwards to: the since, or a lower durable hold), unless they already are a base of
 key-disjoint consolidated parts (``compact.layout``), and cuts the key range into ``n`` ranges
-of about equal rows (from the parts' per-batch key bounds). It takes a staging lease.
+of about equal rows (from the parts' per-batch key bounds; fewer when they hold fewer than
+``task_rows`` rows each). It takes a staging lease.
 
 **A task** (:func:`run_compaction_task`, on any machine) reads its key range of each planned
-part (a sorted Parquet part only in the record batches the range reaches, as the writer's own
-base merge does), forwards times to ``f``, merges with persist's consolidation (sums per
+part: of a sorted Parquet part only the row groups the range reaches, fetched alone (a ranged
+read per run of them, plus the file's tail) and each verified against the checksum its
+metadata records before a byte is decoded (``PartStats.groups``,
+:meth:`persist.indexed.read.parts.PartReader.read_groups`), so ``n`` tasks fetch the planned
+parts about once between them; a part that records no row groups is fetched whole and
+verified whole. It forwards times to ``f``, merges with persist's consolidation (sums per
 ``(key, value, time)``, zero diffs dropped; ``DiffOverflow`` if a sum leaves int64), cuts the
 result by key into parts of about ``part_target_bytes`` and stages each under the plan's lease.
 Every output part is a base part: consolidated, at the one time ``f``, with exact key bounds,
@@ -120,9 +125,15 @@ def plan_compaction(url: str, collection_name: str, *, n: int = 2,
                     storage_options: Mapping[str, Any] | None = None,
                     part_target_bytes: int = PART_TARGET_BYTES,
                     stats_bytes: int = stats.STATS_BYTES, job: str = "compaction",
-                    ) -> CompactionPlan | None:
+                    task_rows: int = 1) -> CompactionPlan | None:
     """Plans a compaction of ``collection_name`` at ``url`` as up to ``n`` key-range tasks
     (see the module docstring), from its latest metadata; takes a staging lease.
+
+    Args:
+        task_rows: fewer tasks when the planned parts hold fewer than ``n * task_rows`` rows
+            (about that many rows each, at least one task): a task's fixed cost (a worker's
+            start, its imports, a staged part's commit record) is not worth paying for a
+            range of a few rows.
 
     Returns:
         The plan, or None if there is nothing to merge (the parts at or before the effective
@@ -133,7 +144,8 @@ def plan_compaction(url: str, collection_name: str, *, n: int = 2,
         MissingResource, UnknownCollection: as :func:`persist.distributed.describe`.
         ExternalError: storage failed.
     """
-    for what, value in (("n", n), ("part_target_bytes", part_target_bytes)):
+    for what, value in (("n", n), ("part_target_bytes", part_target_bytes),
+                        ("task_rows", task_rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidUsage(f"plan_compaction: {what} must be an int >= 1, not {value!r}")
     info = describe(url, collection_name, storage_options=storage_options)
@@ -142,6 +154,7 @@ def plan_compaction(url: str, collection_name: str, *, n: int = 2,
     ready = tuple(p for p in c.parts if not p.rows or p.max_time <= f)
     if not _worth_merging(c, ready, f):
         return None
+    n = max(1, min(n, sum(p.rows for p in ready) // task_rows))
     cuts = _cuts(ready, n) if compact.has_base(c) else []
     bounds = [None, *cuts, None]
     stager = Stager.start(url, collection_name, job=job, storage_options=storage_options)
@@ -223,7 +236,9 @@ def run_compaction_task(task: CompactionTask) -> list[StagedPart]:
     for p in task.parts:
         if not p.rows:
             continue
-        lz = compact.LazyRun.of(reader, view, p) if compact.has_base(c) else None
+        # NB: only the row groups of its key range are fetched (each verified): N tasks read
+        # the planned parts about once between them, not N times
+        lz = compact.LazyRun.of(reader, view, p, fetch=False) if compact.has_base(c) else None
         if lz is not None:
             t = lz.read(reader, view, task.frontier, lower, upper)
         else:
@@ -249,6 +264,19 @@ def run_compaction_task(task: CompactionTask) -> list[StagedPart]:
         discard(stager.address, out)
         raise
     return out
+
+
+def run_encoded_task(data: bytes) -> list[bytes]:
+    """:func:`run_compaction_task` of a task given as its bytes (:meth:`CompactionTask.
+    to_bytes`), its staged parts returned as theirs (:meth:`StagedPart.to_bytes`): what a
+    job's worker runs (``PersistTable.optimize()``'s Spark tasks). It lives here so a worker
+    imports persist only, not the connector (and Spark's SQL modules) around it.
+
+    Raises:
+        As :func:`run_compaction_task`; IncompatibleFormat, Corruption: ``data`` is not a
+        task of this persist's format.
+    """
+    return [s.to_bytes() for s in run_compaction_task(CompactionTask.from_bytes(data))]
 
 
 def _range(table: pa.Table, c: CollectionMeta, task: CompactionTask) -> pa.Table:
@@ -388,4 +416,5 @@ __all__ = [
     "compact_distributed",
     "plan_compaction",
     "run_compaction_task",
+    "run_encoded_task",
 ]

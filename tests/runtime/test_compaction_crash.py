@@ -17,7 +17,9 @@ acknowledged append is present, nothing never attempted, every row with diff 1 (
 twice, or a merge committed over parts it did not replace, would double it); and the last
 round runs ``verify``, which must find no problem.
 
-``PERSIST_COMPACTION_KILLS`` sets the number of kills (default: 6; 10 took 382 s on this shared 2-core machine under a load average of 16-19; the slow test: 120).
+``PERSIST_COMPACTION_KILLS`` sets the number of kills (default: 6; 10 took 382 s on this shared 2-core machine under a load average of 16-19; the slow test: 120, which took 4,642 s
+under a load average of 1-16, with 1,268 acknowledged appends and 111 distributed
+compactions committed, 257 refused, 20 whose tasks failed).
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def test_kills_never_lose_acknowledged_writes_nor_read_a_part_twice(tmp_path: Pa
 
 @pytest.mark.crash
 @pytest.mark.slow
-@pytest.mark.timeout(7200)  # 120 kills, each a fresh interpreter and task pool (~40 s under load)
+@pytest.mark.timeout(7200)  # 120 kills, each a fresh interpreter and task pool (~39 s under load)
 def test_kills_many(tmp_path: Path) -> None:
     _crash_rounds(tmp_path, _kills(120),
                   seed=int(os.environ.get("PERSIST_CRASH_SEED", "13")))

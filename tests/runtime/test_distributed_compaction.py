@@ -248,6 +248,28 @@ def test_string_keys_merge_in_one_task(tmp_path: Path) -> None:
         assert len(client.state.collections["s"].parts) == 1
 
 
+def test_task_rows_bounds_the_number_of_tasks(tmp_path: Path) -> None:
+    url = f"file://{tmp_path}"
+    with persist.open(tmp_path, options=_options()) as client:
+        _fill(client)  # 4 appends of ROWS rows
+        want = _contents(client, "c", 3)
+        for task_rows, tasks in ((1, 4), (ROWS, 4), (2 * ROWS, 2), (3 * ROWS, 1),
+                                 (1 << 40, 1)):
+            plan = distributed.plan_compaction(url, "c", n=4, task_rows=task_rows)
+            assert plan is not None
+            assert len(plan.tasks) == tasks, task_rows
+            if task_rows == 1 << 40:
+                staged = distributed.run_compaction_task(plan.tasks[0])
+                distributed.commit_compaction(plan, staged, client=client)
+            else:
+                plan.stager.release()
+        assert _contents(client, "c", 3) == want
+        for bad in (0, -1, True, 1.5):
+            with pytest.raises(persist.InvalidUsage, match="task_rows"):
+                distributed.plan_compaction(url, "c", n=4, task_rows=bad)  # type: ignore[arg-type]
+    _clean(tmp_path)
+
+
 def _faulty_opener(url: str, faults: Faults) -> tuple[Any, list[UnreliableBlob]]:
     """Opens writers of ``url`` over a fault-injecting store: the first one's first metadata
     commit suffers ``faults``; later ones (the reopen that settles) none."""

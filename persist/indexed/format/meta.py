@@ -37,7 +37,11 @@ in the part's stats, omitted while None (so every part without one keeps its byt
 written with a stats budget of 0 gets stats holding only it); an older persist ignores it
 (and hands part files to another engine unverified, as it always did), and this one hands
 another engine only files whose tail it verified (:mod:`persist.indexed.read.tail`);
-``tests/golden/tail-commit.bin`` pins it.
+``tests/golden/tail-commit.bin`` pins it. ``PartStats.groups``
+(:class:`persist.indexed.format.stats.Groups`, a Parquet part's row groups' byte ranges and
+checksums, what a ranged read of some row groups verifies) is nested the same way for the same
+reasons; an older persist ignores it and reads such a part whole; ``tests/golden/
+groups-commit.bin`` pins it.
 
 Version 3 is schema evolution (:mod:`persist.indexed.format.evolve`): an :class:`EvolveSchema` op
 registers a new schema version of a collection, whose :class:`CollectionMeta` then keeps its

@@ -52,6 +52,7 @@ the ``timestamp[s]`` they were. Every other type is stored as Arrow's Parquet wr
 from __future__ import annotations
 
 import functools
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -78,12 +79,14 @@ _ZSTD_LEVEL = 1
 
 @dataclass(frozen=True)
 class Encoded:
-    """A part's Parquet file, the row count of each of its row groups, in order, and where
-    its tail starts (:func:`tail_offset`)."""
+    """A part's Parquet file, the row count of each of its row groups, in order, where its
+    tail starts (:func:`tail_offset`), and where each row group starts (:func:`group_offsets`;
+    None: not laid out one after the other)."""
 
     data: pa.Buffer
     batch_rows: tuple[int, ...]
     tail: int
+    groups: tuple[int, ...] | None = None
 
 
 def tail_offset(md: pq.FileMetaData) -> int:
@@ -103,6 +106,35 @@ def tail_offset(md: pq.FileMetaData) -> int:
                 start = min(start, c.dictionary_page_offset)
             end = max(end, start + c.total_compressed_size)
     return end
+
+
+def _chunk_span(c: pq.ColumnChunkMetaData) -> tuple[int, int]:
+    """The bytes of a column chunk: its first page (dictionary or data) and its pages with
+    their headers (``total_compressed_size``)."""
+    start = c.data_page_offset
+    if c.has_dictionary_page and c.dictionary_page_offset:
+        start = min(start, c.dictionary_page_offset)
+    return start, start + c.total_compressed_size
+
+
+def group_offsets(md: pq.FileMetaData) -> tuple[int, ...] | None:
+    """Where each row group of a Parquet file starts, then where its tail starts
+    (:func:`tail_offset`): ``stats.Groups.offsets``. None when the row groups do not lie one
+    after the other from byte 4 to the tail (each row group's column chunks back to back),
+    which is how Arrow's writer lays them out; a ranged read then has nothing to rely on."""
+    at = 4
+    out = []
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        out.append(at)
+        for j in range(rg.num_columns):
+            start, end = _chunk_span(rg.column(j))
+            if start != at:
+                return None
+            at = end
+    if at != tail_offset(md):
+        return None
+    return (*out, at)
 
 
 def encode(table: pa.Table, *, batch_rows: int, schema_id: int, sorted: bool,
@@ -150,7 +182,7 @@ def encode(table: pa.Table, *, batch_rows: int, schema_id: int, sorted: bool,
         metadata_collector=collected)
     md = collected[0]
     rows = tuple(md.row_group(i).num_rows for i in range(md.num_row_groups))
-    return Encoded(sink.getvalue(), rows, tail_offset(md))
+    return Encoded(sink.getvalue(), rows, tail_offset(md), group_offsets(md))
 
 
 @dataclass(frozen=True)
@@ -163,10 +195,82 @@ class Decoded:
     row_groups: tuple[int, ...]
 
 
-def decode(key: str, data: bytes | memoryview | pa.Buffer, schema: pa.Schema, *,
+class Stretches:
+    """Some stretches of a Parquet file, each verified by the caller: its tail (footer and
+    page index, from ``tail`` to ``size``) and the row groups a ranged read fetched. What
+    :func:`decode` reads them through fails on a read of any byte outside them, so a decode
+    can only ever use verified bytes.
+
+    Args:
+        size: the file's length.
+        pieces: ``(offset, bytes)`` of each stretch, the tail's last (ending at ``size``).
+    """
+
+    def __init__(self, size: int, pieces: Sequence[tuple[int, bytes | memoryview]]) -> None:
+        self.size = size
+        runs: list[tuple[int, list[bytes | memoryview]]] = []
+        end = -1
+        for at, b in sorted(pieces, key=lambda x: x[0]):
+            if at == end:
+                runs[-1][1].append(b)  # adjacent: one stretch (a read may span both)
+            else:
+                runs.append((at, [b]))
+            end = at + len(b)
+        self.pieces = [(at, bytes(bs[0]) if len(bs) == 1 else b"".join(bs)) for at, bs in runs]
+        if not self.pieces or self.pieces[-1][0] + len(self.pieces[-1][1]) != size:
+            raise ValueError("the stretches of a Parquet file end with its tail")
+
+    @property
+    def tail(self) -> bytes:
+        """The last stretch (the tail and any row groups right before it)."""
+        return self.pieces[-1][1]
+
+
+class _Guarded(io.RawIOBase):
+    """A read-only file over :class:`Stretches`: a read outside them is an ``OSError``."""
+
+    def __init__(self, stretches: Stretches) -> None:
+        super().__init__()
+        self._s = stretches
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._s.size)[whence]
+        self._pos = base + pos
+        return self._pos
+
+    def read(self, n: int = -1) -> bytes:
+        end = self._s.size if n is None or n < 0 else min(self._s.size, self._pos + n)
+        if end <= self._pos:
+            return b""
+        for at, b in self._s.pieces:
+            if at <= self._pos and end <= at + len(b):
+                out = b[self._pos - at:end - at]
+                self._pos = end
+                return out
+        raise OSError(f"a read of bytes {self._pos}-{end}, which were not fetched and verified")
+
+    def readinto(self, buf: bytearray | memoryview) -> int:  # type: ignore[override]
+        got = self.read(len(buf))
+        memoryview(buf)[:len(got)] = got
+        return len(got)
+
+
+def decode(key: str, data: bytes | memoryview | pa.Buffer | Stretches, schema: pa.Schema, *,
            keep: Sequence[bool] | None = None,
            rows: Sequence[int] | None = None) -> Decoded:
-    """Decodes a Parquet part (its bytes already verified against its checksum).
+    """Decodes a Parquet part (its bytes already verified against its checksum), or some of
+    its row groups from :class:`Stretches` of it (each verified; the row groups ``keep``
+    keeps must be among them).
 
     Args:
         schema: the part schema its rows must have (``time`` uint64).
@@ -179,7 +283,13 @@ def decode(key: str, data: bytes | memoryview | pa.Buffer, schema: pa.Schema, *,
         IncompatibleFormat: a newer part format.
     """
     try:
-        f = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
+        if isinstance(data, Stretches):
+            # NB: the footer from the verified tail, so the reader never reads the file's end
+            # itself (it would read 64 KiB: row groups' bytes that may not be fetched)
+            f = pq.ParquetFile(_Guarded(data), pre_buffer=False,
+                               metadata=pq.read_metadata(pa.BufferReader(data.tail)))
+        else:
+            f = pq.ParquetFile(pa.BufferReader(pa.py_buffer(data)))
         md = f.metadata
         kv = md.metadata or {}
         tag = kv.get(TAG)
@@ -333,4 +443,5 @@ def _sorting_columns(schema: pa.Schema) -> tuple[pq.SortingColumn, ...]:
     return tuple(out)
 
 
-__all__ = ["PART_FORMAT", "SPARK_SCHEMA", "Decoded", "Encoded", "decode", "encode", "tail_offset"]
+__all__ = ["PART_FORMAT", "SPARK_SCHEMA", "Decoded", "Encoded", "Stretches", "decode", "encode",
+           "group_offsets", "tail_offset"]

@@ -156,6 +156,26 @@ class Tail(msgspec.Struct, frozen=True, array_like=True):
     crc: int
 
 
+class Groups(msgspec.Struct, frozen=True, array_like=True):
+    """Where a Parquet part's row groups lie and the crc32c of each: what lets a reader fetch
+    only some row groups (a byte range per run of them) and still verify every byte it
+    decodes, which the whole file's ``PartMeta.checksum`` cannot do without reading it all.
+
+    Row group ``i`` is the bytes ``[offsets[i], offsets[i + 1])`` of the file (its column
+    chunks with their page headers and pages, which persist's writer lays out one after the
+    other), ``offsets[-1]`` is where the :class:`Tail` starts, and ``crcs[i]`` is the crc32c of
+    row group ``i``'s bytes. A ranged read verifies the tail (its footer says where each
+    column chunk is) and each row group it fetches, and decodes from those bytes alone
+    (:meth:`persist.indexed.read.parts.PartReader.read_groups`).
+
+    Invariant: ``len(offsets) == len(crcs) + 1``, ``offsets`` increasing,
+    ``crcs[i] == crc32c(file[offsets[i]:offsets[i + 1]])``.
+    """
+
+    offsets: tuple[int, ...]
+    crcs: tuple[int, ...]
+
+
 class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A part's stats (stored in ``PartMeta.stats``): per-field entries, and, when the part has
     several record batches, each batch's row count and per-batch bounds of some fields. A
@@ -167,6 +187,9 @@ class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     keeps every part without one byte for byte what it was, and an older persist ignores the
     field (it never hands files to another engine by it). A part with a tail and no field
     entries (stats budget 0) has ``leaves == ()``: every field unknown, as with no stats.
+    :class:`Groups` (a part of several row groups written since they were recorded) rides
+    here the same way, for the same reasons; an older persist ignores it and reads the part
+    whole, as it always did.
     """
 
     leaves: tuple[LeafStats, ...] = ()
@@ -177,6 +200,9 @@ class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: The Parquet file's tail checksum (None: not recorded; a part of formats 1-3, or one
     #: written before it was).
     tail: Tail | None = None
+    #: Its row groups' byte ranges and checksums (None: not recorded; one row group, a part
+    #: Spark wrote, or one written before they were). Outside the stats budget, as ``tail``.
+    groups: Groups | None = None
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -375,5 +401,5 @@ def _batch_stats(path: str, per: list[tuple[Phys | None, Phys | None]], *, nan: 
 
 
 __all__ = ["BATCH_PREFIX_BYTES", "MAX_STATS_BYTES", "PART_PREFIX_BYTES", "STATS_BYTES",
-           "BatchStats", "Bounds", "LeafStats", "PartStats", "Phys", "Tail", "batch_bounds",
+           "BatchStats", "Bounds", "Groups", "LeafStats", "PartStats", "Phys", "Tail", "batch_bounds",
            "compute", "orderable", "part_bounds", "path_key", "physical"]

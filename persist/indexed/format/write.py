@@ -122,9 +122,15 @@ def new_part(
     computed = stats.compute(table, encoded.batch_rows, stats_bytes)
     # NB: the tail's checksum (the footer and page index another engine's reader trusts,
     # which no page checksum covers) rides in the stats: PartMeta has no field left.
-    tail = stats.Tail(encoded.tail, crc32c.crc32c(memoryview(encoded.data)[encoded.tail:]))
-    part_stats = (stats.PartStats(tail=tail) if computed is None
-                  else msgspec.structs.replace(computed, tail=tail))
+    view = memoryview(encoded.data)
+    tail = stats.Tail(encoded.tail, crc32c.crc32c(view[encoded.tail:]))
+    # NB: and each row group's, so a reader of some row groups (a distributed compaction's
+    # key range) fetches only those and still verifies every byte it decodes
+    groups = None if encoded.groups is None or len(encoded.batch_rows) < 2 else stats.Groups(
+        encoded.groups, tuple(crc32c.crc32c(view[a:b])
+                              for a, b in itertools.pairwise(encoded.groups)))
+    part_stats = (stats.PartStats(tail=tail, groups=groups) if computed is None
+                  else msgspec.structs.replace(computed, tail=tail, groups=groups))
     key = layout.data_key(c.id, part_id)
     checksum = blob.set_plain(key, memoryview(encoded.data))
     return PartMeta(id=part_id, rows=len(table), nbytes=encoded.data.size, min_time=lo,

@@ -379,18 +379,24 @@ def _keys(table: pa.Table) -> npt.NDArray[np.generic]:
 @dataclass(frozen=True)
 class _Lazy:
     """A run of a base merge read range by range: its stored bytes (verified, compressed) and
-    the key bounds of its record batches, which are decoded only for the ranges they reach."""
+    the key bounds of its record batches, which are decoded only for the ranges they reach.
+    Without its bytes (``data`` None), each range fetches only the row groups it reaches
+    (:meth:`PartReader.read_groups`): a reader of one range of it (a distributed compaction's
+    task) reads that much of it, not the whole."""
 
     part: PartMeta
-    data: memoryview
+    data: memoryview | None
     rows: tuple[int, ...]
     lo: tuple[int, ...]
     hi: tuple[int, ...]
 
     @classmethod
-    def of(cls, reader: PartReader, view: evolve.View, p: PartMeta) -> _Lazy | None:
-        """``p`` read lazily, or None when it cannot be: not a sorted Parquet part of the
-        target schema version, one batch, null keys, or no exact per-batch key bounds."""
+    def of(cls, reader: PartReader, view: evolve.View, p: PartMeta, *,
+           fetch: bool = True) -> _Lazy | None:
+        """``p`` read lazily (``fetch``: its whole bytes fetched now, for several ranges;
+        else each range fetches its own), or None when it cannot be: not a sorted Parquet part
+        of the target schema version, one batch, null keys, or no exact per-batch key
+        bounds."""
         st = p.stats
         if (st is msgspec.UNSET or not (p.parquet and p.ordered) or p.blob_key is None
                 or evolve.part_version(p) != view.target or len(st.batch_rows) < 2):
@@ -401,7 +407,8 @@ class _Lazy:
             return None
         if not all(isinstance(x, int) for x in (*b.lo, *b.hi)):
             return None
-        return cls(p, reader.fetch(p), st.batch_rows, tuple(b.lo), tuple(b.hi))  # type: ignore[arg-type]
+        return cls(p, reader.fetch(p) if fetch else None, st.batch_rows, tuple(b.lo),  # type: ignore[arg-type]
+                   tuple(b.hi))  # type: ignore[arg-type]
 
     def read(self, reader: PartReader, view: evolve.View, f: int,
              lower: tuple[int, str] | None, upper: tuple[int, str] | None) -> pa.Table:
@@ -412,7 +419,8 @@ class _Lazy:
                 for lo, h in zip(self.lo, self.hi, strict=True)]
         if not any(keep):
             return view.schema.empty_table()
-        t = reader.decode_batches(self.part, self.data, view.schema, keep, self.rows)
+        t = (reader.read_groups(self.part, view.schema, keep, self.rows) if self.data is None
+             else reader.decode_batches(self.part, self.data, view.schema, keep, self.rows))
         k = _keys(t)
         a = 0 if lower is None else int(np.searchsorted(k, lower[0], side=_side(lower[1])))
         b = len(k) if upper is None else int(np.searchsorted(k, upper[0], side=_side(upper[1])))

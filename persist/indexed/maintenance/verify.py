@@ -9,6 +9,7 @@ unreferenced for a grace period longer than any writer's commit deadline (DESIGN
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -193,6 +194,19 @@ def _check_part_data(name: str, c: CollectionMeta, p: PartMeta,
         if not 4 <= tail.offset < len(view) or crc32c.crc32c(view[tail.offset:]) != tail.crc:
             problems.append(f"{name}: {where}'s recorded Parquet tail (from byte "
                             f"{tail.offset}, crc32c {tail.crc:#010x}) is not its tail")
+    groups = None if isinstance(p.stats, msgspec.UnsetType) else p.stats.groups
+    if groups is not None:
+        # NB: as the tail: a wrong record would make a ranged read refuse a sound part
+        view = memoryview(data)
+        offsets = groups.offsets
+        if (len(offsets) != len(groups.crcs) + 1 or offsets[0] < 4
+                or (tail is not None and offsets[-1] != tail.offset)
+                or any(b <= a for a, b in itertools.pairwise(offsets))
+                or offsets[-1] > len(view)
+                or any(crc32c.crc32c(view[a:b]) != crc for crc, (a, b)
+                       in zip(groups.crcs, itertools.pairwise(offsets), strict=False))):
+            problems.append(f"{name}: {where}'s recorded row groups (bytes {offsets[0]}-"
+                            f"{offsets[-1]} in {len(groups.crcs)}) are not its row groups")
     try:
         table = evolve.View.of(c).stored(_Data(data), p)
     except Corruption as e:

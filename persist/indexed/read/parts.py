@@ -10,15 +10,18 @@ immutable ``State`` references.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 
+import crc32c
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from persist import layout
 from persist.blob.base import BlobRead
-from persist.errors import Corruption, PartMissing
+from persist.errors import ChecksumMismatch, Corruption, PartMissing
 from persist.indexed.format import columnar, parquet
 from persist.indexed.format.meta import PartMeta
 
@@ -94,7 +97,8 @@ class PartReader:
             raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
         return data
 
-    def _decode(self, part: PartMeta, key: str, data: bytes | memoryview, schema: pa.Schema,
+    def _decode(self, part: PartMeta, key: str,
+                data: bytes | memoryview | parquet.Stretches, schema: pa.Schema,
                 keep: list[bool] | None = None, rows: tuple[int, ...] | None = None
                 ) -> tuple[pa.Table, tuple[int, ...]]:
         """The decoded rows (all, or the batches ``keep`` keeps) and the row count of every
@@ -103,6 +107,7 @@ class PartReader:
             decoded = parquet.decode(key, data, schema, keep=keep, rows=rows)
             self._count(decoded.nbytes)
             return decoded.table, decoded.row_groups
+        assert not isinstance(data, parquet.Stretches)  # only a Parquet part is read so
         if keep is None:
             self._count(memoryview(data).nbytes)
             table = columnar.decode_part(key, data, schema)
@@ -199,6 +204,68 @@ class PartReader:
         return _cut(self._decode(part, key, self._fetch(part, root, key), schema, keep,
                                  batch_rows)[0], upto)
 
+
+    def read_groups(self, part: PartMeta, schema: pa.Schema, keep: list[bool],
+                    batch_rows: tuple[int, ...]) -> pa.Table:
+        """As :meth:`read_batches` (never cached), but of a Parquet part that records its row
+        groups (``PartStats.groups``) fetches only its tail and the row groups ``keep`` keeps,
+        one ranged read per run of them, and verifies each against its checksum before a byte
+        is decoded; the decode reads nothing else (:class:`~persist.indexed.format.parquet.
+        Stretches`). A part that records none is fetched whole and verified as a whole.
+
+        Raises:
+            ChecksumMismatch: the tail or a fetched row group is not what was written (flipped
+                bits, truncated, grown), naming the part and the stretch.
+            PartMissing, Corruption, IncompatibleFormat, ExternalError: as :meth:`read`.
+        """
+        st = part.stats
+        groups = None if isinstance(st, msgspec.UnsetType) else st.groups
+        tail = None if isinstance(st, msgspec.UnsetType) else st.tail
+        if (groups is None or tail is None or part.inline is not None or not part.parquet
+                or part.blob_key is None):
+            return self.decode_batches(part, self.fetch(part), schema, keep, batch_rows)
+        root, key, upto = layout.parse_ref(part.blob_key)
+        offsets = groups.offsets
+        if (len(offsets) != len(keep) + 1 or len(groups.crcs) != len(keep)
+                or offsets[-1] != tail.offset or tail.offset >= part.nbytes):
+            raise Corruption(key, f"part {part.id}: its metadata records {len(groups.crcs)} "
+                                  f"row groups ending at {offsets[-1]}, {len(keep)} batches "
+                                  f"and a tail at {tail.offset}")
+        store = self._store(root)
+        pieces = [(tail.offset, self._stretch(store, part, key, tail.offset, part.nbytes,
+                                              (tail.crc,), (tail.offset, part.nbytes)))]
+        i = 0
+        while i < len(keep):
+            if not keep[i]:
+                i += 1
+                continue
+            j = i
+            while j < len(keep) and keep[j]:
+                j += 1
+            pieces.append((offsets[i], self._stretch(store, part, key, offsets[i], offsets[j],
+                                                     groups.crcs[i:j], offsets[i:j + 1])))
+            i = j
+        data = parquet.Stretches(part.nbytes, pieces)
+        return _cut(self._decode(part, key, data, schema, keep, batch_rows)[0], upto)
+
+    @staticmethod
+    def _stretch(store: BlobRead, part: PartMeta, key: str, start: int, end: int,
+                 crcs: tuple[int, ...], bounds: tuple[int, ...]) -> bytes:
+        """The bytes ``[start, end)`` of part ``part`` (at ``key``), one ranged read, verified
+        piece by piece: ``[bounds[i], bounds[i + 1])`` has crc32c ``crcs[i]``."""
+        got = store.get_range(key, start, end)
+        if got is None:
+            raise PartMissing(f"part {key!r} is gone (garbage collected); retry on a newer state")
+        if len(got) != end - start:
+            raise ChecksumMismatch(key, f"part {part.id}: bytes {start}-{end} read back as "
+                                        f"{len(got)} bytes (the file was truncated)")
+        view = memoryview(got)
+        for crc, (a, b) in zip(crcs, itertools.pairwise(bounds), strict=True):
+            have = crc32c.crc32c(view[a - start:b - start])
+            if have != crc:
+                raise ChecksumMismatch(key, f"part {part.id}: bytes {a}-{b} have crc32c "
+                                            f"{have:#010x}, its metadata says {crc:#010x}")
+        return got
 
     def fetch(self, part: PartMeta) -> memoryview:
         """The verified stored bytes of blob part ``part`` (not decoded, not cached): what
