@@ -34,30 +34,10 @@ import argparse
 import collections
 import statistics
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-
-class Recorder:
-    """``FaultyProxy``'s ``fail``: records each request and fails none."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, str]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
-        with self._lock:
-            self.requests.append((method, path, headers.get("user-agent", "")))
-        return False
-
-    def take(self) -> list[tuple[str, str, str]]:
-        with self._lock:
-            out, self.requests = self.requests, []
-        return out
 
 
 def kind(method: str, path: str, agent: str) -> str:
@@ -137,7 +117,7 @@ def run(a: argparse.Namespace, s3: dict[str, str]) -> None:
     from persist.blob import aws
     from persist.distributed import hadoop_options
     from tests.support import jars
-    from tests.support.faulty_proxy import FaultyProxy
+    from tests.support.faulty_proxy import FaultyProxy, Recorder
 
     opts, _ = aws.AwsOptions.split(s3)
     client = aws.client("s3", opts)

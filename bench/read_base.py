@@ -27,6 +27,37 @@ from bench.common import make_batch
 from bench.workloads.w9_spark import _jvm_cpu, prepare, spark_session
 
 
+def stage_c(root: Path, rows: int, share: int) -> tuple[str, Path, pa.Table, int]:
+    """W9's stage (c) collection under ``root``: ``rows`` random keys in appends of 1 M
+    compacted into the base, then ``rows / share`` retractions and as many new rows appended
+    at time ``last + 1`` and not merged. Returns the location's URL, a directory of the same
+    rows as Parquet files (for ``spark.read.parquet``), the updates and ``last``."""
+    import persist
+
+    part = 1_000_000
+    url, parquet = prepare(root, rows, part)
+    last = (rows + part - 1) // part - 1
+    with persist.open(url, options=persist.Options(background_compaction=False)) as client:
+        w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
+        w.allow_compaction(last).result()
+        while client.maintain():
+            pass
+        fresh = max(1, rows // share)
+        old = make_batch(9000, min(part, rows), time_lo=0).slice(0, fresh)
+        new = make_batch(7777, fresh, time_lo=last + 1)
+        gone = pa.table({"key": old["key"], "value": old["value"],
+                         "time": pa.array([last + 1] * fresh, pa.int64()),
+                         "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
+        updates = pa.concat_tables([gone, new])
+        w.append(updates, upper=last + 2).result()
+    updated = root / "parquet-updated"
+    updated.mkdir()
+    for f in sorted(Path(parquet).iterdir()):
+        (updated / f.name).symlink_to(f)
+    pq.write_table(updates, updated / "part-updates.parquet", compression="zstd")
+    return url, updated, updates, last
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=5_000_000)
@@ -36,29 +67,9 @@ def main() -> None:
     import persist
     import persist.distributed.native as native
 
-    part = 1_000_000
     with tempfile.TemporaryDirectory(prefix="read-base-") as tmp:
         root = Path(tmp)
-        url, parquet = prepare(root, a.rows, part)
-        last = (a.rows + part - 1) // part - 1
-        with persist.open(url, options=persist.Options(background_compaction=False)) as client:
-            w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
-            w.allow_compaction(last).result()
-            while client.maintain():
-                pass
-            fresh = max(1, a.rows // a.share)
-            old = make_batch(9000, min(part, a.rows), time_lo=0).slice(0, fresh)
-            new = make_batch(7777, fresh, time_lo=last + 1)
-            gone = pa.table({"key": old["key"], "value": old["value"],
-                             "time": pa.array([last + 1] * fresh, pa.int64()),
-                             "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
-            updates = pa.concat_tables([gone, new])
-            w.append(updates, upper=last + 2).result()
-        updated = root / "parquet-updated"
-        updated.mkdir()
-        for f in sorted(Path(parquet).iterdir()):
-            (updated / f.name).symlink_to(f)
-        pq.write_table(updates, updated / "part-updates.parquet", compression="zstd")
+        url, updated, _, _ = stage_c(root, a.rows, a.share)
         lay = persist.distributed.describe(url, "bench").snapshot().layers
         print(f"base: {len(lay.base)} parts, {lay.base_rows:,} rows; runs: {len(lay.runs)} "
               f"parts, {lay.run_rows:,} rows; layered: {persist.distributed.layered(lay)}")

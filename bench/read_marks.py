@@ -54,8 +54,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.common import make_batch
-from bench.workloads.w9_spark import _jvm_cpu, prepare, spark_session
+from bench.read_base import stage_c
+from bench.workloads.w9_spark import _jvm_cpu, spark_session
 
 
 def main() -> None:
@@ -69,31 +69,13 @@ def main() -> None:
     import persist.distributed.native as native
     from persist.indexed.read import marks as marks_mod
 
-    part = 1_000_000
     with tempfile.TemporaryDirectory(prefix="read-marks-") as tmp:
         root = Path(tmp)
-        url, parquet = prepare(root, a.rows, part)
-        last = (a.rows + part - 1) // part - 1
-        with persist.open(url, options=persist.Options(background_compaction=False)) as client:
-            w, r = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
-            w.allow_compaction(last).result()
-            while client.maintain():
-                pass
-            fresh = max(1, a.rows // a.share)
-            old = make_batch(9000, min(part, a.rows), time_lo=0).slice(0, fresh)
-            new = make_batch(7777, fresh, time_lo=last + 1)
-            gone = pa.table({"key": old["key"], "value": old["value"],
-                             "time": pa.array([last + 1] * fresh, pa.int64()),
-                             "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
-            updates = pa.concat_tables([gone, new])
-            w.append(updates, upper=last + 2).result()
-            as_of = last + 1
+        url, updated, updates, last = stage_c(root, a.rows, a.share)
+        as_of = last + 1
+        with persist.open(url, read_only=True) as client:
+            _, r = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
             contents = r.snapshot(as_of).to_arrow()
-        updated = root / "parquet-updated"
-        updated.mkdir()
-        for f in sorted(Path(parquet).iterdir()):
-            (updated / f.name).symlink_to(f)
-        pq.write_table(updates, updated / "part-updates.parquet", compression="zstd")
 
         # what a compaction step would write: marks per base file, and the delta
         scan = persist.distributed.describe(url, "bench").snapshot(as_of)

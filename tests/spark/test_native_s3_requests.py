@@ -15,8 +15,6 @@ one file system per bucket, and its input streams may cache what they read.
 from __future__ import annotations
 
 import collections
-import threading
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,30 +26,12 @@ from operators import PersistTable
 from operators.native import LIST_FROM, _Plan
 from operators.schema import CollectionTypes
 from tests.spark.support import s3a_options
-from tests.support.faulty_proxy import FaultyProxy
+from tests.support.faulty_proxy import FaultyProxy, Recorder
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
 PARTS = 4
 ROWS = 50_000
-
-
-class Recorder:
-    """``FaultyProxy``'s ``fail``: records each request and fails none."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, str, str]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
-        with self._lock:
-            self.requests.append((method, path, headers.get("user-agent", "")))
-        return False
-
-    def take(self) -> list[tuple[str, str, str]]:
-        with self._lock:
-            out, self.requests = self.requests, []
-        return out
 
 
 def _kinds(requests: list[tuple[str, str, str]]) -> collections.Counter[str]:

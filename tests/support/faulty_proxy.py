@@ -39,6 +39,25 @@ def dynamodb_put_items(method: str, path: str, headers: Mapping[str, str]) -> bo
     return method == "POST" and headers.get("x-amz-target") == "DynamoDB_20120810.PutItem"
 
 
+class Recorder:
+    """A ``fail`` for :class:`FaultyProxy` that fails nothing and records every request
+    (method, path, user agent): what a test or a benchmark counts requests by."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, method: str, path: str, headers: Mapping[str, str]) -> bool:
+        with self._lock:
+            self.requests.append((method, path, headers.get("user-agent", "")))
+        return False
+
+    def take(self) -> list[tuple[str, str, str]]:
+        with self._lock:
+            out, self.requests = self.requests, []
+        return out
+
+
 class FaultyProxy:
     """See the module docstring. ``failed`` counts the requests answered with a 500."""
 
