@@ -1,9 +1,7 @@
 """``python -m persist``: the operations command, the same as the ``persist`` console script
 (see :mod:`persist.cli`)."""
 
-import sys
-
-from persist.cli import main
+from persist.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
