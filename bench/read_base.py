@@ -58,6 +58,13 @@ def stage_c(root: Path, rows: int, share: int) -> tuple[str, Path, pa.Table, int
     return url, updated, updates, last
 
 
+def run(factory: Any) -> tuple[float, float]:
+    """Wall and JVM CPU seconds of writing ``factory()``'s DataFrame to Spark's noop sink."""
+    c, t = _jvm_cpu(), time.perf_counter()
+    factory().write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t, _jvm_cpu() - c
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=5_000_000)
@@ -88,11 +95,6 @@ def main() -> None:
 
             cases = {"parquet": lambda: spark.read.parquet(str(updated)),
                      "summed": summed, "layered": table.toDF}
-
-            def run(factory: Any) -> tuple[float, float]:
-                c, t = _jvm_cpu(), time.perf_counter()
-                factory().write.format("noop").mode("overwrite").save()
-                return time.perf_counter() - t, _jvm_cpu() - c
 
             for factory in cases.values():
                 run(factory)

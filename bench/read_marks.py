@@ -54,8 +54,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bench.read_base import stage_c
-from bench.workloads.w9_spark import _jvm_cpu, spark_session
+from bench.read_base import run, stage_c
+from bench.workloads.w9_spark import spark_session
 
 
 def main() -> None:
@@ -186,11 +186,6 @@ def main() -> None:
                 if k in cases:
                     assert digest(cases[k]()) == want, k
             print("anti and the bitmap cases checked against the layered read (row count, hash sum)")
-
-            def run(factory: Any) -> tuple[float, float]:
-                c, t = _jvm_cpu(), time.perf_counter()
-                factory().write.format("noop").mode("overwrite").save()
-                return time.perf_counter() - t, _jvm_cpu() - c
 
             for factory in cases.values():
                 run(factory)
