@@ -221,3 +221,33 @@ def test_a_file_gone_behind_the_plan_fails_the_query_or_the_plan(
             with pytest.raises(Exception, match=spark_error) as again:
                 table.toDF(consolidated=False).count()
             assert not isinstance(again.value, persist.PersistError)
+
+
+def test_a_consolidated_read_of_key_ranges_on_s3_is_the_snapshot(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    """Each key range is a DataFrame over the statuses of its files (one relation each, one
+    probe per read): summed, they are the engine's own consolidated snapshot."""
+    url = f"s3://{bucket}/loc"
+    rng = np.random.default_rng(7)
+    n = 200_000  # 4 row groups a part: the planner cuts ranges between them
+    with persist.open(url, storage_options=dict(s3_connection),
+                      options=persist.Options(inline_threshold=0,
+                                              background_compaction=False)) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(3):
+            keys = rng.integers(0, 50_000, n)
+            w.append(pa.table({"key": keys, "value": keys % 3,
+                               "time": np.full(n, t, np.int64),
+                               "diff": rng.choice(np.array([-1, 1, 1], np.int64), n)}),
+                     upper=t + 1).result()
+    info = persist.distributed.describe(url, "c", storage_options=dict(s3_connection))
+    plan = persist.distributed.plan_native(info.snapshot(), consolidated=True, n=3)
+    assert len(plan.files) > 1  # key ranges, each a piece of files
+    assert all(len(f.sizes) == len(f.urls) for f in plan.files)
+    scan = info.snapshot()
+    want = sorted(tuple(r.values()) for t in persist.distributed.read_task(
+        scan.task(consolidated=True)) for r in t.to_pylist())
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+    got = sorted(tuple(r) for r in table.toDF(partitions=3).collect())
+    assert got == want
+    assert got
