@@ -251,3 +251,27 @@ def test_a_consolidated_read_of_key_ranges_on_s3_is_the_snapshot(
     got = sorted(tuple(r) for r in table.toDF(partitions=3).collect())
     assert got == want
     assert got
+
+
+def test_without_the_sessions_file_status_cache_spark_lists_each_file(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    """The statuses reach Spark's file index through the session's file status cache; with
+    it off, the index lists each file itself: the same rows, Spark's own requests."""
+    url = f"s3://{bucket}/loc"
+    _fill(url, s3_connection)
+    recorder = Recorder()
+    key = "spark.sql.hive.filesourcePartitionFileCacheSize"
+    spark.conf.set(key, "0")
+    try:
+        with FaultyProxy(s3_connection["endpoint_url"], recorder, max_seconds=300) as proxy:
+            via = {**s3_connection, "endpoint_url": proxy.url}
+            table = PersistTable.forPath(spark, url, "c", storage_options=via)
+            recorder.take()
+            df = table.toDF(consolidated=False)
+            planned = _kinds(recorder.take())
+            (rows, keys), = df.selectExpr("count(*)", "sum(key)").collect()
+    finally:
+        spark.conf.unset(key)
+    n = PARTS * ROWS
+    assert (rows, keys) == (n, n * (n - 1) // 2)
+    assert planned["LIST"] >= PARTS, planned  # listed by Spark, file by file
