@@ -361,13 +361,16 @@ class _Plan:
         ``s3a://`` files of known lengths are handed to Spark as file statuses (:meth:`_known`):
         Spark's driver lists and checks nothing (it spent three requests per named path, or
         seven per folder plus one LIST per 5,000 objects), and one HEAD per read checks that
-        S3A reaches the store with the read's settings. Other files are named to
-        ``spark.read.parquet``, which checks that each exists.
+        S3A reaches the store with the read's settings. Other files (and every file of a
+        Spark Connect session) are named to ``spark.read.parquet``, which checks that each
+        exists.
         """
         paths = [_spark_url(u) for u in urls]
         try:
+            # NB: a Spark Connect session has no JVM here to build the index in: paths
             if len(sizes) == len(paths) and paths and all(p.startswith("s3a://")
-                                                          for p in paths):
+                                                          for p in paths) \
+                    and getattr(self.spark, "_jsparkSession", None) is not None:
                 df = self._known(paths, sizes)
             else:
                 df = self.spark.read.options(**self.options).schema(self.schema).parquet(*paths)
