@@ -12,6 +12,12 @@ order, to fresh local directories:
 * *unsorted*: the same with ``sort=False`` (no ``sortWithinPartitions``);
 * *sink*: ``df.write.format("persist").mode("append")`` (the Python sink);
 * *parquet*: ``df.sortWithinPartitions("key", "value", "time").write.parquet`` with zstd;
+* *spark*: the native write's Spark job alone (``operators.native_write._write_parquet``: its
+  select, sort, writer settings and commit algorithm 2, to a plain directory), none of
+  persist's steps (lease, adoption, commit, cleaning): native minus spark is persist's share,
+  spark against parquet the writer settings';
+* *groups*: *parquet* with the native write's row groups (``parquet.block.row.count.limit``
+  65,536 rows) and nothing else changed;
 * *noop*: ``df.write.format("noop")`` (reading the source only).
 
 With ``--s3 SERVER`` every case writes to ``s3://`` (``s3a://`` for Spark) on a fresh bucket of
@@ -32,7 +38,11 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+#: The native write's row group (``parquet.block.row.count.limit``), as persist cuts batches.
+BATCH_ROWS = 1 << 16
 
 
 def main() -> None:
@@ -59,17 +69,32 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
     import operators
     import operators.native_write as nw
 
-    adopt_times: list[float] = []
-    real_adopt = nw.adopt
+    write_parquet = nw._write_parquet  # the Spark job alone (before it is wrapped below)
 
-    def timed_adopt(*args: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return real_adopt(*args, **kw)
-        finally:
-            adopt_times.append(time.perf_counter() - t)
+    # the native write's steps, timed where operators.native_write calls them: persist's
+    # (lease and staging directory, adoption, commit, cleaning and release) and Spark's job
+    steps: dict[str, float] = {}
 
-    nw.adopt = timed_adopt  # type: ignore[assignment]
+    def timing(owner: Any, name: str, step: str) -> None:
+        real = getattr(owner, name)
+
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return real(*args, **kw)
+            finally:
+                steps[step] = steps.get(step, 0.0) + time.perf_counter() - t
+
+        setattr(owner, name, wrapper)
+
+    timing(nw.Stager, "start", "lease")
+    timing(nw, "staging", "lease")
+    timing(nw, "_write_parquet", "spark")
+    timing(nw, "adopt", "adopt")
+    timing(nw.Committer, "commit", "commit")
+    timing(nw, "clean_staging", "clean")
+    timing(nw.Stager, "release", "clean")
+    native_steps: list[dict[str, float]] = []
 
     root = Path(tempfile.mkdtemp(prefix="persist-native-write-"))
     builder = SparkSession.builder
@@ -105,7 +130,9 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
             return f"s3://{bucket}/{out.name}" if s3 is not None else f"file://{out}"
 
         def native(out: Path) -> None:
+            steps.clear()
             operators.write(df, url(out), "c", storage_options=s3)
+            native_steps.append(dict(steps))
 
         def unsorted(out: Path) -> None:
             operators.write(df, url(out), "c", sort=False, storage_options=s3)
@@ -120,15 +147,25 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
              .option("compression", "zstd")
              .parquet(url(out).replace("s3://", "s3a://", 1) if s3 is not None else str(out)))
 
+        def spark_only(out: Path) -> None:
+            target = url(out)
+            write_parquet(df, SimpleNamespace(url=target, batch_rows=BATCH_ROWS), True, s3a)
+
+        def groups(out: Path) -> None:
+            (df.sortWithinPartitions("key", "value", "time").write.options(**s3a)
+             .option("compression", "zstd")
+             .option("parquet.block.row.count.limit", str(BATCH_ROWS))
+             .parquet(url(out).replace("s3://", "s3a://", 1) if s3 is not None else str(out)))
+
         def noop(out: Path) -> None:
             df.write.format("noop").mode("overwrite").save()
 
         cases = {"native": native, "unsorted": unsorted, "sink": sink, "parquet": parquet,
-                 "noop": noop}
+                 "spark": spark_only, "groups": groups, "noop": noop}
         for name, fn in cases.items():  # warm-up: JIT, codegen, Python workers
             fn(root / f"warm-{name}")
             shutil.rmtree(root / f"warm-{name}", ignore_errors=True)
-        adopt_times.clear()
+        native_steps.clear()
         times: dict[str, list[float]] = {k: [] for k in cases}
         names = list(cases)
         for r in range(a.rounds):
@@ -147,8 +184,14 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
         print(f"native / sink rate:    {med['sink'] / med['native']:.2f}x (target >= 1.5)")
         print(f"native / parquet rate: {med['parquet'] / med['native']:.2f}x (target >= 0.9)")
         print(f"native sort=False / sink rate: {med['sink'] / med['unsorted']:.2f}x")
-        print(f"adopt (driver, one read of every file): median {statistics.median(adopt_times):.3f}"
-              f" s of native's {med['native']:.2f} s")
+        print(f"persist's steps (native - spark): {med['native'] - med['spark']:.2f} s; the "
+              f"native write's Spark job / parquet: {med['spark'] / med['parquet']:.2f}x the "
+              f"time; parquet with 64 Ki-row row groups / parquet: "
+              f"{med['groups'] / med['parquet']:.2f}x")
+        print(f"the native write's steps, medians of {len(native_steps)} rounds (s): " + ", ".join(
+            f"{k} {statistics.median(d.get(k, 0.0) for d in native_steps):.3f}"
+            for k in ("spark", "lease", "adopt", "commit", "clean")) + "; persist's in all "
+            f"{statistics.median(sum(v for k, v in d.items() if k != 'spark') for d in native_steps):.3f}")
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.results import Metric, WorkloadResult
+from bench.workloads import w9_s3
 from bench.workloads import w9_spark as w9s
 
 PEER_ORDER = ("floor", "delta", "iceberg")
@@ -217,6 +218,35 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
             "<=", 3.0, w9("first micro-batch, first stream of a fresh session (s; target <= 3)"))
         add("W9.sink-overhead", "W9 persist sink ms per micro-batch over the noop sink", "<=",
             20.0, w9("persist sink per micro-batch over noop (ms; target <= 20)"))
+        # issue 30: Spark on S3 both ways (bench/workloads/w9_s3.py); a row is listed where
+        # it ran (the S3 rows need the S3A JARs; --quick runs moto only)
+        w9w = ws["W9"]
+        for where in ("local files", *(f"to {s}" for s in w9_s3.SERVERS)):
+            m = w9_s3.WRITE_SORTED.format(where=where)
+            if m not in w9w.metrics:
+                continue
+            tag = "local" if where == "local files" else where.removeprefix("to ")
+            add(f"W9.write-{tag}/parquet-sorted",
+                f"W9 native write records/s ({where}) / df.write.parquet sorted within "
+                f"partitions", ">=", 0.9, _div(w9(m), w9(m, "floor")))
+            add(f"W9.write-{tag}/sink", f"W9 native write records/s ({where}) / the persist "
+                f"sink", ">=", 1.5, _div(w9(m), w9(m, w9_s3.SINK)))
+        for server in w9_s3.SERVERS:
+            m = w9_s3.S3_READ.format(server=server)
+            if m not in w9w.metrics:
+                continue
+            add(f"W9.s3-read-{server}/parquet", f"W9 native raw read through S3A records/s "
+                f"({server}) / spark.read.parquet through S3A", ">=", 0.9,
+                _div(w9(m), w9(m, "floor")))
+            for which in ("first", "later"):
+                r = w9_s3.S3_REQUESTS.format(which=which, server=server)
+                add(f"W9.s3-requests-{which}-{server}/parquet",
+                    f"W9 requests of a {which} native raw read through S3A ({server}) / "
+                    f"Parquet's", "<=", 1.2, _div(w9(r), w9(r, "floor")))
+            e = w9_s3.TYPED_ERROR.format(server=server)
+            add(f"W9.s3-typed-error-{server}/spark",
+                f"W9 mistyped fs.s3a.endpoint ({server}): s to persist's typed error / s to "
+                f"Spark's error", "<=", 1.0, _div(w9(e), w9(e, "floor")))
     if "W10" in ws:
         def w10(metric: str, system: str = "persist") -> float | None:
             return med("W10", metric, system)

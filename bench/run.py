@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "w7_appends": 10, "w7_rows": 1_000_000, "w7_repeats": 1,
     "w8_appends": 100, "w8_rows": 100, "w8_bulk": 5, "w8_bulk_rows": 200_000, "w8_repeats": 1,
     "w9_rows": 5_000_000, "w9_part_rows": 1_000_000, "w9_repeats": 3, "w9_seals": 20,
-    "w9_gap": 1.0,
+    "w9_gap": 1.0, "w9_s3_rows": 2_000_000,
     "w10_rows": 5_000_000, "w10_chunk_rows": 1_000_000, "w10_lookups": 5,
     "w10_consolidate_rows": 1_000_000, "w10_python_rows": 1_000_000,
     "w11_rows": 10_000_000, "w11_appends": 10, "w11_forks": 5,
@@ -60,6 +60,7 @@ QUICK: dict[str, Any] = {
     "w7_appends": 2, "w7_rows": 20_000, "w7_repeats": 1,
     "w8_appends": 10, "w8_rows": 100, "w8_bulk": 2, "w8_bulk_rows": 20_000, "w8_repeats": 1,
     "w9_rows": 20_000, "w9_part_rows": 10_000, "w9_repeats": 1, "w9_seals": 3, "w9_gap": 0.5,
+    "w9_s3_rows": 20_000,
     "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
     "w10_consolidate_rows": 20_000, "w10_python_rows": 20_000,
     "w11_rows": 20_000, "w11_appends": 4, "w11_forks": 2,
@@ -126,6 +127,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w9-repeats", int, "W9 rounds of the reads")
     opt("--w9-seals", int, "W9 seals timed to their micro-batch")
     opt("--w9-gap", float, "W9 seconds between seals")
+    opt("--w9-s3-rows", int, "W9 records read and written through S3A per S3 server (issue 30)")
     opt("--w10-rows", int, "W10 (records) updates written and queried")
     opt("--w10-chunk-rows", int, "W10 updates per append")
     opt("--w10-lookups", int, "W10 point lookups per round (distinct keys; median)")

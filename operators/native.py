@@ -39,8 +39,9 @@ On S3, the location's ``storage_options`` configure Spark's S3A reader too: the 
 them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
 the session sets itself wins), and S3A's failures to reach the store are persist's errors,
 told by the Java exception classes of the failure (:func:`persist.distributed.s3a_failure`).
-Three or more files of one folder are read as that folder, filtered to their names: Spark
-checks and lists each path it is given (three requests each), a folder once.
+Files on ``s3a://`` are handed to Spark with their lengths (the engine knows them: a part is
+never rewritten), so Spark's driver lists and checks none of them (it spent three requests per
+named path); one HEAD per read checks that S3A reaches the store with the read's settings.
 
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
@@ -48,11 +49,11 @@ parts of a store no other process can reach, and every part of a collection with
 ``uint64`` anywhere in its types (Spark's Parquet reader makes it ``decimal(20, 0)``, the
 Python source a checked ``long``).
 
-A DataFrame is a plan over the snapshot's files: a part that GC removes before Spark listed it
-is planned again by the engine (``read_native``, within the engine's one read budget: it
-checks which planned files are gone, never Spark's message); one removed after fails the
-query (Spark's ``FAILED_READ_FILE``, never skipped), and :meth:`PersistTable.toDF` plans it
-again.
+A DataFrame is a plan over the snapshot's files: a part that GC removes before ``toDF`` saw it
+gone (its tail check, the S3A probe, Spark's check of a local path) is planned again by the
+engine (``read_native``, within the engine's one read budget: it checks which planned files
+are gone, never Spark's message); one removed after fails the query (Spark's
+``FAILED_READ_FILE``, never skipped), and :meth:`PersistTable.toDF` plans it again.
 """
 
 from __future__ import annotations
@@ -295,27 +296,10 @@ def sql_groups(types: CollectionTypes) -> bool:
     return all(_nowhere(t, pa.types.is_floating) for t in (types.key, types.value))
 
 
-#: From how many files of one folder a read lists the folder (one listing, whatever the
-#: number of files) rather than naming each file. Measured through S3A on moto: a named file
-#: costs Spark's driver a HEAD (it checks that the path exists) and a LIST and a HEAD (it
-#: lists the path), three requests each; a folder costs seven (its checks, the
-#: ``_spark_metadata`` probe, one LIST per 5,000 objects), as ``spark.read.parquet`` of it.
-LIST_FROM = 3
-
-#: Characters of Hadoop's glob syntax: a file name with one is never put in a name filter.
-_GLOB = frozenset("{}[]*?\\,^!")
-
-
-def _listed(paths: list[str]) -> str | None:
-    """The one ``s3a://`` folder of ``paths`` when listing it is cheaper than naming each
-    file (:data:`LIST_FROM`), else None."""
-    if len(paths) < LIST_FROM or not all(p.startswith("s3a://") for p in paths):
-        return None
-    folders = {p.rsplit("/", 1)[0] for p in paths}
-    if len(folders) != 1 or len(set(paths)) != len(paths) \
-            or any(_GLOB & set(p.rsplit("/", 1)[1]) for p in paths):
-        return None
-    return folders.pop()
+#: The block size a file status of S3A reports (``fs.s3a.block.size``'s default), given to
+#: the statuses :meth:`_Plan._known` makes. Spark splits a file by its own
+#: ``spark.sql.files.maxPartitionBytes``, not by this.
+S3A_BLOCK_BYTES = 32 << 20
 
 
 def _spark_url(url: str) -> str:
@@ -333,6 +317,7 @@ class _Plan:
         self.options = {**options, **READER_OPTIONS}
         self.sql_sum = sql_groups(types)
         self.times = True  # whether a file may hold rows after as_of (read() says)
+        self._probed = False  # whether S3A reached the store with these settings (_known)
 
     def read(self, plan: persist.distributed.NativePlan) -> Any:
         """The DataFrame of ``plan`` (see the module docstring)."""
@@ -357,7 +342,7 @@ class _Plan:
         from pyspark.sql import functions as F
 
         r = piece.residual
-        df = self._files(piece.urls)
+        df = self._files(piece.urls, piece.sizes)
         cond = _where(r, times=self.times)
         if cond is not None:
             df = df.where(cond)
@@ -370,23 +355,25 @@ class _Plan:
             return self._summed(df, piece.rest, r.as_of)
         return df.coalesce(1).mapInArrow(_Consolidate(piece.rest, self.types), self.schema)
 
-    def _files(self, urls: tuple[str, ...]) -> Any:
-        reader = self.spark.read.options(**self.options).schema(self.schema)
+    def _files(self, urls: tuple[str, ...], sizes: tuple[int, ...] = ()) -> Any:
+        """The DataFrame of the files ``urls`` (of lengths ``sizes``, if known).
+
+        ``s3a://`` files of known lengths are handed to Spark as file statuses (:meth:`_known`):
+        Spark's driver lists and checks nothing (it spent three requests per named path, or
+        seven per folder plus one LIST per 5,000 objects), and one HEAD per read checks that
+        S3A reaches the store with the read's settings. Other files (and every file of a
+        Spark Connect session) are named to ``spark.read.parquet``, which checks that each
+        exists.
+        """
         paths = [_spark_url(u) for u in urls]
-        folder = _listed(paths)
         try:
-            if folder is None:
-                df = reader.parquet(*paths)
+            # NB: a Spark Connect session has no JVM here to build the index in: paths
+            if len(sizes) == len(paths) and paths and all(p.startswith("s3a://")
+                                                          for p in paths) \
+                    and getattr(self.spark, "_jsparkSession", None) is not None:
+                df = self._known(paths, sizes)
             else:
-                names = ",".join(p.rsplit("/", 1)[1] for p in paths)
-                df = (reader.option("pathGlobFilter", "{" + names + "}")
-                      .option("recursiveFileLookup", "true").parquet(folder))
-                # NB: a listing skips what is not there: a file GC removed after the plan
-                # would be left out silently. Spark's file index lists once, here.
-                got = set(df.inputFiles())
-                gone = [u for u, p in zip(urls, paths, strict=True) if p not in got]
-                if gone:
-                    raise persist.PartMissing(f"{gone[0]} (of {len(gone)}) went after the plan")
+                df = self.spark.read.options(**self.options).schema(self.schema).parquet(*paths)
         except Exception as e:
             # NB: S3A's failures to reach the store (missing connector, credentials,
             # endpoint) are told by the Java classes of the cause chain, never the message.
@@ -399,6 +386,64 @@ class _Plan:
                     raise failure from None
             raise
         return df.select("key", "value", "time", "diff")
+
+    def _known(self, paths: list[str], sizes: tuple[int, ...]) -> Any:
+        """``paths`` read by Spark's Parquet source over a file index built from their known
+        statuses (path and length: a part's blob is never rewritten, and the engine checked
+        its tail at that length), with no listing.
+
+        The index is Spark's own ``InMemoryFileIndex``, given the statuses through a
+        ``FileStatusCache`` it reads instead of listing (a fresh client of the session's
+        cache, emptied once the index holds them), in a ``HadoopFsRelation`` with this read's
+        options: the relation ``spark.read.parquet`` builds, minus the listing. A file gone
+        by the time the query runs fails it (``ignoreMissingFiles=false``: Spark's
+        ``FAILED_READ_FILE``), never a short read. With the session's file status cache off
+        (``spark.sql.hive.filesourcePartitionFileCacheSize=0``) the index lists each file
+        itself: the same rows, Spark's requests.
+
+        The first file is probed first (one HEAD through S3A with this read's Hadoop
+        settings), so that settings S3A cannot reach the store with fail here, as persist's
+        error (see :meth:`_files`), rather than in the query; a first file gone or of
+        another length is ``PartMissing`` / ``ChecksumMismatch``.
+        """
+        from pyspark.sql import DataFrame
+
+        jvm = self.spark._jvm
+        session = self.spark._jsparkSession
+        sources = jvm.org.apache.spark.sql.execution.datasources
+        hadoop_fs = jvm.org.apache.hadoop.fs
+        utils = jvm.org.apache.spark.api.python.PythonUtils
+        options = utils.toScalaMap(dict(self.options))
+        if not self._probed:
+            conf = session.sessionState().newHadoopConfWithOptions(options)
+            first = hadoop_fs.Path(paths[0])
+            status = first.getFileSystem(conf).getFileStatus(first)
+            if status.getLen() != sizes[0]:
+                raise persist.ChecksumMismatch(paths[0], f"the file is {status.getLen()} "
+                                               f"bytes, persist wrote {sizes[0]}")
+            self._probed = True
+        cache = sources.FileStatusCache.getOrCreate(session)
+        roots = []
+        gateway = self.spark.sparkContext._gateway
+        for path, size in zip(paths, sizes, strict=True):
+            root = hadoop_fs.Path(path)
+            status = gateway.new_array(hadoop_fs.FileStatus, 1)
+            status[0] = hadoop_fs.FileStatus(size, False, 1, S3A_BLOCK_BYTES, 0, root)
+            cache.putLeafFiles(root, status)
+            roots.append(root)
+        schema = session.parseDataType(self.schema.json())
+        none = jvm.scala.Option.apply(None)
+        no_partitions = getattr(sources, "PartitionSpec$").__getattr__("MODULE$").emptySpec()
+        try:
+            index = sources.InMemoryFileIndex(session, utils.toSeq(roots), options,
+                                              jvm.scala.Option.apply(schema), cache,
+                                              jvm.scala.Option.apply(no_partitions), none)
+        finally:
+            cache.invalidateAll()
+        relation = sources.HadoopFsRelation(
+            index, jvm.org.apache.spark.sql.types.StructType(), schema, none,
+            sources.parquet.ParquetFileFormat(), options, session)
+        return DataFrame(session.baseRelationToDataFrame(relation), self.spark)
 
     def _summed(self, files: Any, rest: persist.distributed.ReadTask, as_of: int) -> Any:
         """One key range consolidated by Spark's own aggregation, in one partition: the

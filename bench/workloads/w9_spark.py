@@ -25,6 +25,12 @@ same rows, and seal -> micro-batch latency.
    <= 3 s (issue 16). Each fresh Python worker Spark starts for it (planning, the stream reader,
    the read task) imports the source's module, so this is where import costs show.
 
+4. **Issue 30** (:mod:`bench.workloads.w9_s3`): the native write against the same DataFrame
+   sorted within partitions and written by ``df.write.parquet`` and against the persist sink,
+   on local files and on each S3 test server; the native raw read through S3A against
+   ``spark.read.parquet`` through S3A, and the requests of each; the time to persist's typed
+   error for a mistyped S3 setting against Spark's. Each as a ratio in the targets.
+
 ``--quick`` starts the JVM with C1 only and the serial GC (about twice as fast to start); the full
 run keeps the default JIT, so Spark's own reader runs at its steady-state speed.
 """
@@ -49,6 +55,7 @@ import pyarrow.parquet as pq
 
 from bench.common import fresh_dir, make_batch, percentile, remove, rotate, settle, timed
 from bench.results import WorkloadResult
+from bench.workloads import w9_s3
 from bench.workloads.context import Context
 
 WID = "W9"
@@ -826,9 +833,13 @@ def run(ctx: Context) -> list[WorkloadResult]:
         settle()
         first_micro_batch(ctx, res, root, fast_start=bool(a.quick), repeats=repeats)
         ctx.log("W9: starting Spark")
+        s3a_jars, no_s3 = (w9_s3.spark_jars() if "floor" in ctx.systems
+                           else (None, "floor not selected"))
         with contextlib.ExitStack() as stack:
             try:
-                spark = stack.enter_context(spark_session(fast_start=bool(a.quick)))
+                spark = stack.enter_context(spark_session(
+                    fast_start=bool(a.quick),
+                    conf=None if s3a_jars is None else {"spark.jars": s3a_jars}))
             except RuntimeError as e:
                 for name in ctx.systems:
                     res.skip(name, str(e))
@@ -843,6 +854,10 @@ def run(ctx: Context) -> list[WorkloadResult]:
             ctx.log("W9: writes from Spark")
             writes(ctx, res, spark, parquet, root, rows=rows, repeats=repeats,
                    with_parquet="floor" in ctx.systems)
+            if "floor" in ctx.systems:
+                ctx.log("W9: issue 30 (writes sorted, S3A reads and writes)")
+                w9_s3.run(ctx, res, spark, root, local_rows=rows, rows=a.w9_s3_rows, parts=4,
+                          repeats=repeats, quick=bool(a.quick), why=no_s3)
             ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
             processed, committed = latency(spark, root, seals, gap)
             # NB: --quick runs 4 micro-batches a stream (the first is warm-up), enough to

@@ -279,6 +279,11 @@ class FileRead:
     residual: Residual
     rest: ReadTask | None = None
     runs: ReadTask | None = None
+    #: Each URL's length in bytes, as persist wrote the part (``PartMeta.nbytes``; a part's
+    #: blob is never rewritten under its key, and its tail check read the file's end at that
+    #: length): a reader that takes file statuses (Spark's file index) needs no listing or
+    #: HEAD of its own to learn them. Empty: not known.
+    sizes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -444,9 +449,10 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
             runs = dataclasses.replace(
                 scan, kept=tuple(p for p in scan.kept if p.id in others
                                  or p.id not in {b.id for b in lay.base}))
+            read = tuple(p for p in lay.base if p.id not in others)
             pieces.append(FileRead(base_urls, Residual(as_of, None, consolidate=False),
-                                   runs=runs.task(consolidated=True)))
-            file_parts.extend(p for p in lay.base if p.id not in others)
+                                   runs=runs.task(consolidated=True), sizes=_sizes(read)))
+            file_parts.extend(read)
             return NativePlan(scan.info, as_of, consolidated, tuple(pieces), (),
                               tuple(file_parts))
     if lay is None or lay.settled:
@@ -455,9 +461,11 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
         if files:
             urls, rest = parquet_files(scan)
         if urls:
-            pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False)))
             others = {p.id for p in rest.kept}
-            file_parts.extend(p for p in scan.kept if p.id not in others)
+            read = tuple(p for p in scan.kept if p.id not in others)
+            pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False),
+                                   sizes=_sizes(read)))
+            file_parts.extend(read)
         if rest.kept or not urls:
             tasks.extend(rest.tasks(rows_per_task=rows_per_task))
     else:
@@ -469,12 +477,19 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
             if not urls:
                 tasks.append(left)
                 continue
-            pieces.append(FileRead(urls, Residual(as_of, key_bounds(task), consolidate=True),
-                                   left))
             others = {p.id for p in left.parts}
-            file_parts.extend(p for p in task.parts if p.id not in others)
+            read = tuple(p for p in task.parts if p.id not in others)
+            pieces.append(FileRead(urls, Residual(as_of, key_bounds(task), consolidate=True),
+                                   left, sizes=_sizes(read)))
+            file_parts.extend(read)
     return NativePlan(scan.info, as_of, consolidated, tuple(pieces), tuple(tasks),
                       tuple(file_parts))
+
+
+def _sizes(parts: tuple[PartMeta, ...]) -> tuple[int, ...]:
+    """The byte lengths of the files of ``parts`` (:attr:`FileRead.sizes`), in the order
+    :func:`parquet_files` and :func:`parquet_task` hand out their URLs (the parts' order)."""
+    return tuple(p.nbytes for p in parts)
 
 
 _T = TypeVar("_T")

@@ -1,12 +1,14 @@
 """The requests of a native read through S3A against ``spark.read.parquet`` of the same rows
 (issue 30): a loopback proxy in front of each S3 test server (moto, ministack) records every
-request, and the native read's requests on the data files (GET, HEAD, LIST) stay within 1.2x
-Parquet's. persist's own requests (its metadata, read to plan, and the engine's check of each
-data file's tail, driver-side: told by boto3's User-Agent) are counted apart, reported, and
+request, and the native read's requests (GET, HEAD, LIST) stay within 1.2x Parquet's.
+persist's own requests (its metadata, read to plan, and the engine's check of each data
+file's tail, driver-side: told by boto3's User-Agent) are counted apart, reported, and
 bounded: one metadata request per ``toDF`` (the table holds its state and probes the next log
-key), one tail read per data file the first time the process reads it. The first read's
-Spark requests and persist's metadata together stay within 1.2x Parquet's, and so do a later
-read's planning requests (its GETs depend on S3A's block cache: not compared).
+key), one tail read per data file the first time the process reads it. Spark's driver lists
+nothing (the files' statuses are handed to its file index) and HEADs one file per read (the
+probe of S3A's settings). The first read's requests, persist's included, stay within 1.2x
+Parquet's, and so do a later read's planning requests (its GETs depend on S3A's block cache:
+not compared). A file removed behind the plan fails the query or the plan, never a short read.
 
 NB: each read is of files no process of the session read before (a fresh bucket): S3A keeps
 one file system per bucket, and its input streams may cache what they read.
@@ -23,8 +25,6 @@ import pytest
 
 import persist
 from operators import PersistTable
-from operators.native import LIST_FROM, _Plan
-from operators.schema import CollectionTypes
 from tests.spark.support import s3a_options
 from tests.support.faulty_proxy import FaultyProxy, Recorder
 
@@ -86,7 +86,6 @@ def _spark(kinds: collections.Counter[str]) -> int:
 def test_a_native_read_makes_parquets_requests(spark: Any, s3a: None,
                                                s3_connection: dict[str, str],
                                                s3_client: Any) -> None:
-    assert PARTS >= LIST_FROM
     native, plain = (f"persist-req-{w}-{np.random.default_rng().integers(1 << 40):x}"
                      for w in ("n", "p"))
     for b in (native, plain):
@@ -131,15 +130,21 @@ def test_a_native_read_makes_parquets_requests(spark: Any, s3a: None,
         # persist's metadata per toDF: the held state brought up to date, one GET of the
         # next log key (nothing changed)
         assert got["meta"] == 1
-    # the first read of these files in the session: Spark's requests, and persist's metadata
-    # with them, within 1.2x Parquet's
+    # the first read of these files in the session: Spark's requests, and persist's (its
+    # metadata, the tail checks) with them, within 1.2x Parquet's
     assert first["GET"] >= PARTS
     assert base["GET"] >= PARTS
     assert _spark(first) <= 1.2 * _spark(base), (first, base)
-    assert _spark(first) + first["meta"] <= 1.2 * _spark(base), (first, base)
+    assert _spark(first) + first["meta"] + first["persist"] <= 1.2 * _spark(base), \
+        (first, base)
     # the engine's check of each file's tail (footer and page index), once per process
     assert 0 < first["persist"] <= PARTS
     assert second["persist"] == 0
+    # Spark's driver lists nothing: the statuses are given; its executors HEAD each file
+    # they open (as Parquet's do), the driver one (the probe of S3A's settings)
+    for got in (first, second):
+        assert got["LIST"] == 0, got
+        assert got["HEAD"] <= PARTS + 1, got
     # a later read: what plans it (persist's metadata, Spark's HEAD and LIST) within 1.2x
     # Parquet's. NB: its GETs are not compared: hadoop-aws 3.5's default input stream (the
     # analytics accelerator) caches blocks across reads and evicts them as it will (Parquet's
@@ -181,22 +186,94 @@ def test_a_native_read_through_s3as_classic_stream_makes_parquets_requests(
     assert got["GET"] >= PARTS
     assert want["GET"] >= PARTS
     assert got["meta"] == 1
-    assert _spark(got) + got["meta"] <= 1.2 * _spark(want), (got, want)
+    assert got["LIST"] == 0
+    # every request, persist's tail checks included
+    assert _spark(got) + got["meta"] + got["persist"] <= 1.2 * _spark(want), (got, want)
 
 
-def test_a_listed_folder_missing_a_planned_file_is_part_missing(
-        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+def test_a_file_gone_behind_the_plan_fails_the_query_or_the_plan(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    """The statuses handed to Spark are persist's: a file removed behind persist's back (as
+    GC would remove it after the plan) is never skipped. Removed after ``toDF``: the query
+    fails (``ignoreMissingFiles=false``). Removed before: the plan fails with ``PartMissing``
+    (the metadata still names it, so no plan of a later state helps)."""
     url = f"s3://{bucket}/loc"
     _fill(url, s3_connection)
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+    df = table.toDF(consolidated=False)
+    assert len(df.inputFiles()) == PARTS
+    assert df.count() == PARTS * ROWS
     info = persist.distributed.describe(url, "c", storage_options=dict(s3_connection))
-    plan = persist.distributed.plan_native(info.snapshot(), consolidated=False)
-    (piece,) = plan.files
-    assert len(piece.urls) == PARTS
-    gone = piece.urls[0].rsplit("/", 1)[0] + "/0123456789abcdef0123456789abcdef"
-    reader = _Plan(spark, CollectionTypes.of(info),
-                   {**s3a_options(s3_connection)})
-    # the folder is listed (one listing for every file): a planned file not in it is never
-    # skipped silently
-    with pytest.raises(persist.PartMissing, match="0123456789abcdef"):
-        reader._files((*piece.urls, gone))
-    assert reader._files(piece.urls).count() == PARTS * ROWS
+    (piece,) = persist.distributed.plan_native(info.snapshot(), consolidated=False).files
+    probed, other = piece.urls[:2]  # the read probes its first file through S3A
+    spark_error = "FILE_NOT_EXIST|FileNotFound"
+    for gone in (other, probed):
+        s3_client.delete_object(Bucket=bucket, Key=gone.split(f"{bucket}/", 1)[1])
+        with pytest.raises(Exception, match=spark_error) as failed:
+            df.selectExpr("count(*)", "sum(key)").collect()
+        assert not isinstance(failed.value, persist.PersistError)
+        # planned again: the tails of this state were checked (remembered), so the plan
+        # learns of a gone file from the probe of the first file, else the query does;
+        # persist's state still names the file
+        if gone == probed:
+            with pytest.raises(persist.PartMissing):
+                table.toDF(consolidated=False)
+        else:
+            with pytest.raises(Exception, match=spark_error) as again:
+                table.toDF(consolidated=False).count()
+            assert not isinstance(again.value, persist.PersistError)
+
+
+def test_a_consolidated_read_of_key_ranges_on_s3_is_the_snapshot(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    """Each key range is a DataFrame over the statuses of its files (one relation each, one
+    probe per read): summed, they are the engine's own consolidated snapshot."""
+    url = f"s3://{bucket}/loc"
+    rng = np.random.default_rng(7)
+    n = 200_000  # 4 row groups a part: the planner cuts ranges between them
+    with persist.open(url, storage_options=dict(s3_connection),
+                      options=persist.Options(inline_threshold=0,
+                                              background_compaction=False)) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        for t in range(3):
+            keys = rng.integers(0, 50_000, n)
+            w.append(pa.table({"key": keys, "value": keys % 3,
+                               "time": np.full(n, t, np.int64),
+                               "diff": rng.choice(np.array([-1, 1, 1], np.int64), n)}),
+                     upper=t + 1).result()
+    info = persist.distributed.describe(url, "c", storage_options=dict(s3_connection))
+    plan = persist.distributed.plan_native(info.snapshot(), consolidated=True, n=3)
+    assert len(plan.files) > 1  # key ranges, each a piece of files
+    assert all(len(f.sizes) == len(f.urls) for f in plan.files)
+    scan = info.snapshot()
+    want = sorted(tuple(r.values()) for t in persist.distributed.read_task(
+        scan.task(consolidated=True)) for r in t.to_pylist())
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+    got = sorted(tuple(r) for r in table.toDF(partitions=3).collect())
+    assert got == want
+    assert got
+
+
+def test_without_the_sessions_file_status_cache_spark_lists_each_file(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    """The statuses reach Spark's file index through the session's file status cache; with
+    it off, the index lists each file itself: the same rows, Spark's own requests."""
+    url = f"s3://{bucket}/loc"
+    _fill(url, s3_connection)
+    recorder = Recorder()
+    key = "spark.sql.hive.filesourcePartitionFileCacheSize"
+    spark.conf.set(key, "0")
+    try:
+        with FaultyProxy(s3_connection["endpoint_url"], recorder, max_seconds=300) as proxy:
+            via = {**s3_connection, "endpoint_url": proxy.url}
+            table = PersistTable.forPath(spark, url, "c", storage_options=via)
+            recorder.take()
+            df = table.toDF(consolidated=False)
+            planned = _kinds(recorder.take())
+            (rows, keys), = df.selectExpr("count(*)", "sum(key)").collect()
+    finally:
+        spark.conf.unset(key)
+    n = PARTS * ROWS
+    assert (rows, keys) == (n, n * (n - 1) // 2)
+    assert planned["LIST"] >= PARTS, planned  # listed by Spark, file by file
