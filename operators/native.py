@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 import persist
+from operators.marks import unmarked
 from operators.options import Target
 from operators.partitions import BATCH_ROWS, TaskPartition
 from operators.partitions import read as read_partition
@@ -357,7 +358,7 @@ class _Plan:
         from pyspark.sql import functions as F
 
         r = piece.residual
-        df = self._files(piece.urls)
+        df = self._files(piece.urls, piece.marks)
         cond = _where(r, times=self.times)
         if cond is not None:
             df = df.where(cond)
@@ -370,7 +371,11 @@ class _Plan:
             return self._summed(df, piece.rest, r.as_of)
         return df.coalesce(1).mapInArrow(_Consolidate(piece.rest, self.types), self.schema)
 
-    def _files(self, urls: tuple[str, ...]) -> Any:
+    def _files(self, urls: tuple[str, ...],
+               marks: tuple[persist.distributed.FileMarks, ...] = ()) -> Any:
+        """The files' rows (``key, value, time, diff``), a marked file's marked rows dropped
+        (``marks``: its bitmap tested against ``_metadata.row_index``, one scan of every
+        file, :func:`operators.marks.unmarked`)."""
         reader = self.spark.read.options(**self.options).schema(self.schema)
         paths = [_spark_url(u) for u in urls]
         folder = _listed(paths)
@@ -398,6 +403,8 @@ class _Plan:
                 if failure is not None:
                     raise failure from None
             raise
+        if marks:
+            df = unmarked(self.spark, df, {m.url: m.bitmap for m in marks})
         return df.select("key", "value", "time", "diff")
 
     def _summed(self, files: Any, rest: persist.distributed.ReadTask, as_of: int) -> Any:

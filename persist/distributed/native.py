@@ -60,6 +60,8 @@ from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.parquet import MAX_SIGNED_TIME
 from persist.indexed.format.stats import Phys
 from persist.indexed.read import buckets, split, tail
+from persist.indexed.read import marks as marks_mod
+from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import READ_ATTEMPTS, CollectionInfo, Layers, ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
 
@@ -86,17 +88,20 @@ def _stores(blob: BlobRead) -> Callable[[str | None], BlobRead | None]:
     return store
 
 
-def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], str | None]:
+def _readable(blob: BlobRead, target: int, as_of: int, *, marked: bool = False
+              ) -> Callable[[PartMeta], str | None]:
     """The URL another program reads part ``p`` at, for a snapshot as of ``as_of`` as version
-    ``target``'s types, or None."""
+    ``target``'s types, or None. ``marked``: only marked parts (else: only unmarked ones)."""
     store = _stores(blob)
 
     def url(p: PartMeta) -> str | None:
         # NB: a part of another schema version holds that version's types: migrating it
         # (added fields, widened types) is persist's. A time beyond 2**63 - 1 is stored as
         # uint64, which Spark reads as decimal(20, 0), not its long.
+        # NB: a marked part's file holds rows its marks hide (DESIGN.md §8): never handed
+        # out as a bare file (plan_native hands it out with its marks, FileRead.marks).
         if (not p.parquet or p.blob_key is None or evolve.part_version(p) != target
-                or p.max_time > MAX_SIGNED_TIME):
+                or p.max_time > MAX_SIGNED_TIME or (p.marks is not None) != marked):
             return None
         # NB: a fork's part may live in another location (its root) and hide rows past a
         # time cut (upto) that the file still holds: the other reader keeps only rows at or
@@ -251,6 +256,26 @@ class Residual:
 
 
 @dataclass(frozen=True)
+class FileMarks:
+    """The rows of one file of a :class:`FileRead` that the reader must drop: the file is a
+    marked base part (DESIGN.md §8, the marks step), whose rows at the positions whose bit is
+    set are hidden. ``words``: the bitmap as little-endian int64 words, ``ceil(rows / 64)``
+    of them, position ``i`` (the row's index in the file, Spark's ``_metadata.row_index``)
+    being bit ``i % 64`` of word ``i // 64``; ``rows``: the file's rows."""
+
+    url: str
+    words: bytes
+    rows: int
+
+    @property
+    def bitmap(self) -> Any:
+        """The words as a numpy int64 array."""
+        import numpy as np
+
+        return np.frombuffer(self.words, dtype="<i8").astype(np.int64)
+
+
+@dataclass(frozen=True)
 class FileRead:
     """One piece of a native read: ``urls`` for the other reader, what it applies to their
     rows (``residual``), and, for a consolidated key range, the task of the range's other
@@ -279,6 +304,10 @@ class FileRead:
     residual: Residual
     rest: ReadTask | None = None
     runs: ReadTask | None = None
+    #: The files among ``urls`` that are marked base parts, with the rows the reader drops
+    #: (before anything else: positions are in the file's rows). Never left out: a marked
+    #: file read without its marks reads rows that are gone.
+    marks: tuple[FileMarks, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -438,24 +467,26 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
     lay = scan.layers if consolidated else None
     if files and lay is not None and split.splittable(scan.schema.field("key").type) \
             and layered(lay):
-        base_urls, rest = parquet_files(dataclasses.replace(scan, kept=lay.base))
+        base_urls, rest, marks = _with_marks(dataclasses.replace(scan, kept=lay.base))
         if base_urls:
             others = {p.id for p in rest.kept}
             runs = dataclasses.replace(
                 scan, kept=tuple(p for p in scan.kept if p.id in others
                                  or p.id not in {b.id for b in lay.base}))
             pieces.append(FileRead(base_urls, Residual(as_of, None, consolidate=False),
-                                   runs=runs.task(consolidated=True)))
+                                   runs=runs.task(consolidated=True), marks=marks))
             file_parts.extend(p for p in lay.base if p.id not in others)
             return NativePlan(scan.info, as_of, consolidated, tuple(pieces), (),
                               tuple(file_parts))
     if lay is None or lay.settled:
         urls: tuple[str, ...] = ()
         rest = scan
+        marks = ()
         if files:
-            urls, rest = parquet_files(scan)
+            urls, rest, marks = _with_marks(scan)
         if urls:
-            pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False)))
+            pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False),
+                                   marks=marks))
             others = {p.id for p in rest.kept}
             file_parts.extend(p for p in scan.kept if p.id not in others)
         if rest.kept or not urls:
@@ -475,6 +506,37 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
             file_parts.extend(p for p in task.parts if p.id not in others)
     return NativePlan(scan.info, as_of, consolidated, tuple(pieces), tuple(tasks),
                       tuple(file_parts))
+
+
+def _with_marks(scan: Scan) -> tuple[tuple[str, ...], Scan, tuple[FileMarks, ...]]:
+    """:func:`parquet_files` of ``scan``, and its marked parts as files too, each with its
+    marks (:class:`FileMarks`, read and verified here: a damaged marks blob is
+    ``ChecksumMismatch`` naming the part, a missing one ``PartMissing``).
+
+    Raises:
+        ChecksumMismatch, PartMissing, Corruption, ExternalError: as :func:`parquet_files`,
+            and of a marks blob.
+    """
+    urls, rest = parquet_files(scan)
+    marked = tuple(p for p in rest.kept if p.marks is not None)
+    if not marked:
+        return urls, rest, ()
+    blob = read_half(scan.info.address)
+    url = _readable(blob, scan.schema_version, scan.as_of, marked=True)
+    reader = PartReader(blob, cache_bytes=0)
+    out: list[FileMarks] = []
+    handed: set[str] = set()
+    for p in marked:
+        u = url(p)
+        if u is None:
+            continue
+        pos = reader.marks(p)
+        assert pos is not None
+        out.append(FileMarks(u, marks_mod.bitmap(pos, p.rows).astype("<i8").tobytes(), p.rows))
+        handed.add(p.id)
+    return (urls + tuple(m.url for m in out),
+            dataclasses.replace(rest, kept=tuple(p for p in rest.kept if p.id not in handed)),
+            tuple(out))
 
 
 _T = TypeVar("_T")
@@ -588,6 +650,6 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
     return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
-__all__ = ["RUNS_SHARE", "FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate",
+__all__ = ["RUNS_SHARE", "FileMarks", "FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate",
            "key_bounds", "layered", "null_keys", "parquet_files", "parquet_task", "plan_native",
            "read_native", "settled"]
