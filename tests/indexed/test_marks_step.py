@@ -276,3 +276,63 @@ def test_an_older_persist_refuses_a_marked_state(monkeypatch: pytest.MonkeyPatch
         engine(blob)
     unmarked = msgspec.structs.replace(ix.state, collections={})
     assert meta.version_of("k", meta.encode(unmarked)) < 8
+
+
+def _client_stage(tmp_path: Path) -> Any:
+    import persist
+    from persist.indexed.maintenance.compact import CompactionPolicy
+
+    opts = persist.Options(inline_threshold=0, batch_rows=64, background_compaction=False,
+                           gc_grace_seconds=0, compaction=CompactionPolicy(
+                               part_target_bytes=8 << 10, marks_rows=1))
+    client = persist.open(tmp_path, reentrance_id="w", options=opts)
+    w, r = client.create_or_load("c", key_type=I64, value_type=I64)
+    w.append([((k, k % 3), 0, 1) for k in range(2000)], upper=1).result()
+    w.allow_compaction(0).result()
+    while client.maintain():
+        pass
+    w.append([((7, 1), 1, -1), ((8, 9), 1, 1), ((5000, 0), 1, 1)], upper=2).result()
+    w.allow_compaction(1).result()
+    while client.maintain():
+        pass
+    assert any(p.marks is not None and p.marks.count
+               for p in client.state.collections["c"].parts)
+    return client, w, r
+
+
+def _contents(r: Any, as_of: int) -> Counter[tuple[Any, Any, int]]:
+    return Counter((k, v, d) for (k, v), _, d in r.snapshot(as_of).to_python())
+
+
+def test_a_distributed_compaction_of_a_marked_collection_drops_the_marks(
+        tmp_path: Path) -> None:
+    from persist import distributed
+
+    client, _, r = _client_stage(tmp_path)
+    want = _contents(r, 1)
+    assert distributed.compact_distributed(str(tmp_path), "c", client=client) is not None
+    c = client.state.collections["c"]
+    assert not any(p.marks is not None for p in c.parts)
+    assert _contents(r, 1) == want
+    client.maintain()
+    client.stop()
+    assert verify(FileBlob(tmp_path).read_only()).problems == []
+
+
+def test_a_fork_of_a_marked_collection_reads_its_marks_and_keeps_the_blobs(
+        tmp_path: Path) -> None:
+    client, w, r = _client_stage(tmp_path)
+    want = _contents(r, 1)
+    client.fork("c", as_of=1, into="f")
+    _, fr = client.create_or_load("f", key_type=I64, value_type=I64)
+    assert _contents(fr, 1) == want
+    # the source merges its marks away and collects: the fork still reads the marked blobs
+    w.append([((k, 7), 2, 1) for k in range(0, 2000, 2)], upper=3).result()
+    w.allow_compaction(2).result()
+    while client.maintain():
+        pass
+    assert not any(p.marks is not None for p in client.state.collections["c"].parts)
+    assert any(p.marks is not None for p in client.state.collections["f"].parts)
+    assert _contents(fr, 1) == want
+    client.stop()
+    assert verify(FileBlob(tmp_path).read_only()).problems == []
