@@ -336,3 +336,27 @@ def test_a_fork_of_a_marked_collection_reads_its_marks_and_keeps_the_blobs(
     assert _contents(fr, 1) == want
     client.stop()
     assert verify(FileBlob(tmp_path).read_only()).problems == []
+
+
+def test_a_staged_or_applied_part_with_marks_is_refused(tmp_path: Path) -> None:
+    from persist import distributed
+    from persist.errors import Corruption, InvalidUsage
+    from persist.indexed.format.stats import Marks, PartStats
+    from persist.indexed.format.transfer import StagedPart
+
+    client, _, r = _client_stage(tmp_path)
+    want = _contents(r, 1)
+    marked = next(p for p in client.state.collections["c"].parts if p.marks is not None)
+    with pytest.raises(InvalidUsage, match="marks"):
+        client.apply(parts={"c": [msgspec.structs.replace(marked, id="forged")]})
+    stager = distributed.Stager.start(str(tmp_path), "c")
+    staged = stager.stage([((1, 1), r.upper, 1)])
+    forged = msgspec.structs.replace(staged, part=msgspec.structs.replace(
+        staged.part, stats=PartStats(marks=Marks("", 0, 0, 0, "x"))))
+    with pytest.raises(Corruption, match="marks"):
+        client.apply(parts={"c": [forged]})
+    with pytest.raises(Corruption, match="marks"):
+        StagedPart.from_bytes(forged.to_bytes())
+    assert _contents(r, 1) == want
+    stager.release()
+    client.stop()
