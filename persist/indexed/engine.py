@@ -763,7 +763,7 @@ class Indexed:
             try:
                 commit((op,), started)
             except CommitDeadline:
-                self._discard(op, c.id)  # refused before sending: nothing references it
+                self._discard(op)  # refused before sending: nothing references its parts
                 raise
         finally:
             self._budget(started)
@@ -828,7 +828,7 @@ class Indexed:
                     # delete them now rather than leave them for a leaked-blob sweep. (Not on
                     # other Determinate errors: if one were ever wrong, deleting would lose
                     # data.)
-                    self._discard(op, c.id)
+                    self._discard(op)
                     raise
                 did = ran = True
             if not ran:
@@ -953,10 +953,10 @@ class Indexed:
         if merger is not None:
             merger.close()
 
-    def _discard(self, op: ReplaceParts, collection_id: int) -> None:
+    def _discard(self, op: ReplaceParts) -> None:
         """Deletes the blobs of a merge that was never committed (never the data blob a
         marks step's marked part shares with the part it replaces)."""
-        for key in compact.written(op, collection_id):
+        for key in compact.written(op):
             try:
                 self.blob.delete(key)
             except PersistError as e:  # left for `persist verify --delete-leaked`

@@ -360,3 +360,21 @@ def test_a_staged_or_applied_part_with_marks_is_refused(tmp_path: Path) -> None:
     assert _contents(r, 1) == want
     stager.release()
     client.stop()
+
+
+def test_discarding_an_uncommitted_marks_step_keeps_the_shared_data_blobs() -> None:
+    blob = MemoryBlob(uuid.uuid4().hex)
+    ix = _stage(blob=blob)
+    want = rows_of(ix.snapshot("c", 1).to_arrow())
+    [(name, parts)] = ix.plan_compaction(ix.state)
+    c = ix.state.collections[name]
+    assert compact.marking(c, parts, ix.options.compaction)
+    op = ix.run_compaction(ix.state, name, parts)
+    new = compact.written(op)
+    delta = next(p for p in op.added if p.marks is None)
+    assert delta.blob_key in new
+    assert {p.marks.key for p in op.added if p.marks is not None and p.marks.count} <= set(new)
+    assert not {p.blob_key for p in op.added if p.marks is not None} & set(new)  # shared
+    ix._discard(op)
+    assert not set(new) & set(blob.list_keys(layout.DATA_PREFIX))
+    assert rows_of(ix.snapshot("c", 1, reader=PartReader(blob)).to_arrow()) == want

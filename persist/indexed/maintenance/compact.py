@@ -84,7 +84,7 @@ from persist.indexed.format.write import new_part
 from persist.indexed.read import split
 from persist.indexed.read.parts import PartReader, encode_marks
 from persist.indexed.state.transitions import effective_since
-from persist.layout import data_key
+from persist.layout import DATA_PREFIX, data_key
 
 FANIN = 4
 #: A background merge of this many input rows or more (about 0.1 s of CPU) runs within the
@@ -528,16 +528,18 @@ def unmarked_meta(p: PartMeta) -> PartMeta:
     return msgspec.structs.replace(p, stats=msgspec.structs.replace(st, marks=None))
 
 
-def written(op: ReplaceParts, collection_id: int) -> list[str]:
-    """The keys of the blobs a merge or a marks step (``op``, of collection
-    ``collection_id``, not committed) wrote: each added part's own blob and marks blob, never
-    a data blob a marked part shares with the part it replaces."""
+def written(op: ReplaceParts) -> list[str]:
+    """The keys of the blobs a merge or a marks step (``op``, not committed) wrote: each
+    added part's own blob (named after its id, ``data/<cid>/<id>``) and marks blob
+    (``<id>.marks``), never a data blob a marked part shares with the part it replaces."""
     out = []
     for p in op.added:
-        if p.blob_key is not None and p.blob_key == data_key(collection_id, p.id):
+        if p.blob_key is not None and p.blob_key.startswith(DATA_PREFIX) \
+                and p.blob_key.rsplit("/", 1)[-1] == p.id:
             out.append(p.blob_key)
         m = p.marks
-        if m is not None and m.key == data_key(collection_id, f"{p.id}{MARKS_SUFFIX}"):
+        if m is not None and m.key.startswith(DATA_PREFIX) \
+                and m.key.rsplit("/", 1)[-1] == f"{p.id}{MARKS_SUFFIX}":
             out.append(m.key)
     return out
 
