@@ -378,3 +378,30 @@ def test_discarding_an_uncommitted_marks_step_keeps_the_shared_data_blobs() -> N
     ix._discard(op)
     assert not set(new) & set(blob.list_keys(layout.DATA_PREFIX))
     assert rows_of(ix.snapshot("c", 1, reader=PartReader(blob)).to_arrow()) == want
+
+
+def test_background_compaction_takes_the_marks_step_on_its_own(tmp_path: Path) -> None:
+    import persist
+    from persist.indexed.maintenance.compact import CompactionPolicy
+    from tests.support.patience import eventually
+
+    opts = persist.Options(inline_threshold=0, batch_rows=64, background_compaction=True,
+                           compaction=CompactionPolicy(part_target_bytes=8 << 10,
+                                                       marks_rows=1, rewrite_share=1.0))
+    with persist.open(tmp_path, reentrance_id="w", options=opts) as client:
+        w, r = client.create_or_load("c", key_type=I64, value_type=I64)
+        w.append([((k, k % 3), 0, 1) for k in range(2000)], upper=1).result()
+        w.allow_compaction(0).result()
+
+        def parts() -> tuple[Any, ...]:
+            return tuple(client.state.collections["c"].parts)
+
+        eventually(lambda: len(compact.layout(client.state.collections["c"], 0)[0]) > 1
+                   and not compact.layout(client.state.collections["c"], 0)[1],
+                   "the bulk load merged into a base")
+        w.append([((7, 1), 1, -1), ((8, 9), 1, 1), ((5000, 0), 1, 1)], upper=2).result()
+        want = _contents(r, 1)
+        w.allow_compaction(1).result()
+        eventually(lambda: any(p.marks is not None for p in parts()), "a marks step")
+        eventually(lambda: client.info("c").snapshot(1).layers.settled, "the delta paired")
+        assert _contents(r, 1) == want
