@@ -33,7 +33,11 @@ the Python source's:
   each, key-disjoint) is read as the raw read is: nothing to sum. A base with a few runs on
   top (``FileRead.runs``, the runs at most ``persist.distributed.RUNS_SHARE`` of the base's
   rows) is read raw too, the runs applied by key (:meth:`_Plan._layered`): the base rows of
-  keys no run holds pass, the rest are summed with the runs' contents.
+  keys no run holds pass, the rest are summed with the runs' contents. A marked base part
+  (compaction's marks step) comes with its marks (``FileRead.marks``): its file is scanned
+  with its marked rows dropped (:func:`operators.marks.unmarked`, a bitmap tested against
+  ``_metadata.row_index``), before anything else; the marks step's delta is then part of
+  the settled base, read raw.
 
 On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
 them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
