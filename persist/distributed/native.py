@@ -391,8 +391,10 @@ def settled(scan: Scan) -> bool:
     contents already, so that a consolidated read may skip summing them: every part is
     consolidated at one time at or before the as-of time, the parts are key-disjoint by their
     stats, and every part is of the scan's schema version (a migration could make two records
-    equal): they are all its base, no run on top (:attr:`Scan.layers`). ``read_task`` of a
-    consolidated task skips the sum by the same rule.
+    equal): they are all its base, no run on top (:attr:`Scan.layers`; a marks step's delta
+    with the base parts whose marks name it counts as key-disjoint from them, each marked
+    part read minus its marks: :func:`parquet_files` never hands one out as a bare file).
+    ``read_task`` of a consolidated task skips the sum by the same rule.
 
     Raises:
         InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
