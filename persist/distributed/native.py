@@ -527,16 +527,19 @@ def _with_marks(scan: Scan) -> tuple[tuple[str, ...], Scan, tuple[FileMarks, ...
     url = _readable(blob, scan.schema_version, scan.as_of, marked=True)
     reader = PartReader(blob, cache_bytes=0)
     out: list[FileMarks] = []
-    handed: set[str] = set()
-    for p in marked:
-        u = url(p)
+    handed: dict[str, str] = {}
+    # NB: in parallel, as parquet_files: each tail is one ranged read (once per process)
+    found = list(_pool().map(url, marked)) if len(marked) > 1 else [url(p) for p in marked]
+    for p, u in zip(marked, found, strict=True):
         if u is None:
             continue
         pos = reader.marks(p)
         assert pos is not None
-        out.append(FileMarks(u, marks_mod.bitmap(pos, p.rows).astype("<i8").tobytes(), p.rows))
-        handed.add(p.id)
-    return (urls + tuple(m.url for m in out),
+        handed[p.id] = u
+        if len(pos):  # NB: a part with no marked row is read as a plain file
+            out.append(FileMarks(u, marks_mod.bitmap(pos, p.rows).astype("<i8").tobytes(),
+                                 p.rows))
+    return (urls + tuple(handed.values()),
             dataclasses.replace(rest, kept=tuple(p for p in rest.kept if p.id not in handed)),
             tuple(out))
 
