@@ -10,9 +10,11 @@ Measured (``bench/read_marks.py``, W9's stage (c), 1% updates): one scan of the 
 with this filter, plus the delta read raw, 0.61-0.86x ``spark.read.parquet`` raw by wall at
 load 10-16 on 2 cores, where a broadcast anti join on ``row_index`` reached 0.36-0.47x.
 
-Not yet called by the native read plan (what is left: DESIGN.md §11a, *Marks*). Needs a
-classic (non-Connect) session: each bitmap crosses py4j as one byte array and becomes a
-``long[]`` literal in the JVM (pyspark's ``lit`` of an array is one py4j call per element).
+The native read plan's marked base files (``persist.distributed.FileRead.marks``, planned by
+``plan_native`` from the stored marks of compaction's marks step) are read through it
+(``operators/native.py``). Needs a classic (non-Connect) session: each bitmap crosses py4j as
+one byte array and becomes a ``long[]`` literal in the JVM (pyspark's ``lit`` of an array is
+one py4j call per element).
 """
 
 from __future__ import annotations

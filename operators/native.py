@@ -33,7 +33,11 @@ the Python source's:
   each, key-disjoint) is read as the raw read is: nothing to sum. A base with a few runs on
   top (``FileRead.runs``, the runs at most ``persist.distributed.RUNS_SHARE`` of the base's
   rows) is read raw too, the runs applied by key (:meth:`_Plan._layered`): the base rows of
-  keys no run holds pass, the rest are summed with the runs' contents.
+  keys no run holds pass, the rest are summed with the runs' contents. A marked base part
+  (compaction's marks step) comes with its marks (``FileRead.marks``): its file is scanned
+  with its marked rows dropped (:func:`operators.marks.unmarked`, a bitmap tested against
+  ``_metadata.row_index``), before anything else; the marks step's delta is then part of
+  the settled base, read raw.
 
 On S3, the location's ``storage_options`` configure Spark's S3A reader too: the engine maps
 them to ``fs.s3a.*`` options of each read (:func:`persist.distributed.hadoop_options`; a key
@@ -65,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import pyarrow as pa
 
 import persist
+from operators.marks import unmarked
 from operators.options import Target
 from operators.partitions import BATCH_ROWS, TaskPartition
 from operators.partitions import read as read_partition
@@ -342,7 +347,7 @@ class _Plan:
         from pyspark.sql import functions as F
 
         r = piece.residual
-        df = self._files(piece.urls, piece.sizes)
+        df = self._files(piece.urls, piece.sizes, piece.marks)
         cond = _where(r, times=self.times)
         if cond is not None:
             df = df.where(cond)
@@ -355,8 +360,12 @@ class _Plan:
             return self._summed(df, piece.rest, r.as_of)
         return df.coalesce(1).mapInArrow(_Consolidate(piece.rest, self.types), self.schema)
 
-    def _files(self, urls: tuple[str, ...], sizes: tuple[int, ...] = ()) -> Any:
-        """The DataFrame of the files ``urls`` (of lengths ``sizes``, if known).
+    def _files(self, urls: tuple[str, ...], sizes: tuple[int, ...] = (),
+               marks: tuple[persist.distributed.FileMarks, ...] = ()) -> Any:
+        """The files' rows (``key, value, time, diff``) of the files ``urls`` (of lengths
+        ``sizes``, if known), a marked file's marked rows dropped (``marks``: its bitmap
+        tested against ``_metadata.row_index``, one scan of every file,
+        :func:`operators.marks.unmarked`).
 
         ``s3a://`` files of known lengths are handed to Spark as file statuses (:meth:`_known`):
         Spark's driver lists and checks nothing (it spent three requests per named path, or
@@ -385,6 +394,8 @@ class _Plan:
                 if failure is not None:
                     raise failure from None
             raise
+        if marks:
+            df = unmarked(self.spark, df, {m.url: m.bitmap for m in marks})
         return df.select("key", "value", "time", "diff")
 
     def _known(self, paths: list[str], sizes: tuple[int, ...]) -> Any:

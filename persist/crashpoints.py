@@ -7,6 +7,7 @@ SIGKILL the N-th time (default first) that ``hit("name")`` runs, exactly as a po
 
 Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``,
 ``file.linked``, ``commit.data_written``, ``commit.meta_written``, ``compact.part_written``,
+``compact.marks_written`` (a marks step's delta and marks blobs written, not committed),
 ``gc.before_delete``, ``gc.after_delete``, ``rollup.pieces_written`` (an incremental
 rollup's pieces are stored, its manifest not yet), ``rollup.written``, ``trim.log_deleted`` (a
 metadata trim deleted a log entry, more to go), ``file.shard_emptied`` (a file store deleted

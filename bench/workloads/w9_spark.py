@@ -362,7 +362,8 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
     merges), then the native
     consolidated read against ``spark.read.parquet`` raw; the read's JVM CPU at 1, 2 and 8
     key ranges; (c) 1% fresh updates appended (retractions of existing rows and as many new
-    rows, not merged) and the same read against Parquet raw of those rows too."""
+    rows), since moved past them and ``maintain()`` until idle (compaction's marks step:
+    DESIGN.md §8), and the same read against Parquet raw of those rows too."""
     import persist
     from operators import PersistTable
 
@@ -420,11 +421,22 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
                      "time": pa.array([last + 1] * fresh, pa.int64()),
                      "diff": pa.array([-1] * fresh, pa.int64())}, schema=new.schema)
     updates = pa.concat_tables([gone, new])
-    with persist.open(url) as client:
+    with persist.open(url, options=persist.Options(background_compaction=False)) as client:
         w, _ = client.create_or_load("bench", key_type=pa.int64(), value_type=pa.int64())
         with timed() as t:
             w.append(updates, upper=last + 2).result()
+        # NB: since past the updates, and maintain() until idle: compaction's marks step
+        # (DESIGN.md §8) sums them with the base rows of their keys into a delta and marks
+        # those base rows, rather than rewriting the base (the updates are 2% of it, below
+        # the base merge's 1 / base_ratio)
+        w.allow_compaction(last + 1).result()
+        steps = 0
+        with timed() as marked:
+            while client.maintain():
+                steps += 1
         now = _parts(client)
+        marked_parts = sum(1 for p in client.state.collections["bench"].parts
+                           if p.marks is not None)
     res.add(UPDATES_APPLIED, "s", "lower", "persist", t.seconds)
     updated = root / "parquet-updated"
     updated.mkdir()
@@ -436,8 +448,10 @@ def stages(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str
            lambda: spark.read.parquet(str(updated)))
     res.notes.append(
         f"stage (c): {fresh:,} retractions of existing rows and {fresh:,} new rows at time "
-        f"{last + 1}, appended after (b) and not merged ({now[0]} parts, {now[1]} "
-        f"consolidated; maintain() not called, background work may run); floor: Parquet raw "
+        f"{last + 1}, appended after (b), since moved to {last + 1} and maintain() until idle "
+        f"({steps} call(s) True, {marked.seconds:.2f} s: the marks step; {now[0]} parts, "
+        f"{now[1]} consolidated, {marked_parts} marked; background compaction off); floor: "
+        f"Parquet raw "
         f"of the {rows + 2 * fresh:,} rows (the updates as one more file); read CPU: user + "
         f"system of the Spark JVM and its children (psutil) around one noop read of the "
         f"compacted base per round, toDF(partitions=n)")

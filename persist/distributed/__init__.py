@@ -77,6 +77,7 @@ from persist.distributed.compaction import (
 from persist.distributed.holds import ConsumerHold, set_read_hold
 from persist.distributed.native import (
     RUNS_SHARE,
+    FileMarks,
     FileRead,
     KeyBounds,
     NativePlan,
@@ -118,6 +119,7 @@ __all__ = [
     "CompactionPlan",
     "CompactionTask",
     "ConsumerHold",
+    "FileMarks",
     "FileRead",
     "KeyBounds",
     "LatestValues",

@@ -60,6 +60,8 @@ from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.parquet import MAX_SIGNED_TIME
 from persist.indexed.format.stats import Phys
 from persist.indexed.read import buckets, split, tail
+from persist.indexed.read import marks as marks_mod
+from persist.indexed.read.parts import PartReader
 from persist.indexed.read.scan import READ_ATTEMPTS, CollectionInfo, Layers, ReadTask, Scan
 from persist.indexed.read.scan import read_task as _read_task
 
@@ -86,17 +88,20 @@ def _stores(blob: BlobRead) -> Callable[[str | None], BlobRead | None]:
     return store
 
 
-def _readable(blob: BlobRead, target: int, as_of: int) -> Callable[[PartMeta], str | None]:
+def _readable(blob: BlobRead, target: int, as_of: int, *, marked: bool = False
+              ) -> Callable[[PartMeta], str | None]:
     """The URL another program reads part ``p`` at, for a snapshot as of ``as_of`` as version
-    ``target``'s types, or None."""
+    ``target``'s types, or None. ``marked``: only marked parts (else: only unmarked ones)."""
     store = _stores(blob)
 
     def url(p: PartMeta) -> str | None:
         # NB: a part of another schema version holds that version's types: migrating it
         # (added fields, widened types) is persist's. A time beyond 2**63 - 1 is stored as
         # uint64, which Spark reads as decimal(20, 0), not its long.
+        # NB: a marked part's file holds rows its marks hide (DESIGN.md §8): never handed
+        # out as a bare file (plan_native hands it out with its marks, FileRead.marks).
         if (not p.parquet or p.blob_key is None or evolve.part_version(p) != target
-                or p.max_time > MAX_SIGNED_TIME):
+                or p.max_time > MAX_SIGNED_TIME or (p.marks is not None) != marked):
             return None
         # NB: a fork's part may live in another location (its root) and hide rows past a
         # time cut (upto) that the file still holds: the other reader keeps only rows at or
@@ -251,6 +256,26 @@ class Residual:
 
 
 @dataclass(frozen=True)
+class FileMarks:
+    """The rows of one file of a :class:`FileRead` that the reader must drop: the file is a
+    marked base part (DESIGN.md §8, the marks step), whose rows at the positions whose bit is
+    set are hidden. ``words``: the bitmap as little-endian int64 words, ``ceil(rows / 64)``
+    of them, position ``i`` (the row's index in the file, Spark's ``_metadata.row_index``)
+    being bit ``i % 64`` of word ``i // 64``; ``rows``: the file's rows."""
+
+    url: str
+    words: bytes
+    rows: int
+
+    @property
+    def bitmap(self) -> Any:
+        """The words as a numpy int64 array."""
+        import numpy as np
+
+        return np.frombuffer(self.words, dtype="<i8").astype(np.int64)
+
+
+@dataclass(frozen=True)
 class FileRead:
     """One piece of a native read: ``urls`` for the other reader, what it applies to their
     rows (``residual``), and, for a consolidated key range, the task of the range's other
@@ -284,6 +309,10 @@ class FileRead:
     #: length): a reader that takes file statuses (Spark's file index) needs no listing or
     #: HEAD of its own to learn them. Empty: not known.
     sizes: tuple[int, ...] = ()
+    #: The files among ``urls`` that are marked base parts, with the rows the reader drops
+    #: (before anything else: positions are in the file's rows). Never left out: a marked
+    #: file read without its marks reads rows that are gone.
+    marks: tuple[FileMarks, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -367,8 +396,10 @@ def settled(scan: Scan) -> bool:
     contents already, so that a consolidated read may skip summing them: every part is
     consolidated at one time at or before the as-of time, the parts are key-disjoint by their
     stats, and every part is of the scan's schema version (a migration could make two records
-    equal): they are all its base, no run on top (:attr:`Scan.layers`). ``read_task`` of a
-    consolidated task skips the sum by the same rule.
+    equal): they are all its base, no run on top (:attr:`Scan.layers`; a marks step's delta
+    with the base parts whose marks name it counts as key-disjoint from them, each marked
+    part read minus its marks: :func:`parquet_files` never hands one out as a bare file).
+    ``read_task`` of a consolidated task skips the sum by the same rule.
 
     Raises:
         InvalidUsage: ``scan`` is not a snapshot's ``Scan``.
@@ -440,31 +471,33 @@ def plan_native(scan: Scan, *, consolidated: bool = True, n: int | None = None,
     pieces: list[FileRead] = []
     tasks: list[ReadTask] = []
     file_parts: list[PartMeta] = []
+    marks: tuple[FileMarks, ...]
+    read: tuple[PartMeta, ...]
     lay = scan.layers if consolidated else None
     if files and lay is not None and split.splittable(scan.schema.field("key").type) \
             and layered(lay):
-        base_urls, rest = parquet_files(dataclasses.replace(scan, kept=lay.base))
+        base_urls, rest, marks, read = _with_marks(dataclasses.replace(scan, kept=lay.base))
         if base_urls:
             others = {p.id for p in rest.kept}
             runs = dataclasses.replace(
                 scan, kept=tuple(p for p in scan.kept if p.id in others
                                  or p.id not in {b.id for b in lay.base}))
-            read = tuple(p for p in lay.base if p.id not in others)
             pieces.append(FileRead(base_urls, Residual(as_of, None, consolidate=False),
-                                   runs=runs.task(consolidated=True), sizes=_sizes(read)))
+                                   runs=runs.task(consolidated=True), marks=marks,
+                                   sizes=_sizes(read)))
             file_parts.extend(read)
             return NativePlan(scan.info, as_of, consolidated, tuple(pieces), (),
                               tuple(file_parts))
     if lay is None or lay.settled:
         urls: tuple[str, ...] = ()
         rest = scan
+        marks = ()
+        read = ()
         if files:
-            urls, rest = parquet_files(scan)
+            urls, rest, marks, read = _with_marks(scan)
         if urls:
-            others = {p.id for p in rest.kept}
-            read = tuple(p for p in scan.kept if p.id not in others)
             pieces.append(FileRead(urls, Residual(as_of, None, consolidate=False),
-                                   sizes=_sizes(read)))
+                                   marks=marks, sizes=_sizes(read)))
             file_parts.extend(read)
         if rest.kept or not urls:
             tasks.extend(rest.tasks(rows_per_task=rows_per_task))
@@ -490,6 +523,45 @@ def _sizes(parts: tuple[PartMeta, ...]) -> tuple[int, ...]:
     """The byte lengths of the files of ``parts`` (:attr:`FileRead.sizes`), in the order
     :func:`parquet_files` and :func:`parquet_task` hand out their URLs (the parts' order)."""
     return tuple(p.nbytes for p in parts)
+
+
+def _with_marks(scan: Scan) -> tuple[tuple[str, ...], Scan, tuple[FileMarks, ...],
+                                      tuple[PartMeta, ...]]:
+    """:func:`parquet_files` of ``scan``, and its marked parts as files too, each with its
+    marks (:class:`FileMarks`, read and verified here: a damaged marks blob is
+    ``ChecksumMismatch`` naming the part, a missing one ``PartMissing``); last, the parts
+    of the URLs handed out, in the URLs' order (what :func:`_sizes` measures).
+
+    Raises:
+        ChecksumMismatch, PartMissing, Corruption, ExternalError: as :func:`parquet_files`,
+            and of a marks blob.
+    """
+    urls, rest = parquet_files(scan)
+    left = {p.id for p in rest.kept}
+    # NB: parquet_files hands out its URLs in the parts' order
+    plain = tuple(p for p in scan.kept if p.id not in left)
+    marked = tuple(p for p in rest.kept if p.marks is not None)
+    if not marked:
+        return urls, rest, (), plain
+    blob = read_half(scan.info.address)
+    url = _readable(blob, scan.schema_version, scan.as_of, marked=True)
+    reader = PartReader(blob, cache_bytes=0)
+    out: list[FileMarks] = []
+    handed: dict[str, str] = {}
+    # NB: in parallel, as parquet_files: each tail is one ranged read (once per process)
+    found = list(_pool().map(url, marked)) if len(marked) > 1 else [url(p) for p in marked]
+    for p, u in zip(marked, found, strict=True):
+        if u is None:
+            continue
+        pos = reader.marks(p)
+        assert pos is not None
+        handed[p.id] = u
+        if len(pos):  # NB: a part with no marked row is read as a plain file
+            out.append(FileMarks(u, marks_mod.bitmap(pos, p.rows).astype("<i8").tobytes(),
+                                 p.rows))
+    return (urls + tuple(handed.values()),
+            dataclasses.replace(rest, kept=tuple(p for p in rest.kept if p.id not in handed)),
+            tuple(out), plain + tuple(p for p in marked if p.id in handed))
 
 
 _T = TypeVar("_T")
@@ -603,6 +675,6 @@ def consolidate(task: ReadTask, rows: pa.Table) -> pa.Table:
     return buckets.consolidate(pa.concat_tables(tables), task.as_of)
 
 
-__all__ = ["RUNS_SHARE", "FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate",
+__all__ = ["RUNS_SHARE", "FileMarks", "FileRead", "KeyBounds", "NativePlan", "Residual", "consolidate",
            "key_bounds", "layered", "null_keys", "parquet_files", "parquet_task", "plan_native",
            "read_native", "settled"]

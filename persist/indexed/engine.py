@@ -926,6 +926,11 @@ class Indexed:
         # with the next small part, rewriting all of the collection's inline data each round
         # (found while adding the knob set inline-max to the matrix).
         threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
+        if compact.marking(c, parts, opts.compaction, frontier):
+            # NB: in-process: its CPU is an is_in over the base's keys and one sum of the
+            # touched keys, far below the merge it stands in for.
+            return compact.mark(self.blob, self.reader, c, tuple(parts), frontier=frontier,
+                                stats_bytes=opts.stats_bytes, batch_rows=opts.batch_rows)
         base = compact.into_base(c, parts, frontier,
                                  flush_bytes=opts.compaction.inline_flush_bytes)
         job = offload.MergeJob(collection=c, parts=tuple(parts), inline_threshold=threshold,
@@ -949,13 +954,13 @@ class Indexed:
             merger.close()
 
     def _discard(self, op: ReplaceParts) -> None:
-        """Deletes the blobs of a merge that was never committed."""
-        for part in op.added:
-            if part.blob_key is not None:
-                try:
-                    self.blob.delete(part.blob_key)
-                except PersistError as e:  # left for `persist verify --delete-leaked`
-                    log.info("could not delete the uncommitted merge %s: %s", part.blob_key, e)
+        """Deletes the blobs of a merge that was never committed (never the data blob a
+        marks step's marked part shares with the part it replaces)."""
+        for key in compact.written(op):
+            try:
+                self.blob.delete(key)
+            except PersistError as e:  # left for `persist verify --delete-leaked`
+                log.info("could not delete the uncommitted merge %s: %s", key, e)
 
     def collect_retired(self, state: Callable[[], State], commit: Committer, *,
                         now_ms: int | None = None) -> bool:

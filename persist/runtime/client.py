@@ -645,6 +645,9 @@ def _check_staged_part(name: str, p: PartMeta) -> None:
         raise InvalidUsage(f"part {p.id} for {name!r} must be either inline or in a blob")
     if p.blob_key is not None and not p.blob_key.startswith(layout.DATA_PREFIX):
         raise InvalidUsage(f"part {p.id} for {name!r} is stored outside {layout.DATA_PREFIX!r}")
+    if p.marks is not None:
+        raise InvalidUsage(f"part {p.id} for {name!r} carries marks: only compaction's marks "
+                           f"step writes a marked part")
 
 
 def _normalize(state: State, name: str, updates: Any, schema_id: int | None = None,

@@ -47,7 +47,7 @@ def test_records_and_keys_are_pinned() -> None:
     assert got.log_from == 5
     assert trim == fixed_sharded_state().trim
     assert meta.decode_manifest(key, manifest) == fixed_sharded_manifest()
-    assert meta.SHARDED_LOG_FORMAT_VERSION == meta.FORMAT_VERSION == 7
+    assert meta.SHARDED_LOG_FORMAT_VERSION == 7
     # the keys: flat below the switch, in shards of 1,024 from it on, sorting by seq
     assert layout.LOG_SHARD == 1024
     assert layout.log_key(8, 9) == "meta/log/00000000000000000008"

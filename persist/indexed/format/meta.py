@@ -98,6 +98,14 @@ first whichever way it reads (the newest rollup, or the flat log after an older 
 the switch), and refuses it with ``IncompatibleFormat``: it never probes the flat keys past
 the switch as an end of log, nor commits there. Every other record keeps its bytes
 (``log_from`` is ``UNSET`` until the switch).
+
+Version 8 is marks (compaction's marks step, DESIGN.md §8): a *marked* base part references
+the blob of the base part it replaced plus a marks blob naming the blob rows it hides
+(:class:`persist.indexed.format.stats.Marks`, nested in ``PartStats.marks`` since ``PartMeta``
+has no 16th field to give). msgspec ignores an unknown field, so a persist that predates it
+would read the hidden rows as live: a commit that adds a marked part and a rollup (whole, a
+manifest's piece) holding one are version 8, refused by an older persist with
+``IncompatibleFormat``. Every other record keeps its bytes (``marks`` is omitted while None).
 """
 
 from __future__ import annotations
@@ -110,11 +118,11 @@ import msgspec
 from persist import layout
 from persist.errors import Corruption, IncompatibleFormat, InvalidUsage
 from persist.indexed.format import columnar, records
-from persist.indexed.format.stats import PartStats
+from persist.indexed.format.stats import Marks, PartStats, marks_of
 
 #: The newest metadata format this persist reads (and writes for records referencing Parquet
 #: parts, forks and restores).
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 #: The format of metadata records that carry no version-2 or version-3 feature.
 BASE_FORMAT_VERSION = 1
 #: The format of records carrying a collection of records (version-2 types).
@@ -132,6 +140,8 @@ REFS_FORMAT_VERSION = 5
 MANIFEST_FORMAT_VERSION = 6
 #: The format of the commit that shards the log and of every rollup of a sharded log.
 SHARDED_LOG_FORMAT_VERSION = 7
+#: The format of records adding or holding a marked part (compaction's marks step).
+MARKS_FORMAT_VERSION = 8
 
 
 class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
@@ -189,6 +199,11 @@ class PartMeta(msgspec.Struct, frozen=True, kw_only=True):
     def parquet(self) -> bool:
         """Whether the part is a Parquet file (part format 4): it has a checksum."""
         return self.checksum is not msgspec.UNSET
+
+    @property
+    def marks(self) -> Marks | None:
+        """The blob rows the part hides (a marked base part, format 8; None: none)."""
+        return marks_of(self.stats)
 
 
 class OfPart:
@@ -598,10 +613,15 @@ def required_version(record: Commit | State) -> int:
 
 def _required(record: Commit | State) -> int:
     if isinstance(record, Commit):
-        if any(isinstance(op, Restore) for op in record.ops):
-            return REFS_FORMAT_VERSION
+        restores = [op for op in record.ops if isinstance(op, Restore)]
+        if restores:
+            return max([REFS_FORMAT_VERSION,
+                        *(collection_version(c) for op in restores
+                          for c in op.collections.values())])
         colls: Any = [op.collection for op in record.ops if isinstance(op, Register)]
-        parts: Any = (p for op in record.ops for p in _parts_of(op))
+        parts: Any = [p for op in record.ops for p in _parts_of(op)]
+        if any(p.marks is not None for p in parts):
+            return max([MARKS_FORMAT_VERSION, *(collection_version(c) for c in colls)])
         if any(p.parquet for p in parts):
             return max([PARQUET_FORMAT_VERSION, *(collection_version(c) for c in colls)])
         if any(isinstance(op, EvolveSchema) for op in record.ops):
@@ -631,9 +651,11 @@ def borrows(c: CollectionMeta) -> bool:
 
 
 def collection_version(c: CollectionMeta) -> int:
-    """5 for a collection that references a blob it does not own (a fork), 4 for a collection
-    holding a Parquet part, 3 for an evolved collection, 2 for one of version-2 types (see the
-    module docstring), else 1."""
+    """8 for a collection holding a marked part, 5 for a collection that references a blob it
+    does not own (a fork), 4 for a collection holding a Parquet part, 3 for an evolved
+    collection, 2 for one of version-2 types (see the module docstring), else 1."""
+    if any(p.marks is not None for p in c.parts):
+        return MARKS_FORMAT_VERSION
     if borrows(c):
         return REFS_FORMAT_VERSION
     if any(p.parquet for p in c.parts):

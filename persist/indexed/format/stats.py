@@ -176,6 +176,31 @@ class Groups(msgspec.Struct, frozen=True, array_like=True):
     crcs: tuple[int, ...]
 
 
+class Marks(msgspec.Struct, frozen=True, array_like=True):
+    """The rows a *marked* base part hides (a marks step of compaction, DESIGN.md §8): the
+    part's rows are its blob's rows minus the ``count`` rows at the positions stored in the
+    marks blob at ``key`` (sorted little-endian int64 positions in the blob's row order,
+    ``nbytes`` bytes with crc32c ``crc``; spelled as a ``blob_key``, a reference in a fork
+    across locations). ``delta`` is the id of the consolidated delta part the marks were
+    computed with: every row of the blob whose key that delta's rows may hold is marked
+    (what lets a read take the part and the delta as one settled base, ``scan.layers``).
+
+    Here because ``PartMeta`` is at its 15-field limit. Unlike ``tail`` and ``groups``, an
+    older persist must not ignore it (it would read the hidden rows): a record holding a
+    marked part is metadata format 8 (``meta.MARKS_FORMAT_VERSION``), refused by older
+    readers.
+
+    Invariant: ``nbytes == 8 * count``; positions strictly increasing, each below the
+    part's ``rows``.
+    """
+
+    key: str
+    nbytes: int
+    crc: int
+    count: int
+    delta: str
+
+
 class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A part's stats (stored in ``PartMeta.stats``): per-field entries, and, when the part has
     several record batches, each batch's row count and per-batch bounds of some fields. A
@@ -203,6 +228,14 @@ class PartStats(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     #: Its row groups' byte ranges and checksums (None: not recorded; one row group, a part
     #: Spark wrote, or one written before they were). Outside the stats budget, as ``tail``.
     groups: Groups | None = None
+    #: The rows the part hides (:class:`Marks`; None: none, every part but a marked base
+    #: part). NB: not a stat: a reader must apply it (format 8).
+    marks: Marks | None = None
+
+
+def marks_of(stats: PartStats | msgspec.UnsetType) -> Marks | None:
+    """The marks of a part with these stats (None: unmarked)."""
+    return None if isinstance(stats, msgspec.UnsetType) else stats.marks
 
 
 _ENC = msgspec.msgpack.Encoder()
@@ -401,5 +434,5 @@ def _batch_stats(path: str, per: list[tuple[Phys | None, Phys | None]], *, nan: 
 
 
 __all__ = ["BATCH_PREFIX_BYTES", "MAX_STATS_BYTES", "PART_PREFIX_BYTES", "STATS_BYTES",
-           "BatchStats", "Bounds", "Groups", "LeafStats", "PartStats", "Phys", "Tail", "batch_bounds",
-           "compute", "orderable", "part_bounds", "path_key", "physical"]
+           "BatchStats", "Bounds", "Groups", "LeafStats", "Marks", "PartStats", "Phys", "Tail",
+           "batch_bounds", "compute", "marks_of", "orderable", "part_bounds", "path_key", "physical"]

@@ -168,6 +168,10 @@ class StagedPart(Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
         if self.schema.id < 0:
             raise Corruption(self.KIND, f"schema version {self.schema.id}")
         check_part_record(self.part, evolve.Schemas((types,) * (self.schema.id + 1)))
+        if self.part.marks is not None:
+            # NB: only compaction's marks step writes marks (over a base part it replaces):
+            # a staged part that says some rows of a blob are hidden is not one a stager made
+            raise Corruption(self.KIND, f"part {self.part.id} carries marks")
 
     def check(self, name: str, location: str,
               collections: Mapping[str, CollectionMeta]) -> PartMeta:
@@ -181,9 +185,12 @@ class StagedPart(Travelling, msgspec.Struct, OfPart, frozen=True, kw_only=True):
             SchemaMismatch: staged with types that are not those of ``c``'s schema version
                 ``schema.id``.
             Corruption: the record contradicts itself (a part tagged with another version, an
-                inline payload that is not the rows its metadata describes).
+                inline payload that is not the rows its metadata describes, marks).
         """
         p = self.part
+        if p.marks is not None:
+            raise Corruption(self.KIND, f"part {p.id} carries marks: only compaction writes "
+                                        f"them; nothing was committed")
         if self.collection != name:
             raise InvalidUsage(f"part {p.id} was staged for {self.collection!r}, not {name!r}")
         c = collections.get(name)

@@ -64,6 +64,7 @@ import contextlib
 import functools
 import logging
 import math
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -72,6 +73,7 @@ import msgspec
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from persist import crashpoints
 from persist.blob.base import Blob
@@ -79,8 +81,10 @@ from persist.errors import InvalidUsage, PersistError
 from persist.indexed.format import columnar, evolve, records, sorting, stats
 from persist.indexed.format.meta import CollectionMeta, PartMeta, ReplaceParts
 from persist.indexed.format.write import new_part
-from persist.indexed.read.parts import PartReader
+from persist.indexed.read import split
+from persist.indexed.read.parts import PartReader, encode_marks
 from persist.indexed.state.transitions import effective_since
+from persist.layout import DATA_PREFIX, data_key, parse_ref
 
 FANIN = 4
 #: A background merge of this many input rows or more (about 0.1 s of CPU) runs within the
@@ -128,10 +132,18 @@ class CompactionPolicy:
     #: does neither, an explicit maintenance round still does). Large: sooner, at more CPU
     #: beside the commit path.
     rewrite_share: float = 0.25
+    #: A base of this many rows or more takes a *marks step* (:func:`mark`) when ready runs
+    #: wait that do not yet call for a merge: the runs' rows and the base rows of the keys
+    #: they touch are summed into one consolidated delta part, and those base rows are marked
+    #: (hidden) in place instead of rewritten, so a read passes the base and the delta
+    #: without summing (>= 1). Large: never (the runs wait for the merge, and reads apply
+    #: them by key).
+    marks_rows: int = 1 << 18
 
     def __post_init__(self) -> None:
         for name, lo in (("fanin", 2), ("final_rows", 1), ("base_ratio", 1), ("max_runs", 1),
-                         ("inline_flush_bytes", 0), ("part_target_bytes", 1)):
+                         ("inline_flush_bytes", 0), ("part_target_bytes", 1),
+                         ("marks_rows", 1)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise InvalidUsage(f"CompactionPolicy.{name} must be an integer >= {lo}, "
@@ -245,19 +257,12 @@ def plan(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = Non
     how far the merge may forward times (default and maximum: the effective since)."""
     f = _frontier(c, frontier)
     base, runs = layout(c, f)
-    if has_base(c):
-        ready = [p for p in runs if p.rows == 0 or p.max_time <= f]
-        if ready:
-            bounds = [key_bounds(p) for p in ready]
-            hit = {b.id for b in base if any(overlap(x, key_bounds(b)) for x in bounds)}
-            rows = sum(p.rows for p in ready)
-            big = sum(1 for p in ready if p.full is True or p.rows >= policy.final_rows)
-            if (base or any(p.blob_key is not None for p in ready)
-                    or sum(p.nbytes for p in ready) >= policy.inline_flush_bytes) and (
-                    rows * policy.base_ratio >= sum(b.rows for b in base if b.id in hit)
-                    or big >= policy.max_runs):
-                chosen = {p.id for p in ready} | hit
-                return tuple(p for p in c.parts if p.id in chosen)
+    merged = _base_merge(c, policy, f, base, runs)
+    if merged:
+        return merged
+    marked = _marks_step(c, policy, f, base, runs)
+    if marked:
+        return marked
     live = [p for p in runs if p.rows < policy.final_rows and p.full is not True]
     if len(live) < 2:
         return ()
@@ -271,6 +276,65 @@ def plan(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = Non
     if len(inline) > 1 and sum(p.nbytes for p in inline) >= policy.inline_flush_bytes:
         return tuple(inline)
     return ()
+
+
+def _base_merge(c: CollectionMeta, policy: CompactionPolicy, f: int,
+                base: tuple[PartMeta, ...], runs: tuple[PartMeta, ...]) -> tuple[PartMeta, ...]:
+    """The parts of the base merge :func:`plan` wants now (``base``, ``runs``: ``layout(c,
+    f)``), or ()."""
+    if not has_base(c):
+        return ()
+    ready = [p for p in runs if p.rows == 0 or p.max_time <= f]
+    if not ready:
+        return ()
+    bounds = [key_bounds(p) for p in ready]
+    hit = {b.id for b in base if any(overlap(x, key_bounds(b)) for x in bounds)}
+    rows = sum(p.rows for p in ready)
+    big = sum(1 for p in ready if p.full is True or p.rows >= policy.final_rows)
+    if (base or any(p.blob_key is not None for p in ready)
+            or sum(p.nbytes for p in ready) >= policy.inline_flush_bytes) and (
+            rows * policy.base_ratio >= sum(b.rows for b in base if b.id in hit)
+            or big >= policy.max_runs):
+        chosen = {p.id for p in ready} | hit
+        return tuple(p for p in c.parts if p.id in chosen)
+    return ()
+
+
+def _marks_step(c: CollectionMeta, policy: CompactionPolicy, f: int,
+                base: tuple[PartMeta, ...], runs: tuple[PartMeta, ...]
+                ) -> tuple[PartMeta, ...]:
+    """The parts of the marks step (:func:`mark`) :func:`plan` wants now when no base merge
+    is due, or (): every base part and every ready run, when the base holds
+    ``policy.marks_rows`` rows or more and a ready run with rows is not the base's delta
+    already (the one its marks name). Every part of the current schema version (an older
+    one is the merge's to migrate)."""
+    if not has_base(c) or not base or sum(b.rows for b in base) < policy.marks_rows:
+        return ()
+    target = evolve.version(c)
+    ready = [p for p in runs if p.rows and p.max_time <= f]
+    if any(evolve.part_version(p) != target for p in (*base, *ready)):
+        return ()
+    # NB: marks are positions in a blob's rows; a fork's part whose time cut hides some of
+    # them reads fewer rows than its blob holds (the merge's to rewrite)
+    if any(b.blob_key is None or parse_ref(b.blob_key)[2] is not None for b in base):
+        return ()
+    delta = split.paired(base, ready, f, columnar.deserialize_type(c.key_type))
+    if not any(delta is None or p.id != delta.id for p in ready):
+        return ()
+    chosen = {p.id for p in ready} | {b.id for b in base}
+    return tuple(p for p in c.parts if p.id in chosen)
+
+
+def marking(c: CollectionMeta, parts: Sequence[PartMeta], policy: CompactionPolicy,
+            frontier: int | None = None) -> bool:
+    """Whether ``parts`` (planned by :func:`plan`) are a marks step (:func:`mark`), not a
+    merge."""
+    f = _frontier(c, frontier)
+    base, runs = layout(c, f)
+    if _base_merge(c, policy, f, base, runs):
+        return False
+    step = _marks_step(c, policy, f, base, runs)
+    return bool(step) and {p.id for p in step} == {p.id for p in parts}
 
 
 def into_base(c: CollectionMeta, parts: Sequence[PartMeta], frontier: int | None = None, *,
@@ -362,6 +426,126 @@ def merge(
     crashpoints.hit("compact.part_written")
     return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=tuple(added),
                         frontier=f)
+
+
+def mark(blob: Blob, reader: PartReader, c: CollectionMeta, parts: tuple[PartMeta, ...], *,
+         frontier: int | None = None, stats_bytes: int = stats.STATS_BYTES,
+         batch_rows: int = columnar.BATCH_ROWS) -> ReplaceParts:
+    """The marks step over ``parts`` (:func:`plan`'s, :func:`marking`: every base part of
+    ``c`` and its ready runs), forwarding times to ``frontier`` (default and maximum: the
+    effective since): instead of rewriting the base, it writes
+
+    * one consolidated *delta* part: the runs' rows and the base rows of every key they hold,
+      summed, at the frontier (a blob part; none when everything cancels);
+    * per base part, a *marked* part: the same data blob, its rows at those keys hidden by
+      a marks blob (:class:`~persist.indexed.format.stats.Marks`: the positions it hid
+      before and the new ones; an unchanged set keeps its blob), naming the delta.
+
+    The op replaces the base parts and the runs (a previous delta is one) with those parts,
+    in one commit; the state refuses it if one of them is gone meanwhile. Exact as every
+    merge: a group of rows consolidation sums has one key, so a key's rows are either all
+    in the delta (its base rows marked) or all in the base (no run holds it).
+
+    Raises:
+        DiffOverflow: a diff sum left int64 (nothing written).
+        ExternalError: reading or writing failed (what it wrote is deleted again, best effort).
+    """
+    f = _frontier(c, frontier)
+    view = evolve.View.of(c)
+    base, _ = layout(c, f)
+    ids = {p.id for p in parts}
+    base = tuple(b for b in base if b.id in ids)
+    base_ids = {b.id for b in base}
+    runs = [p for p in parts if p.id not in base_ids and p.rows]
+    table = (pa.concat_tables([view.read(reader, p) for p in runs]) if runs
+             else view.schema.empty_table())
+    keys = pc.unique(records.one_nan(table.column("key")))
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks()
+    touched: list[pa.Table] = []
+    positions: list[tuple[PartMeta, npt.NDArray[np.int64], bool]] = []
+    for b in base:
+        # NB: the blob's rows as stored (positions are in them), then its live rows
+        whole = view.read(reader, unmarked_meta(b))
+        old = reader.marks(b)
+        live = np.ones(len(whole), dtype=bool)
+        if old is not None and len(old):
+            live[old] = False
+        hit = np.asarray(pc.is_in(records.one_nan(whole.column("key")), value_set=keys)
+                         .to_numpy(zero_copy_only=False), dtype=bool) & live
+        new = np.flatnonzero(hit).astype(np.int64)
+        if len(new):
+            touched.append(whole.take(pa.array(new)))
+        pos = new if old is None else np.union1d(old, new).astype(np.int64)
+        positions.append((b, pos, bool(len(new)) or old is None))
+    merged = columnar.consolidate(columnar.forward(pa.concat_tables([*touched, table]), f))
+    added: list[PartMeta] = []
+    written: list[str] = []
+    try:
+        delta = None
+        if len(merged):
+            delta = evolve.tag(new_part(
+                blob, c, merged, consolidated=True, inline_threshold=0,
+                stats_bytes=max(stats_bytes, KEY_STATS_BYTES), batch_rows=batch_rows),
+                view.target)
+            assert delta.blob_key is not None
+            written.append(delta.blob_key)
+        delta_id = "" if delta is None else delta.id
+        for b, pos, changed in positions:
+            pid = uuid.uuid4().hex
+            old_marks = b.marks
+            if not changed and old_marks is not None:
+                m = msgspec.structs.replace(old_marks, delta=delta_id)
+            elif not len(pos):
+                m = stats.Marks(key="", nbytes=0, crc=0, count=0, delta=delta_id)
+            else:
+                key = data_key(c.id, f"{pid}{MARKS_SUFFIX}")
+                data = encode_marks(pos)
+                written.append(key)
+                m = stats.Marks(key=key, nbytes=len(data), crc=blob.set_plain(key, data),
+                                count=len(pos), delta=delta_id)
+            st = b.stats
+            assert not isinstance(st, msgspec.UnsetType)  # a base part has key stats
+            added.append(msgspec.structs.replace(b, id=pid,
+                                                 stats=msgspec.structs.replace(st, marks=m)))
+        if delta is not None:
+            added.append(delta)
+    except BaseException:
+        for key in written:
+            with contextlib.suppress(PersistError):
+                blob.delete(key)
+        raise
+    crashpoints.hit("compact.marks_written")
+    return ReplaceParts(name=c.name, removed=tuple(p.id for p in parts), added=tuple(added),
+                        frontier=f)
+
+
+#: The name a marks blob's key ends with: ``data/<cid>/<marked part id>.marks``.
+MARKS_SUFFIX = ".marks"
+
+
+def unmarked_meta(p: PartMeta) -> PartMeta:
+    """``p`` without its marks: what reads its whole blob."""
+    st = p.stats
+    if isinstance(st, msgspec.UnsetType) or st.marks is None:
+        return p
+    return msgspec.structs.replace(p, stats=msgspec.structs.replace(st, marks=None))
+
+
+def written(op: ReplaceParts) -> list[str]:
+    """The keys of the blobs a merge or a marks step (``op``, not committed) wrote: each
+    added part's own blob (named after its id, ``data/<cid>/<id>``) and marks blob
+    (``<id>.marks``), never a data blob a marked part shares with the part it replaces."""
+    out = []
+    for p in op.added:
+        if p.blob_key is not None and p.blob_key.startswith(DATA_PREFIX) \
+                and p.blob_key.rsplit("/", 1)[-1] == p.id:
+            out.append(p.blob_key)
+        m = p.marks
+        if m is not None and m.key.startswith(DATA_PREFIX) \
+                and m.key.rsplit("/", 1)[-1] == f"{p.id}{MARKS_SUFFIX}":
+            out.append(m.key)
+    return out
 
 
 def _keys(table: pa.Table) -> npt.NDArray[np.generic]:

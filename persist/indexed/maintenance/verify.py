@@ -27,6 +27,7 @@ from persist.errors import Corruption, IncompatibleFormat, MissingResource, Pers
 from persist.indexed.format import columnar, evolve, meta, parquet, sorting
 from persist.indexed.format.meta import CollectionMeta, Commit, PartMeta, State
 from persist.indexed.maintenance import gc
+from persist.indexed.read.parts import PartReader
 from persist.indexed.state import lease, pieces, pins, refs
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import apply
@@ -154,6 +155,11 @@ def _check_part_meta(here: str, c: CollectionMeta, p: PartMeta, part_ids: set[st
         blobs.add((root, key))
         if root is None:
             blob_keys.setdefault(key, c.name)
+        m = p.marks
+        if m is not None and m.count:
+            m_root, m_key, _ = layout.parse_ref(m.key)
+            if m_root is None:
+                blob_keys.setdefault(m_key, c.name)
 
 
 class _Data:
@@ -408,6 +414,16 @@ def verify(blob: BlobRead, *, url: str = "", jobs: int = 4,
                 report.inline_parts += 1
                 report.problems.extend(_check_part_data(name, c, p, p.inline))
                 bar.update()
+        marks_reader = PartReader(blob, cache_bytes=0)
+        for name, _c, p in parts:
+            if p.marks is not None and p.marks.count:
+                # NB: its checksum, its positions within the part's rows, increasing
+                try:
+                    marks_reader.marks(p)
+                except PersistError as e:
+                    if isinstance(e, IncompatibleFormat):
+                        raise
+                    report.problems.append(f"{name}: part {p.id}'s marks: {e}")
     finally:
         bar.close()
     report.problems.extend(_replay_problems(commits, rollups, listed, report))

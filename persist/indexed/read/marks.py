@@ -15,8 +15,12 @@ wholly in the base (no run row in it). Keys are matched as the layered read matc
 (``is_in`` with every NaN made one NaN, null equal to null); a coarser match (``-0.0`` equal to
 ``0.0``) only moves base rows into the delta, which persist's consolidation sums exactly.
 
-Not yet stored or read by any plan: this is the computation a compaction step would store
-(what is left: DESIGN.md §11a, *Marks*).
+Compaction's marks step (:func:`persist.indexed.maintenance.compact.mark`, DESIGN.md §8)
+computes the same marks and delta incrementally (positions in the blob's rows, earlier marks
+kept) and stores them; every part read applies a marked part's marks
+(:meth:`persist.indexed.read.parts.PartReader.marks`), and the native plan hands each marked
+file's :func:`bitmap` to Spark (``persist.distributed.FileRead.marks``). This module keeps the
+one-shot computation and the bitmap form.
 """
 
 from __future__ import annotations

@@ -16,6 +16,8 @@ from collections import OrderedDict
 
 import crc32c
 import msgspec
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -74,6 +76,8 @@ class PartReader:
         #: What this reader decoded (:class:`DecodeCount`).
         self.decoded = DecodeCount()
         self._siblings: dict[str, BlobRead] = {}
+        #: marks blob (root, key) -> its verified positions
+        self._marks: OrderedDict[str, npt.NDArray[np.int64]] = OrderedDict()
 
     def _count(self, n: int) -> None:
         self.decoded.add(n)
@@ -142,7 +146,8 @@ class PartReader:
             hit = self._cache.get(ck)
             if hit is not None:
                 self._cache.move_to_end(ck)
-                return _cut(hit[0], upto)
+        if hit is not None:
+            return _cut(self._unmarked(part, hit[0], None, None), upto)
         table, groups = self._decode(part, key, self._fetch(part, root, key), schema)
         # NB: the decoded size, which is what the cache holds: a zstd part decodes to ~3x its
         # stored bytes, so counting those would let the cache grow to ~3x its budget.
@@ -155,7 +160,66 @@ class PartReader:
                 while self._cached > self.cache_bytes:
                     _, (_, s, _) = self._cache.popitem(last=False)
                     self._cached -= s
-        return _cut(table, upto)
+        return _cut(self._unmarked(part, table, None, None), upto)
+
+    def marks(self, part: PartMeta) -> npt.NDArray[np.int64] | None:
+        """The positions (in its blob's rows) that marked part ``part`` hides, verified
+        (None: an unmarked part). Cached (small, immutable, uniquely named).
+
+        Raises:
+            ChecksumMismatch: the marks blob is not what was written (flipped, truncated).
+            PartMissing: the marks blob is gone (GC); retry on a newer state.
+            Corruption: the positions are not strictly increasing within the part's rows.
+            ExternalError: storage failed.
+        """
+        m = part.marks
+        if m is None:
+            return None
+        if not m.count:
+            return _NO_MARKS
+        root, key, _ = layout.parse_ref(m.key)
+        ck = f"{root or ''}\0{key}"
+        with self._lock:
+            got = self._marks.get(ck)
+        if got is not None:
+            return got
+        try:
+            data = self._store(root).get_plain(key, m.crc, size=m.nbytes)
+        except ChecksumMismatch as e:
+            raise ChecksumMismatch(key, f"the marks of part {part.id}: {e}") from None
+        if data is None:
+            raise PartMissing(f"the marks {key!r} of part {part.id} are gone (garbage "
+                              f"collected); retry on a newer state")
+        pos = _positions(part, key, data)
+        with self._lock:
+            self._marks[ck] = pos
+            while len(self._marks) > 1024:
+                self._marks.popitem(last=False)
+        return pos
+
+    def _unmarked(self, part: PartMeta, t: pa.Table, keep: list[bool] | None,
+                  batch_rows: tuple[int, ...] | None) -> pa.Table:
+        """``t`` (the rows of ``part``'s blob, or its record batches ``keep`` of
+        ``batch_rows`` rows) without the rows its marks hide."""
+        pos = self.marks(part)
+        if pos is None or not len(pos):
+            return t
+        total = part.rows if keep is None else sum(batch_rows or ())
+        mask = np.ones(total, dtype=bool)
+        mask[pos] = False
+        if keep is not None:
+            assert batch_rows is not None
+            pieces, at = [], 0
+            for k, n in zip(keep, batch_rows, strict=True):
+                if k:
+                    pieces.append(mask[at:at + n])
+                at += n
+            mask = np.concatenate(pieces) if pieces else mask[:0]
+        if len(mask) != len(t):
+            raise Corruption(part.blob_key or part.id,
+                             f"part {part.id}: its marks cover {len(mask)} rows, its blob "
+                             f"read {len(t)}")
+        return t.filter(pa.array(mask))
 
     def _store(self, root: str | None) -> BlobRead:
         """The store holding a blob of the location at ``root`` (None: this one)."""
@@ -196,13 +260,15 @@ class PartReader:
                 if k:
                     pieces.append(hit[0].slice(at, n))
                 at += n
-            return _cut(pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0), upto)
+            got = pa.concat_tables(pieces) if pieces else hit[0].slice(0, 0)
+            return _cut(self._unmarked(part, got, keep, batch_rows), upto)
         if part.inline is not None:
             return self._decode(part, f"inline part {part.id}", part.inline, schema, keep,
                                 batch_rows)[0]
         assert key is not None
-        return _cut(self._decode(part, key, self._fetch(part, root, key), schema, keep,
-                                 batch_rows)[0], upto)
+        got = self._decode(part, key, self._fetch(part, root, key), schema, keep,
+                           batch_rows)[0]
+        return _cut(self._unmarked(part, got, keep, batch_rows), upto)
 
 
     def read_groups(self, part: PartMeta, schema: pa.Schema, keep: list[bool],
@@ -246,7 +312,8 @@ class PartReader:
                                                      groups.crcs[i:j], offsets[i:j + 1])))
             i = j
         data = parquet.Stretches(part.nbytes, pieces)
-        return _cut(self._decode(part, key, data, schema, keep, batch_rows)[0], upto)
+        got = self._decode(part, key, data, schema, keep, batch_rows)[0]
+        return _cut(self._unmarked(part, got, keep, batch_rows), upto)
 
     @staticmethod
     def _stretch(store: BlobRead, part: PartMeta, key: str, start: int, end: int,
@@ -288,7 +355,35 @@ class PartReader:
         """
         assert part.blob_key is not None
         _, key, upto = layout.parse_ref(part.blob_key)
-        return _cut(self._decode(part, key, data, schema, keep, batch_rows)[0], upto)
+        got = self._decode(part, key, data, schema, keep, batch_rows)[0]
+        return _cut(self._unmarked(part, got, keep, batch_rows), upto)
+
+
+_NO_MARKS: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+
+
+def _positions(part: PartMeta, key: str, data: bytes | memoryview) -> npt.NDArray[np.int64]:
+    """The positions a marks blob (``data``, verified) of ``part`` holds.
+
+    Raises:
+        Corruption: not ``count`` strictly increasing positions within the part's rows.
+    """
+    m = part.marks
+    assert m is not None
+    if len(data) != 8 * m.count:
+        raise Corruption(key, f"the marks of part {part.id}: {len(data)} bytes for "
+                              f"{m.count} positions")
+    pos = np.frombuffer(data, dtype="<i8").astype(np.int64)
+    if len(pos) and (int(pos[0]) < 0 or int(pos[-1]) >= part.rows
+                     or bool(np.any(np.diff(pos) <= 0))):
+        raise Corruption(key, f"the marks of part {part.id} are not increasing positions "
+                              f"within its {part.rows} rows")
+    return pos
+
+
+def encode_marks(positions: npt.NDArray[np.int64]) -> bytes:
+    """The stored bytes of a marks blob holding ``positions`` (sorted, distinct)."""
+    return np.ascontiguousarray(positions, dtype="<i8").tobytes()
 
 
 def _cut(t: pa.Table, upto: int | None) -> pa.Table:
@@ -307,4 +402,4 @@ def _kept_share(nbytes: int, keep: list[bool], rows: tuple[int, ...] | None) -> 
     return nbytes * kept // sum(rows)
 
 
-__all__ = ["CACHE_BYTES", "DECODED", "DecodeCount", "PartReader"]
+__all__ = ["CACHE_BYTES", "DECODED", "DecodeCount", "PartReader", "encode_marks"]

@@ -141,12 +141,14 @@ def resolve_as_of(c: CollectionMeta, as_of: int | None) -> int:
 
 
 #: The newest encoding of a part handle this persist decodes (and the one it encodes,
-#: :meth:`PartHandle.to_bytes`).
-READ_RECORD_VERSION = 1
+#: :meth:`PartHandle.to_bytes`). 2: its part may be a marked part (metadata format 8), whose
+#: hidden rows a persist that predates marks would read.
+READ_RECORD_VERSION = 2
 #: The newest encoding of a read task this persist decodes (and the one it encodes,
 #: :meth:`ReadTask.to_bytes`). 2: a filter's int literal outside msgpack's ints (a
 #: ``decimal128(38, 0)`` field's, say) travels as a ``"bigint"`` literal; 1 could not carry it.
-READ_TASK_VERSION = 2
+#: 3: a part may be marked (as a handle's 2).
+READ_TASK_VERSION = 3
 
 
 class Address(msgspec.Struct, frozen=True):
@@ -226,6 +228,11 @@ class Layers:
 
     base: tuple[PartMeta, ...]
     runs: tuple[PartMeta, ...]
+    #: The base's *delta*, when it has one (also in ``base``): the consolidated part that
+    #: the marked base parts' marks were computed with (:func:`persist.indexed.read.split.
+    #: paired`). The base parts, each minus its marks (``PartMeta.marks``, applied by every
+    #: read of the part), and the delta hold every ``(key, value)`` at most once.
+    delta: PartMeta | None = None
 
     @property
     def settled(self) -> bool:
@@ -251,9 +258,15 @@ def layers(parts: Sequence[PartMeta], as_of: int, view: evolve.View) -> Layers:
     consolidated read follows: ``read_task``, a client's snapshot and the native plan
     (:func:`persist.distributed.plan_native`)."""
     same = [p for p in parts if evolve.part_version(p) == view.target]
-    b = split.base(same, as_of, view.schema.field("key").type)
+    key_type = view.schema.field("key").type
+    b = split.base(same, as_of, key_type)
+    # NB: a marks step's delta (DESIGN.md §8) is not key-disjoint from the marked base parts
+    # by their stats, only by their marks: it joins the base when they name it.
+    delta = split.paired(b, same, as_of, key_type)
+    if delta is not None:
+        b = tuple(p for p in parts if p.id == delta.id or p.id in {x.id for x in b})
     ids = {p.id for p in b}
-    return Layers(b, tuple(p for p in parts if p.rows and p.id not in ids))
+    return Layers(b, tuple(p for p in parts if p.rows and p.id not in ids), delta)
 
 
 class ReadTask(transfer.Travelling, msgspec.Struct, frozen=True, kw_only=True):

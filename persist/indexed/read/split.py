@@ -679,8 +679,11 @@ def _common_prefix(bs: list[bytes]) -> int:
     return i
 
 
+
+
 __all__ = ["MAX_AMPLIFICATION", "MAX_CANDIDATES", "KeyRange", "base", "batches_in",
-           "decoded_bytes", "disjoint", "load", "mask", "part_in", "plan", "rows_in", "settled",
+           "decoded_bytes", "disjoint", "load", "mask", "paired", "part_in", "plan", "rows_in",
+           "settled",
            "splittable"]
 
 
@@ -781,3 +784,33 @@ def base(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> tuple[
         taken.append(p)
     ids = {p.id for p in taken}
     return tuple(p for p in parts if p.id in ids)
+
+
+def paired(base_parts: Sequence[PartMeta], parts: Sequence[PartMeta], as_of: int,
+           key_type: pa.DataType) -> PartMeta | None:
+    """The *delta* of ``parts`` that joins the base ``base_parts`` (:func:`base` of them), or
+    None: a part that is consolidated at one time at or before ``as_of``, that a base part's
+    marks name (``Marks.delta``: every row of that part whose key the delta may hold is
+    marked, so the part's rows, its marks applied, share no key with it), and whose key
+    bounds are strictly apart (:func:`disjoint`) from every base part whose marks do not name
+    it. The base parts minus their marks and the delta then hold every ``(key, value)`` at
+    most once: they are settled together, and a read passes them without summing
+    (DESIGN.md §8, the marks step). Conservative like :func:`disjoint`: without the proof the
+    delta is a run, applied as any run is, which is exact too.
+    """
+    named: dict[str, int] = {}
+    for p in base_parts:
+        m = p.marks
+        if m is not None:
+            named[m.delta] = named.get(m.delta, 0) + 1
+    if not named:
+        return None
+    base_ids = {p.id for p in base_parts}
+    for d in parts:
+        if (d.id not in named or d.id in base_ids or not d.rows or not d.consolidated
+                or not d.min_time == d.max_time <= as_of):
+            continue
+        others = [p for p in base_parts if p.marks is None or p.marks.delta != d.id]
+        if disjoint([*others, d], key_type) if others else _kind(key_type) is not None:
+            return d
+    return None

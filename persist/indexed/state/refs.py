@@ -62,12 +62,24 @@ def blob_of(p: PartMeta) -> tuple[str | None, str] | None:
     return root, key
 
 
+def blobs_of(p: PartMeta) -> Iterator[tuple[str | None, str]]:
+    """Every blob part ``p`` reads: its data blob (:func:`blob_of`) and, for a marked part,
+    its marks blob, each as ``(root, key)`` (root None: this location)."""
+    b = blob_of(p)
+    if b is not None:
+        yield b
+    m = p.marks
+    if m is not None and m.count:
+        root, key, _ = layout.parse_ref(m.key)
+        yield root, key
+
+
 def local_keys(c: CollectionMeta) -> Iterator[str]:
-    """The keys of this location's blobs that ``c``'s parts read."""
+    """The keys of this location's blobs that ``c``'s parts read (marks blobs included)."""
     for p in c.parts:
-        b = blob_of(p)
-        if b is not None and b[0] is None:
-            yield b[1]
+        for root, key in blobs_of(p):
+            if root is None:
+                yield key
 
 
 def referenced(collections: Iterable[CollectionMeta]) -> set[str]:
@@ -80,9 +92,9 @@ def foreign(collections: Iterable[CollectionMeta]) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for c in collections:
         for p in c.parts:
-            b = blob_of(p)
-            if b is not None and b[0] is not None:
-                out.setdefault(b[0], set()).add(b[1])
+            for root, key in blobs_of(p):
+                if root is not None:
+                    out.setdefault(root, set()).add(key)
     return out
 
 
@@ -102,20 +114,17 @@ def retired_of(collections: Mapping[str, CollectionMeta], removed: Iterable[Part
     which already holds the collection without them) that no collection references any
     more: what the commit ``seq`` at ``wall_ms`` retires. Blobs of other locations are never
     retired here (their own location's GC decides, :mod:`persist.indexed.state.pins`)."""
-    keys = list(dict.fromkeys(k for p in removed
-                              if (b := blob_of(p)) is not None and b[0] is None
-                              for k in (b[1],)))
+    keys = list(dict.fromkeys(key for p in removed for root, key in blobs_of(p)
+                              if root is None))
     if not keys:
         return []
     # NB: only a key's owner and forks can reference it (check_register refuses any other
-    # borrower), so a location without forks pays nothing more than the scan for one.
-    forks = [c for c in collections.values() if is_fork(c)]
-    still: set[str] = set()
-    if forks:
-        owners = {layout.owner_of(k) for k in keys}
-        holders = forks + [c for c in collections.values() if str(c.id) in owners]
-        want = set(keys)
-        still = {k for c in holders for k in local_keys(c) if k in want}
+    # borrower). The owner always counts: a marks step (compaction) replaces a base part by
+    # a marked part reading the same data blob, which stays live.
+    owners = {layout.owner_of(k) for k in keys}
+    holders = [c for c in collections.values() if is_fork(c) or str(c.id) in owners]
+    want = set(keys)
+    still = {k for c in holders for k in local_keys(c) if k in want}
     return [Retired(k, seq, wall_ms) for k in keys if k not in still]
 
 
@@ -215,9 +224,17 @@ def _borrowed(src: CollectionMeta, p: PartMeta, t: int, root: str | None) -> Par
     # NB: p.max_time already bounds the rows p shows (a cut part's is its cut), so a part
     # entirely at or before t keeps the cut it has, and one reaching past t is cut at t.
     cut = t if p.max_time > t else upto
-    return replace(p, id=pid, max_time=min(p.max_time, t),
-                   blob_key=layout.ref_key(key, root=ref_root if ref_root is not None else root,
-                                           upto=cut))
+    out = replace(p, id=pid, max_time=min(p.max_time, t),
+                  blob_key=layout.ref_key(key, root=ref_root if ref_root is not None else root,
+                                          upto=cut))
+    m = p.marks
+    if m is not None and m.count and root is not None:
+        # NB: a marked part's marks blob is read from the same location as its data blob.
+        m_root, m_key, _ = layout.parse_ref(m.key)
+        m = replace(m, key=layout.ref_key(m_key, root=m_root if m_root is not None else root))
+        assert not isinstance(out.stats, msgspec.UnsetType)
+        out = replace(out, stats=replace(out.stats, marks=m))
+    return out
 
 
 # -- restore -------------------------------------------------------------------------------
@@ -336,6 +353,6 @@ def costs(state: State, pinned: Mapping[str, str] | None = None) -> dict[str, Co
     return out
 
 
-__all__ = ["Costs", "apply_restore", "blob_of", "check_register", "check_restore", "costs",
+__all__ = ["Costs", "apply_restore", "blob_of", "blobs_of", "check_register", "check_restore", "costs",
            "foreign", "fork_time", "forked", "is_fork", "local_keys", "referenced",
            "restore_op", "restored_at", "retired_of"]
