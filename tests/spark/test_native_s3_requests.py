@@ -277,3 +277,44 @@ def test_without_the_sessions_file_status_cache_spark_lists_each_file(
     n = PARTS * ROWS
     assert (rows, keys) == (n, n * (n - 1) // 2)
     assert planned["LIST"] >= PARTS, planned  # listed by Spark, file by file
+
+
+def test_a_marked_base_on_s3_reads_as_the_snapshot_through_the_statuses(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str) -> None:
+    """A base marked by compaction's marks step, read through the file index built from the
+    files' statuses: the bitmap on ``_metadata.row_index`` drops the marked rows there too,
+    and the delta is read raw (consolidated and raw reads equal the engine's)."""
+    url = f"s3://{bucket}/loc"
+    opts = persist.Options(inline_threshold=0, background_compaction=False,
+                           compaction=persist.CompactionPolicy(marks_rows=1))
+    with persist.open(url, storage_options=dict(s3_connection), options=opts) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        keys = np.arange(ROWS, dtype=np.int64)
+        w.append(pa.table({"key": keys, "value": keys % 7, "time": np.zeros(ROWS, np.int64),
+                           "diff": np.ones(ROWS, np.int64)}), upper=1).result()
+        w.allow_compaction(0).result()
+        while client.maintain():
+            pass
+        touched = np.arange(0, ROWS, 97, dtype=np.int64)
+        m = len(touched)
+        w.append(pa.table({"key": np.concatenate([touched, touched + ROWS]),
+                           "value": np.concatenate([touched % 7, touched]),
+                           "time": np.ones(2 * m, np.int64),
+                           "diff": np.concatenate([np.full(m, -1, np.int64),
+                                                   np.ones(m, np.int64)])}),
+                 upper=2).result()
+        w.allow_compaction(1).result()
+        while client.maintain():
+            pass
+    info = persist.distributed.describe(url, "c", storage_options=dict(s3_connection))
+    plan = persist.distributed.plan_native(info.snapshot())
+    assert any(f.marks for f in plan.files)  # the marks step ran: Spark gets the bitmaps
+    assert all(len(f.sizes) == len(f.urls) for f in plan.files)
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+    for consolidated in (True, False):
+        scan = info.snapshot()
+        want = sorted(tuple(r.values()) for t in persist.distributed.read_task(
+            scan.task(consolidated=consolidated)) for r in t.to_pylist())
+        got = sorted(tuple(r) for r in table.toDF(consolidated=consolidated).collect())
+        assert got == want
+    assert len(want) == ROWS  # m retracted, m new
