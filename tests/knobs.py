@@ -104,6 +104,9 @@ KNOB_SETS: dict[str, KnobSet] = {k.name: k for k in (
             compaction={"fanin": 2, "inline_flush_bytes": 1, "rewrite_share": 1.0}),
     KnobSet("compact-none", "no background compaction: parts pile up until maintain()",
             options={"background_compaction": False}),
+    KnobSet("marks", "compaction takes its marks step on any base (not only from 256 Ki "
+            "rows): small runs below the since become a delta plus marks on the base parts "
+            "(format 8) instead of a merge", compaction={"marks_rows": 1}),
     KnobSet("rollup-1", "a rollup after every commit", options={"rollup_every": 1}),
     KnobSet("no-group-commit", "one command per commit", options={"group_commit": False}),
 )}
