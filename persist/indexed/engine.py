@@ -457,7 +457,10 @@ class Indexed:
             ExternalError: the store failed.
         """
         options = _checked_options(options)
-        machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds)
+        # NB: each piece of a manifest is decoded at the first use of one of its collections
+        # (DESIGN.md §4, "Lazy pieces"): the open reads every piece but decodes only those the
+        # log after the rollup touches; a corrupt piece raises at its first use.
+        machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds, lazy=True)
         return cls(machine, machine.load(), epoch=epoch, writer=writer, options=options)
 
     def set_options(self, options: Options) -> None:

@@ -19,8 +19,10 @@ import pytest
 
 import persist
 from persist import layout
+from persist.blob.base import Blob
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
+from persist.errors import ChecksumMismatch, Corruption
 from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
@@ -288,3 +290,141 @@ def test_incremental_rollups_on_s3(aws_options: dict[str, Any], bucket: str) -> 
         _, r = replica.create_or_load("c2", key_type=pa.int64(), value_type=pa.int64())
         assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + OPTS.rollup_every
     assert verify(blob, url=url).problems == []
+
+
+def _counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of the pieces decoded from now on, in order."""
+    seen: list[str] = []
+    plain = meta.decode_piece
+
+    def counted(key: str, data: bytes) -> meta.Piece:
+        seen.append(key)
+        return plain(key, data)
+
+    monkeypatch.setattr(meta, "decode_piece", counted)
+    return seen
+
+
+def _manifest(blob: Blob) -> meta.Manifest:
+    key = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    data = blob.get(key)
+    assert data is not None
+    assert meta.is_manifest(key, bytes(data))
+    return meta.decode_manifest(key, bytes(data))
+
+
+def _piece_of(m: meta.Manifest, name: str) -> str:
+    b = pieces.bucket_of(name, m.buckets)
+    return next(r.key for r in m.pieces if r.bucket == b)
+
+
+def _in_another_piece(m: meta.Manifest, *names: str) -> str:
+    taken = {pieces.bucket_of(n, m.buckets) for n in names}
+    return next(f"c{i}" for i in range(200) if pieces.bucket_of(f"c{i}", m.buckets) not in taken)
+
+
+def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lazy pieces (DESIGN.md §4): an open reads every piece of its manifest and decodes only
+    those of the collections the log after the rollup touches; a lookup decodes its one
+    piece; commits and a rollup of one collection decode nothing more and write one piece;
+    the first maintenance round (which plans every collection after an open) decodes the rest,
+    each once, into the state an eager load reads."""
+    name = uuid.uuid4().hex
+    blob = RecordingBlob(MemoryBlob(name))
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()  # a manifest
+        m = _manifest(blob)
+        assert len(m.pieces) == m.buckets == 8
+        _touch(client, "c1", 3)  # after the rollup: replayed at the next open
+    finally:
+        client.stop()
+    decoded = _counting_decodes(monkeypatch)
+    blob.reset()
+    client = _open(blob, name, OPTS)
+    try:
+        # every piece is read at the open (its envelope's crc checked), one decoded
+        assert sorted(blob.keys_read(layout.PIECE_PREFIX)) == sorted(r.key for r in m.pieces)
+        assert decoded == [_piece_of(m, "c1")]
+        state = client.state
+        assert len(state.collections) == 200
+        assert "c1" in state.collections
+        other = _in_another_piece(m, "c1")
+        assert state.collections[other].name == other
+        assert decoded == [_piece_of(m, "c1"), _piece_of(m, other)]
+        # commits to c1 and a rollup of them: no other piece decoded, one piece written
+        _touch(client, "c1", OPTS.rollup_every)
+        blob.reset()
+        engine = client._ix
+        assert engine.maybe_rollup()
+        assert len(decoded) == 2
+        assert blob.keys_written(layout.PIECE_PREFIX) == [_piece_of(_manifest(blob), "c1")]
+        assert len(blob.keys_written(layout.ROLLUP_PREFIX)) == 1
+        client.maintain()
+        assert sorted(decoded) == sorted(r.key for r in m.pieces)  # each once
+        eager = Machine(blob.read_only()).load()
+        assert isinstance(eager.collections, dict)
+        assert dict(client.state.collections.items()) == eager.collections
+        assert list(client.state.collections) == list(eager.collections)
+        assert "nope" not in client.state.collections
+    finally:
+        client.stop()
+
+
+def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A piece whose bytes pass the envelope's crc but do not decode into what the manifest
+    says: the open (which does not use it) succeeds, and every use of one of its collections
+    raises ``Corruption`` naming the piece, its bucket and the collection, before anything
+    of it is returned or committed; the other collections work. A piece whose stored bytes
+    fail the crc fails the open itself."""
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    m = _manifest(blob)
+    victim = _in_another_piece(m, "c0")
+    key = _piece_of(m, victim)
+    good = blob.get(key)
+    assert good is not None
+    for bad in (b"\x93not a piece", meta.encode_piece({})):  # undecodable; decodes, wrong count
+        blob.set(key, bad)
+        client = _open(blob, name, OPTS)
+        try:
+            seq = client.state.seq
+            for _ in range(2):  # and again: a failed piece is never trusted later
+                with pytest.raises(Corruption) as e:
+                    client.state.collections[victim]
+                assert e.value.key == key
+                assert f"collection {victim!r}" in str(e.value)
+                b = pieces.bucket_of(victim, m.buckets)
+                assert f"bucket {b} of rollup {m.seq}" in str(e.value)
+            with pytest.raises(Corruption):
+                client.create_or_load(victim, key_type=pa.int64(), value_type=pa.int64())
+            assert client.state.seq == seq  # nothing committed
+            _touch(client, "c0", 2)  # another piece's collection works
+            assert client.state.seq == seq + 2
+        finally:
+            client.stop()
+        blob.set(key, good)
+    # a flipped byte in a piece's stored bytes: the read at the open checks the crc
+    loc = tmp_path / "loc"
+    fb = FileBlob(str(loc))
+    for k in [*blob.list_keys(layout.META_PREFIX)]:
+        got = blob.get(k)
+        assert got is not None
+        fb.set(k, bytes(got))
+    path = loc / key
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ChecksumMismatch):
+        _open(fb, uuid.uuid4().hex, OPTS)

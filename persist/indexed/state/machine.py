@@ -65,9 +65,21 @@ class Loaded:
 class Machine:
     """Reads and writes the metadata log of one location."""
 
-    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = GC_GRACE_SECONDS) -> None:
+    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = GC_GRACE_SECONDS,
+                 lazy: bool = False) -> None:
+        """Reads (and, given a :class:`Blob`, writes) the metadata of the location of ``blob``.
+
+        Args:
+            gc_grace_seconds: the writer's grace (see :data:`GC_GRACE_SECONDS`).
+            lazy: load a state whose collections decode each piece of a manifest at the first
+                use of one of its collections (:class:`persist.indexed.state.pieces.
+                Collections`): a corrupt piece then raises at that use, not in :meth:`load`.
+                Writers and replicas load so; a caller that must find every problem in the
+                load (``persist verify``, the CLI) does not.
+        """
         self.blob = blob
         self.gc_grace_seconds = gc_grace_seconds
+        self.lazy = lazy
         self._last_sync = float("-inf")
         #: What the last successful :meth:`load` found (None: none yet).
         self.loaded: Loaded | None = None
@@ -127,7 +139,8 @@ class Machine:
             if data is None:
                 raise _GapError(f"rollup {key} vanished")
             try:
-                rollup = pieces.read_rollup(self.blob, key, data, retry=self._read)
+                rollup = pieces.read_rollup(self.blob, key, data, retry=self._read,
+                                            lazy=self.lazy)
             except pieces.PieceMissing as e:
                 raise _GapError(f"rollup {key}: {e}") from e
             # NB: a record's version is stamped when it is encoded (the lowest that can carry

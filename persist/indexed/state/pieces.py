@@ -35,7 +35,7 @@ import hashlib
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -44,7 +44,7 @@ import msgspec
 
 from persist import crashpoints, layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Corruption, ExternalError
+from persist.errors import Corruption, ExternalError, IncompatibleFormat
 from persist.indexed.format import meta
 from persist.indexed.format.meta import (
     CollectionMeta,
@@ -95,12 +95,12 @@ class PieceMissing(Corruption):
 @dataclass(frozen=True)
 class Rollup:
     """A rollup as read: the state, its trim record, and (a manifest) the manifest and each
-    bucket's collections."""
+    bucket's piece as held in memory."""
 
     state: State
     trim: Trim | None
     manifest: Manifest | None = None
-    groups: dict[int, tuple[int, dict[str, CollectionMeta]]] | None = None
+    held: dict[int, Held] | None = None
 
 
 def _direct(read: Callable[[str], T], key: str) -> T:
@@ -109,7 +109,7 @@ def _direct(read: Callable[[str], T], key: str) -> T:
 
 def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                 retry: Callable[[Callable[[str], bytes | None], str], bytes | None] = _direct,
-                check: bool = False) -> Rollup:
+                check: bool = False, lazy: bool = False) -> Rollup:
     """Reads the rollup stored at ``key`` whose bytes are ``data``: a whole state, or a
     manifest and its pieces (read in parallel).
 
@@ -117,6 +117,12 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
         retry: how to read one piece (``retry(blob.get, key)``): a loader's retrying read.
         check: also check each piece's digest and that each of its collections belongs to
             its bucket (``persist verify``).
+        lazy: decode each piece only when one of its collections is first used: the state's
+            collections are then a :class:`Collections` (what a :class:`Machine` loads). Every
+            piece is still read here, its envelope's crc verified by the read; what is left
+            for the first use is decoding and checking it (:meth:`Held.members`), whose
+            failure is then raised to that use. Without it, every piece is decoded and checked
+            here.
 
     Raises:
         PieceMissing: a piece the manifest names is not stored.
@@ -137,24 +143,29 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
         return got
 
     datas = _map(fetch, refs)
-    collections: dict[str, CollectionMeta] = {}
-    groups: dict[int, tuple[int, dict[str, CollectionMeta]]] = {}
+    held: dict[int, Held] = {}
     for ref, got in zip(refs, datas, strict=True):
         if check:
             _check_piece(manifest, ref, got)
-        piece = meta.decode_piece(ref.key, got)
-        groups[ref.bucket] = (piece.version, piece.collections)
-        collections.update(piece.collections)
-    if len(collections) != sum(r.count for r in refs):
-        raise Corruption(key, f"rollup manifest {manifest.seq}: its pieces hold "
-                              f"{len(collections)} distinct collections, it counts "
-                              f"{sum(r.count for r in refs)}")
+        if ref.bucket in held or not 0 <= ref.bucket < manifest.buckets:
+            raise Corruption(key, f"rollup manifest {manifest.seq} names bucket {ref.bucket} "
+                                  f"twice or outside its {manifest.buckets}")
+        held[ref.bucket] = Held(ref, manifest.seq, manifest.buckets, data=bytes(got))
+    colls = Collections(manifest.buckets, held)
+    if not lazy:
+        collections: dict[str, CollectionMeta] = {}
+        for h in held.values():
+            collections.update(h.members())
+        if len(collections) != sum(r.count for r in refs):
+            raise Corruption(key, f"rollup manifest {manifest.seq}: its pieces hold "
+                                  f"{len(collections)} distinct collections, it counts "
+                                  f"{sum(r.count for r in refs)}")
     state = State(seq=manifest.seq, epoch=manifest.epoch, writer=manifest.writer,
                   wall_ms=manifest.wall_ms, next_cid=manifest.next_cid,
-                  collections=collections, retired=manifest.retired,
+                  collections=colls if lazy else collections, retired=manifest.retired,
                   log_from=manifest.log_from)
     trim = None if isinstance(manifest.trim, msgspec.UnsetType) else manifest.trim
-    return Rollup(state, trim, manifest, groups)
+    return Rollup(state, trim, manifest, held)
 
 
 def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
@@ -179,13 +190,256 @@ def _map(fn: Callable[[T], bytes], items: Iterable[T]) -> list[bytes]:
         return list(pool.map(fn, items))
 
 
-@dataclass(frozen=True)
-class _Held:
-    """A piece of the newest rollup: its reference, format version and collections."""
+#: Serializes the decoding of pieces (the commit thread and the maintenance thread may use
+#: collections of one piece at once): each piece is decoded once, into one set of objects,
+#: which the identity checks of :class:`Pieces` and the maintenance index rely on.
+_DECODING = threading.Lock()
 
-    ref: PieceRef
-    version: int
-    members: dict[str, CollectionMeta]
+
+class Held:
+    """A piece of a rollup as held in memory: its reference, and its collections, decoded at
+    the first use of one of them (a piece read at a load) or given (a piece just written).
+
+    The bytes of a piece read at a load passed the envelope's crc32c when they were read; the
+    first use decodes them and checks what an eager load checked (the version, the msgpack,
+    the count and size the manifest gives, every collection's bucket), and raises a typed
+    error naming the piece, its bucket and rollup and the collection asked for, before any
+    of its collections is returned. A piece that fails stays undecoded: every later use
+    raises again.
+    """
+
+    __slots__ = ("_data", "_members", "_version", "buckets", "ref", "seq")
+
+    def __init__(self, ref: PieceRef, seq: int, buckets: int, *, data: bytes | None = None,
+                 members: dict[str, CollectionMeta] | None = None,
+                 version: int | None = None) -> None:
+        """Holds piece ``ref`` of rollup ``seq`` (of ``buckets`` buckets): its stored ``data``
+        (decoded at the first use), or its decoded ``members`` and ``version``."""
+        assert (data is None) != (members is None)
+        self.ref, self.seq, self.buckets = ref, seq, buckets
+        self._data, self._members, self._version = data, members, version
+
+    @property
+    def decoded(self) -> bool:
+        """Whether the collections are decoded (or were given)."""
+        return self._members is not None
+
+    def version(self) -> int:
+        """The piece's format version (read alone from its bytes if not decoded).
+
+        Raises:
+            Corruption: its bytes are not a record with a version.
+        """
+        if self._version is None:
+            data = self._data
+            if data is None:  # decoded meanwhile
+                return self.version()
+            self._version = meta.version_of(self.ref.key, data)
+        return self._version
+
+    def members(self, wanted: str | None = None) -> dict[str, CollectionMeta]:
+        """The piece's collections (name -> metadata), decoded and checked at the first call;
+        ``wanted``: the collection asked for (named by the error).
+
+        Raises:
+            Corruption: the piece does not decode, or not into what its manifest says.
+            IncompatibleFormat: a format version newer than this persist reads.
+        """
+        got = self._members
+        if got is not None:
+            return got
+        with _DECODING:
+            if self._members is None:
+                assert self._data is not None
+                try:
+                    self._members, self._version = self._decode(self._data)
+                except (Corruption, IncompatibleFormat) as e:
+                    asked = "" if wanted is None else f", used for collection {wanted!r}"
+                    what = (f"piece of bucket {self.ref.bucket} of rollup {self.seq}{asked}")
+                    if isinstance(e, IncompatibleFormat):
+                        raise IncompatibleFormat(f"{what}: {e}") from e
+                    raise Corruption(self.ref.key, f"{what}: {e.detail}") from e
+                self._data = None
+            return self._members
+
+    def _decode(self, data: bytes) -> tuple[dict[str, CollectionMeta], int]:
+        ref = self.ref
+        piece = meta.decode_piece(ref.key, data)
+        if len(piece.collections) != ref.count or len(data) != ref.nbytes:
+            raise Corruption(ref.key, f"it holds {len(piece.collections)} collections in "
+                                      f"{len(data)} bytes; its rollup says {ref.count} in "
+                                      f"{ref.nbytes}")
+        stray = [n for n in piece.collections if bucket_of(n, self.buckets) != ref.bucket]
+        if stray:
+            raise Corruption(ref.key, f"it holds collections of other buckets: {stray[:5]}")
+        return piece.collections, piece.version
+
+
+class _Gone:
+    __slots__ = ()
+
+
+_GONE = _Gone()
+
+
+class Collections(MutableMapping[str, CollectionMeta]):
+    """The collections of a state loaded from a manifest: the rollup's pieces, each decoded
+    at the first use of one of its collections (:class:`Held`), under the names changed
+    since (set, added or deleted).
+
+    A copy shares the pieces (never mutated, decoded once whichever copy uses them) and copies
+    the changed names: what a commit's replay costs follows the collections changed since
+    the load, not how many there are. Lookups decode the one piece a name hashes to;
+    iterating decodes every piece, ``len`` none (the manifest's counts, each checked when its
+    piece is decoded). Iteration order is a dict's built by an eager load and the same
+    changes: the pieces' collections by bucket (changed values in place), then the names
+    added, in the order they were added.
+
+    Invariant: a name is in the map iff it is a changed name holding a collection, or it is
+    in the piece of its bucket and not a deleted name.
+    """
+
+    __slots__ = ("_added", "_over", "buckets", "held")
+
+    def __init__(self, buckets: int, held: Mapping[int, Held],
+                 over: dict[str, CollectionMeta | _Gone] | None = None,
+                 added: dict[str, None] | None = None) -> None:
+        """The collections of ``held`` (the pieces of ``buckets`` buckets), changed by
+        ``over`` (a deleted name: ``_GONE``), ``added`` the names of ``over`` in no piece."""
+        self.buckets, self.held = buckets, held
+        self._over: dict[str, CollectionMeta | _Gone] = {} if over is None else over
+        self._added: dict[str, None] = {} if added is None else added
+
+    def _base(self, name: str) -> CollectionMeta | None:
+        h = self.held.get(bucket_of(name, self.buckets))
+        return None if h is None else h.members(name).get(name)
+
+    def __getitem__(self, name: str) -> CollectionMeta:
+        v = self._over.get(name)
+        if v is None:
+            c = self._base(name)
+            if c is None:
+                raise KeyError(name)
+            return c
+        if isinstance(v, _Gone):
+            raise KeyError(name)
+        return v
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        v = self._over.get(name)
+        if v is None:
+            return self._base(name) is not None
+        return not isinstance(v, _Gone)
+
+    def __setitem__(self, name: str, c: CollectionMeta) -> None:
+        v = self._over.get(name)
+        if (v is None and self._base(name) is None) or isinstance(v, _Gone):
+            # NB: a new name, or one deleted and set again: last, as in a dict
+            self._added[name] = None
+        self._over[name] = c
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._added.pop(name, None)
+        if self._base(name) is None:
+            del self._over[name]
+        else:
+            self._over[name] = _GONE
+
+    def __iter__(self) -> Iterator[str]:
+        for name, _ in self.items():
+            yield name
+
+    def __len__(self) -> int:
+        gone = sum(1 for v in self._over.values() if isinstance(v, _Gone))
+        # NB: an added name's piece was decoded when it was set
+        again = sum(1 for n in self._added if self._base(n) is not None)
+        return (sum(h.ref.count for h in self.held.values()) - gone - again
+                + len(self._added))
+
+    def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
+        """The names and collections, in iteration order (decodes every piece)."""
+        over, added = self._over, self._added
+        for b in sorted(self.held):
+            members = self.held[b].members()
+            if not over:
+                yield from members.items()
+                continue
+            for name, c in members.items():
+                v = over.get(name, c)
+                if not isinstance(v, _Gone) and name not in added:
+                    yield name, v
+        for name in list(added):
+            v = over[name]
+            assert not isinstance(v, _Gone)
+            yield name, v
+
+    def values(self) -> Iterator[CollectionMeta]:  # type: ignore[override]
+        """The collections, in iteration order (decodes every piece)."""
+        for _, c in self.items():
+            yield c
+
+    def keys(self) -> Iterator[str]:  # type: ignore[override]
+        """The names, in iteration order (decodes every piece)."""
+        return iter(self)
+
+    def copy(self) -> Collections:
+        """A copy sharing the pieces (O(names changed))."""
+        return Collections(self.buckets, self.held, dict(self._over), dict(self._added))
+
+    def grouped(self) -> dict[int, Held | dict[str, CollectionMeta]]:
+        """The collections by bucket: a bucket no changed name hashes to as its piece
+        (undecoded if no collection of it was used), the others as a map in iteration order
+        (their pieces decoded); empty buckets left out."""
+        touched: dict[int, list[str]] = {}
+        for name in self._over:
+            touched.setdefault(bucket_of(name, self.buckets), []).append(name)
+        added: dict[int, list[str]] = {}
+        for name in self._added:
+            added.setdefault(bucket_of(name, self.buckets), []).append(name)
+        out: dict[int, Held | dict[str, CollectionMeta]] = {}
+        for b in sorted(set(self.held) | set(touched)):
+            names = touched.get(b)
+            h = self.held.get(b)
+            if names is None:
+                assert h is not None
+                out[b] = h
+                continue
+            members = {} if h is None else dict(h.members())
+            for name in names:
+                v = self._over[name]
+                if isinstance(v, _Gone) or name in self._added:
+                    members.pop(name, None)
+                else:
+                    members[name] = v
+            for name in added.get(b, ()):
+                members[name] = self._over[name]  # type: ignore[assignment]
+            if members:
+                out[b] = members
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        done = sum(1 for h in self.held.values() if h.decoded)
+        return (f"Collections({len(self._over)} changed over {len(self.held)} pieces, "
+                f"{done} decoded)")
+
+
+def copy_collections(colls: Mapping[str, CollectionMeta]) -> MutableMapping[str, CollectionMeta]:
+    """A mutable copy of a state's collections: a :class:`Collections` shares its pieces
+    (O(names changed)), any other map is copied whole into a dict."""
+    if isinstance(colls, Collections):
+        return colls.copy()
+    return dict(colls)
 
 
 def _same(old: dict[str, CollectionMeta], new: dict[str, CollectionMeta]) -> bool:
@@ -206,7 +460,7 @@ class Pieces:
         self.buckets = 0
         #: That rollup's seq (0: none known).
         self.seq = 0
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, Held] = {}
         #: Pieces older rollups reference and the newest does not: key -> the first rollup
         #: seq that does not.
         self.dropped: dict[str, int] = {}
@@ -222,14 +476,15 @@ class Pieces:
                 # NB: a reload that listed the rollups before this writer's newest one was
                 # written: what it holds is newer, and its ``dropped`` complete.
                 return
-            if rollup is None or rollup.manifest is None or rollup.groups is None:
+            if rollup is None or rollup.manifest is None or rollup.held is None:
                 self.buckets, self.held, self.dropped = 0, {}, {}
                 self.seq = 0 if rollup is None else rollup.state.seq
                 return
             m = rollup.manifest
             self.buckets, self.seq = m.buckets, m.seq
-            self.held = {r.bucket: _Held(r, rollup.groups[r.bucket][0],
-                                         rollup.groups[r.bucket][1]) for r in m.pieces}
+            # NB: the very objects the loaded state's collections are in (:class:`Collections`),
+            # so a bucket that state never changed is referenced without being decoded.
+            self.held = dict(rollup.held)
             self.dropped = {d.key: d.seq for d in m.dropped}
 
     def write(self, blob: Blob, state: State, trim: Trim | None) -> str:
@@ -250,21 +505,35 @@ class Pieces:
             with self._lock:
                 self.seq = max(self.seq, state.seq)
             return key
-        groups: dict[int, dict[str, CollectionMeta]] = {}
-        for name, c in state.collections.items():
-            groups.setdefault(bucket_of(name, buckets), {})[name] = c
-        now: dict[int, _Held] = {}
+        colls = state.collections
+        groups: dict[int, Held | dict[str, CollectionMeta]]
+        if isinstance(colls, Collections) and colls.buckets == buckets:
+            # NB: the buckets no name changed since the load are its pieces, undecoded
+            groups = colls.grouped()
+        else:
+            groups = {}
+            for name, c in colls.items():
+                groups.setdefault(bucket_of(name, buckets), {})[name] = c  # type: ignore[index]
+        now: dict[int, Held] = {}
         fresh: list[tuple[str, bytes]] = []
         for b in sorted(groups):
-            members = groups[b]
+            group = groups[b]
             old = held.get(b) if buckets == known else None
-            if old is not None and _same(old.members, members):
+            if isinstance(group, Held):
+                if old is not None and (old is group or old.ref.key == group.ref.key):
+                    now[b] = old
+                    continue
+                members = group.members()
+            else:
+                members = group
+            if old is not None and _same(old.members(), members):
                 now[b] = old
                 continue
             data = meta.encode_piece(members)
             ref = PieceRef(bucket=b, key=layout.piece_key(digest(data)), count=len(members),
                            nbytes=len(data))
-            now[b] = _Held(ref, meta.version_of(ref.key, data), members)
+            now[b] = Held(ref, state.seq, buckets, members=members,
+                          version=meta.version_of(ref.key, data))
             fresh.append((ref.key, data))
         _map(lambda kd: _store(blob, kd), fresh)
         crashpoints.hit("rollup.pieces_written")
@@ -273,7 +542,8 @@ class Pieces:
         for h in held.values():
             if h.ref.key not in live:
                 dropped.setdefault(h.ref.key, state.seq)
-        version = max((h.version for h in now.values()), default=meta.MANIFEST_FORMAT_VERSION)
+        version = max((h.version() for h in now.values()),
+                      default=meta.MANIFEST_FORMAT_VERSION)
         manifest = Manifest(
             version=max(version, meta.MANIFEST_FORMAT_VERSION), seq=state.seq,
             epoch=state.epoch, writer=state.writer, wall_ms=state.wall_ms,

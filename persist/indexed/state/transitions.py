@@ -36,7 +36,7 @@ from persist.indexed.format.meta import (
     log_from,
 )
 from persist.indexed.state import holds as named
-from persist.indexed.state import refs
+from persist.indexed.state import pieces, refs
 from persist.indexed.state.holds import effective_since as effective_since
 
 replace = msgspec.structs.replace
@@ -344,7 +344,8 @@ def apply(state: State, commit: Commit) -> State:
         sharded = commit.log_from
     # NB: one copy of the map per commit (readers hold the old state: it is never mutated); the
     # retired blobs only for a commit that changes them (most commit no ReplaceParts or Forget).
-    collections = dict(state.collections)
+    collections = (dict(state.collections) if any(isinstance(op, Restore) for op in commit.ops)
+                   else pieces.copy_collections(state.collections))
     touching = any(touches_retired(op) for op in commit.ops)
     retired: list[Retired] = list(state.retired) if touching else []
     for op in commit.ops:
