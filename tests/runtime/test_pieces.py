@@ -7,10 +7,12 @@ a rollup's pieces and its manifest loses nothing."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -325,8 +327,9 @@ def _in_another_piece(m: meta.Manifest, *names: str) -> str:
 
 def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Lazy pieces (DESIGN.md §4): an open reads every piece of its manifest and decodes only
-    those of the collections the log after the rollup touches; a lookup decodes its one
+    """Lazy pieces (DESIGN.md §4): an open reads (or has a background thread read) every
+    piece of its manifest once, and decodes only those of the collections the log after the
+    rollup touches; a lookup decodes its one
     piece; commits and a rollup of one collection decode nothing more and write one piece;
     the first maintenance round (which plans every collection after an open) decodes the rest,
     each once, into the state an eager load reads."""
@@ -346,7 +349,13 @@ def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
     blob.reset()
     client = _open(blob, name, OPTS)
     try:
-        # every piece is read at the open (its envelope's crc checked), one decoded
+        # the open read the piece its replay used; once open (``persist.open`` starts it, as
+        # here), the rest are read in the background: each once, its envelope's crc checked
+        assert blob.keys_read(layout.PIECE_PREFIX) == [_piece_of(m, "c1")]
+        client._ix.machine.start_prefetch()
+        prefetch = client._ix.machine.prefetch
+        assert prefetch is not None
+        prefetch.result(timeout=30)
         assert sorted(blob.keys_read(layout.PIECE_PREFIX)) == sorted(r.key for r in m.pieces)
         assert decoded == [_piece_of(m, "c1")]
         state = client.state
@@ -377,10 +386,10 @@ def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
 def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A piece whose bytes pass the envelope's crc but do not decode into what the manifest
-    says: the open (which does not use it) succeeds, and every use of one of its collections
-    raises ``Corruption`` naming the piece, its bucket and the collection, before anything
-    of it is returned or committed; the other collections work. A piece whose stored bytes
-    fail the crc fails the open itself."""
+    says, a piece not stored, or one whose stored bytes fail the crc: the open (which does not use it) succeeds, and
+    every use of one of its collections raises ``Corruption`` (``ChecksumMismatch``) naming
+    the piece, its bucket and the collection, before anything of it is returned or
+    committed; the other collections work."""
     name = uuid.uuid4().hex
     blob = MemoryBlob(name)
     client = _open(blob, name, OPTS)
@@ -395,23 +404,39 @@ def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
     key = _piece_of(m, victim)
     good = blob.get(key)
     assert good is not None
-    for bad in (b"\x93not a piece", meta.encode_piece({})):  # undecodable; decodes, wrong count
-        blob.set(key, bad)
+    # undecodable; decodes, to the wrong count; not stored at all
+    for bad in (b"\x93not a piece", meta.encode_piece({}), None):
+        newest = _manifest(blob).seq
+        if bad is None:
+            blob.delete(key)
+        else:
+            blob.set(key, bad)
         client = _open(blob, name, OPTS)
         try:
             seq = client.state.seq
             for _ in range(2):  # and again: a failed piece is never trusted later
-                with pytest.raises(Corruption) as e:
+                with pytest.raises(pieces.PieceMissing if bad is None else Corruption) as e:
                     client.state.collections[victim]
                 assert e.value.key == key
                 assert f"collection {victim!r}" in str(e.value)
                 b = pieces.bucket_of(victim, m.buckets)
-                assert f"bucket {b} of rollup {m.seq}" in str(e.value)
+                assert f"bucket {b} of rollup {newest}" in str(e.value)
             with pytest.raises(Corruption):
                 client.create_or_load(victim, key_type=pa.int64(), value_type=pa.int64())
             assert client.state.seq == seq  # nothing committed
             _touch(client, "c0", 2)  # another piece's collection works
             assert client.state.seq == seq + 2
+            _touch(client, "c0", OPTS.rollup_every)
+            with pytest.raises(Corruption):  # a round plans every collection after an open
+                client.maintain()
+            if bad == meta.encode_piece({}):
+                # its rollup was written all the same (the piece referenced, undecoded)
+                assert _manifest(blob).seq == client.state.seq
+                assert key in {r.key for r in _manifest(blob).pieces}
+            else:  # no version to give the manifest: no rollup, every one raises
+                assert _manifest(blob).seq < client.state.seq
+            _touch(client, "c0", 1)
+            assert client.state.seq == seq + 3 + OPTS.rollup_every
         finally:
             client.stop()
         blob.set(key, good)
@@ -426,5 +451,65 @@ def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x40
     path.write_bytes(bytes(raw))
-    with pytest.raises(ChecksumMismatch):
-        _open(fb, uuid.uuid4().hex, OPTS)
+    client = _open(fb, name, OPTS)
+    try:
+        for _ in range(2):
+            with pytest.raises(ChecksumMismatch) as e:
+                client.state.collections[victim]
+            assert e.value.key == key
+            assert f"collection {victim!r}" in str(e.value)
+        _touch(client, "c0", 1)
+    finally:
+        client.stop()
+
+
+def test_a_lazy_map_reads_and_changes_as_the_eager_dict_does() -> None:
+    """``pieces.Collections`` against the dict an eager load makes, under the same random
+    sets, additions, deletions and re-additions, copied as replay copies: the same items in
+    the same order, lengths, lookups, and by bucket the same members (what a rollup writes);
+    a copy never changes the map it was copied from."""
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    lazy = Machine(blob.read_only(), lazy=True).load().collections
+    eager = Machine(blob.read_only()).load().collections
+    assert isinstance(lazy, pieces.Collections)
+    assert isinstance(eager, dict)
+    rng = random.Random(29)
+    values = list(eager.values())
+    names = [f"c{i}" for i in range(200)] + [f"new{i}" for i in range(40)]
+    a: MutableMapping[str, meta.CollectionMeta] = lazy
+    b: dict[str, meta.CollectionMeta] = dict(eager)
+    for step in range(600):
+        if step % 50 == 0:  # a commit's replay: a copy, the old map kept as it was
+            before = list(a.items())
+            a, b = pieces.copy_collections(a), dict(b)
+        n = rng.choice(names)
+        if rng.random() < 0.3 and n in b:
+            del a[n]
+            del b[n]
+        else:
+            c = rng.choice(values)
+            a[n] = c
+            b[n] = c
+        assert (n in a) == (n in b)
+        assert a.get(n) is b.get(n)
+        if step % 50 == 49:
+            assert len(a) == len(b)
+            assert list(a.items()) == list(b.items())
+    assert list(lazy.items()) == list(eager.items())  # the loaded map never changed
+    assert before != list(a.items())
+    assert isinstance(a, pieces.Collections)
+    grouped = {k: (dict(v.members()) if isinstance(v, pieces.Held) else v)
+               for k, v in a.grouped().items()}
+    want: dict[int, dict[str, meta.CollectionMeta]] = {}
+    for n, c in b.items():
+        want.setdefault(pieces.bucket_of(n, a.buckets), {})[n] = c
+    assert {k: list(v.items()) for k, v in grouped.items()} == {
+        k: list(v.items()) for k, v in want.items()}

@@ -30,13 +30,14 @@ manifests (an older persist refuses them with ``IncompatibleFormat``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,7 +45,7 @@ import msgspec
 
 from persist import crashpoints, layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Corruption, ExternalError, IncompatibleFormat
+from persist.errors import Corruption, ExternalError, IncompatibleFormat, PersistError
 from persist.indexed.format import meta
 from persist.indexed.format.meta import (
     CollectionMeta,
@@ -56,6 +57,7 @@ from persist.indexed.format.meta import (
 )
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: At most how many collections one piece holds on average: a rollup of a location with one
 #: changed collection writes one piece of about this many (at ~4.5 KB of metadata per
@@ -117,12 +119,13 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
         retry: how to read one piece (``retry(blob.get, key)``): a loader's retrying read.
         check: also check each piece's digest and that each of its collections belongs to
             its bucket (``persist verify``).
-        lazy: decode each piece only when one of its collections is first used: the state's
-            collections are then a :class:`Collections` (what a :class:`Machine` loads). Every
-            piece is still read here, its envelope's crc verified by the read; what is left
-            for the first use is decoding and checking it (:meth:`Held.members`), whose
-            failure is then raised to that use. Without it, every piece is decoded and checked
-            here.
+        lazy: read and decode each piece only when one of its collections is first used:
+            the state's collections are then a :class:`Collections` (what a writer's or
+            replica's :class:`Machine` loads, and reads every piece of in the background
+            right after, :func:`prefetch`). What is left for the first use is what an eager
+            read does here: reading the piece if nothing has yet (its envelope's crc checked),
+            decoding and checking it (:meth:`Held.members`); its failure is then raised to
+            that use. Without it, every piece is read, decoded and checked here.
 
     Raises:
         PieceMissing: a piece the manifest names is not stored.
@@ -142,17 +145,20 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                                         f"(bucket {ref.bucket}), which is not stored")
         return got
 
-    datas = _map(fetch, refs)
     held: dict[int, Held] = {}
-    for ref, got in zip(refs, datas, strict=True):
-        if check:
-            _check_piece(manifest, ref, got)
+    for ref in refs:
         if ref.bucket in held or not 0 <= ref.bucket < manifest.buckets:
             raise Corruption(key, f"rollup manifest {manifest.seq} names bucket {ref.bucket} "
                                   f"twice or outside its {manifest.buckets}")
-        held[ref.bucket] = Held(ref, manifest.seq, manifest.buckets, data=bytes(got))
+        held[ref.bucket] = Held(ref, manifest.seq, manifest.buckets,
+                                fetch=functools.partial(fetch, ref))
     colls = Collections(manifest.buckets, held)
     if not lazy:
+        datas = _map(fetch, refs)
+        for ref, got in zip(refs, datas, strict=True):
+            if check:
+                _check_piece(manifest, ref, got)
+            held[ref.bucket].read(bytes(got))
         collections: dict[str, CollectionMeta] = {}
         for h in held.values():
             collections.update(h.members())
@@ -166,6 +172,28 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                   log_from=manifest.log_from)
     trim = None if isinstance(manifest.trim, msgspec.UnsetType) else manifest.trim
     return Rollup(state, trim, manifest, held)
+
+
+def prefetch(held: Iterable[Held]) -> Future[None]:
+    """Reads every piece of ``held`` not read yet, in a background thread (which reads
+    :data:`IO_THREADS` at a time); a piece that fails to be read is left to its first use.
+    Returns a future done when each was read or failed to be."""
+    held = [h for h in held if not h.read_once]
+    done: Future[None] = Future()
+    if not held:
+        done.set_result(None)
+        return done
+
+    def run() -> None:
+        try:
+            _map(lambda h: h.prefetch(), held)
+        except RuntimeError:  # the interpreter is exiting: no new threads; nothing to do
+            pass
+        finally:
+            done.set_result(None)
+
+    threading.Thread(target=run, name="persist-pieces-prefetch", daemon=True).start()
+    return done
 
 
 def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
@@ -182,12 +210,21 @@ def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
                                   f"other buckets: {stray[:5]}")
 
 
-def _map(fn: Callable[[T], bytes], items: Iterable[T]) -> list[bytes]:
+def _map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
     items = list(items)
     if len(items) <= 1:
         return [fn(i) for i in items]
-    with ThreadPoolExecutor(min(IO_THREADS, len(items))) as pool:
-        return list(pool.map(fn, items))
+    n = min(IO_THREADS, len(items))
+    # NB: one task per thread, each a stride of the items, not one per item: a future per
+    # piece cost more than the reads (512 pieces of 44 MB from a warm local file store: 75 ms
+    # with a future each, most of it submitting against the GIL the readers held; the reads
+    # alone 30 ms serially). An object store's requests still overlap n at a time.
+    with ThreadPoolExecutor(n) as pool:
+        strides = list(pool.map(lambda i: [fn(x) for x in items[i::n]], range(n)))
+    out: list[U] = [None] * len(items)  # type: ignore[list-item]
+    for i, got in enumerate(strides):
+        out[i::n] = got
+    return out
 
 
 #: Serializes the decoding of pieces (the commit thread and the maintenance thread may use
@@ -197,68 +234,113 @@ _DECODING = threading.Lock()
 
 
 class Held:
-    """A piece of a rollup as held in memory: its reference, and its collections, decoded at
-    the first use of one of them (a piece read at a load) or given (a piece just written).
+    """A piece of a rollup as held in memory: its reference, and its collections, read and
+    decoded at the first use of one of them (a piece named by a loaded manifest) or given (a
+    piece just written).
 
-    The bytes of a piece read at a load passed the envelope's crc32c when they were read; the
-    first use decodes them and checks what an eager load checked (the version, the msgpack,
-    the count and size the manifest gives, every collection's bucket), and raises a typed
-    error naming the piece, its bucket and rollup and the collection asked for, before any
-    of its collections is returned. A piece that fails stays undecoded: every later use
+    A piece of a manifest a load read lazily has a ``fetch`` (a retrying read of its stored
+    bytes, whose envelope's crc32c the read checks, raising :class:`PieceMissing` if absent);
+    a background thread calls :meth:`prefetch` on every such piece right after the load. The
+    first use reads the piece if that has not, decodes it and checks what an eager load
+    checks (the version, the msgpack, the count and size the manifest gives, every
+    collection's bucket), and raises a typed error naming the piece, its bucket and rollup
+    and the collection asked for, before any of its collections is returned. A piece that
+    fails stays undecoded (and, if its read failed, unread): every later use tries again and
     raises again.
     """
 
-    __slots__ = ("_data", "_members", "_version", "buckets", "ref", "seq")
+    __slots__ = ("_data", "_fetch", "_members", "_reading", "_version", "buckets", "ref",
+                 "seq")
 
-    def __init__(self, ref: PieceRef, seq: int, buckets: int, *, data: bytes | None = None,
+    def __init__(self, ref: PieceRef, seq: int, buckets: int, *,
+                 fetch: Callable[[], bytes] | None = None,
                  members: dict[str, CollectionMeta] | None = None,
                  version: int | None = None) -> None:
-        """Holds piece ``ref`` of rollup ``seq`` (of ``buckets`` buckets): its stored ``data``
-        (decoded at the first use), or its decoded ``members`` and ``version``."""
-        assert (data is None) != (members is None)
+        """Holds piece ``ref`` of rollup ``seq`` (of ``buckets`` buckets): read by ``fetch``
+        (or given to :meth:`read`) and decoded at the first use, or its decoded ``members``
+        and ``version``."""
+        assert (fetch is None) != (members is None)
         self.ref, self.seq, self.buckets = ref, seq, buckets
-        self._data, self._members, self._version = data, members, version
+        self._fetch = fetch
+        self._data: bytes | None = None
+        self._members, self._version = members, version
+        self._reading = threading.Lock()
 
     @property
     def decoded(self) -> bool:
         """Whether the collections are decoded (or were given)."""
         return self._members is not None
 
+    @property
+    def read_once(self) -> bool:
+        """Whether the bytes were read (or the collections decoded or given)."""
+        return self._data is not None or self._members is not None
+
+    def read(self, data: bytes) -> None:
+        """Takes the piece's stored bytes, read by the caller (an eager load)."""
+        with self._reading:
+            if self._members is None and self._data is None:
+                self._data = data
+
+    def prefetch(self) -> None:
+        """Reads the piece's bytes if nothing has yet; a failure is left to the first use."""
+        with contextlib.suppress(PersistError):
+            self._bytes()
+
+    def _bytes(self) -> bytes | None:
+        """The stored bytes (read now if not yet), or None once decoded.
+
+        Raises:
+            PieceMissing, ChecksumMismatch, ExternalError: as the read (nothing kept).
+        """
+        data = self._data
+        if data is not None or self._members is not None:
+            return data
+        with self._reading:
+            if self._data is None and self._members is None:
+                assert self._fetch is not None
+                self._data = self._fetch()
+            return self._data
+
     def version(self) -> int:
         """The piece's format version (read alone from its bytes if not decoded).
 
         Raises:
-            Corruption: its bytes are not a record with a version.
+            Corruption: its bytes are not a record with a version, or cannot be read.
+            ExternalError: storage failed reading it.
         """
         if self._version is None:
-            data = self._data
+            data = self._bytes()
             if data is None:  # decoded meanwhile
                 return self.version()
             self._version = meta.version_of(self.ref.key, data)
         return self._version
 
     def members(self, wanted: str | None = None) -> dict[str, CollectionMeta]:
-        """The piece's collections (name -> metadata), decoded and checked at the first call;
-        ``wanted``: the collection asked for (named by the error).
+        """The piece's collections (name -> metadata), read, decoded and checked at the first
+        call; ``wanted``: the collection asked for (named by the error).
 
         Raises:
-            Corruption: the piece does not decode, or not into what its manifest says.
+            Corruption: the piece is not stored, its bytes fail their crc, or it does not
+                decode into what its manifest says.
             IncompatibleFormat: a format version newer than this persist reads.
+            ExternalError: storage failed reading it (the next use reads again).
         """
         got = self._members
         if got is not None:
             return got
         with _DECODING:
             if self._members is None:
-                assert self._data is not None
                 try:
-                    self._members, self._version = self._decode(self._data)
+                    data = self._bytes()
+                    assert data is not None
+                    self._members, self._version = self._decode(data)
                 except (Corruption, IncompatibleFormat) as e:
                     asked = "" if wanted is None else f", used for collection {wanted!r}"
                     what = (f"piece of bucket {self.ref.bucket} of rollup {self.seq}{asked}")
                     if isinstance(e, IncompatibleFormat):
                         raise IncompatibleFormat(f"{what}: {e}") from e
-                    raise Corruption(self.ref.key, f"{what}: {e.detail}") from e
+                    raise type(e)(self.ref.key, f"{what}: {e.detail}") from e
                 self._data = None
             return self._members
 
@@ -361,8 +443,11 @@ class Collections(MutableMapping[str, CollectionMeta]):
                 + len(self._added))
 
     def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
-        """The names and collections, in iteration order (decodes every piece)."""
+        """The names and collections, in iteration order (decodes every piece, read
+        :data:`IO_THREADS` at a time)."""
         over, added = self._over, self._added
+        if not all(h.read_once for h in self.held.values()):
+            prefetch(self.held.values())
         for b in sorted(self.held):
             members = self.held[b].members()
             if not over:
