@@ -381,16 +381,18 @@ class Collections(MutableMapping[str, CollectionMeta]):
     in the piece of its bucket and not a deleted name.
     """
 
-    __slots__ = ("_added", "_over", "buckets", "held")
+    __slots__ = ("_added", "_count", "_over", "buckets", "held")
 
     def __init__(self, buckets: int, held: Mapping[int, Held],
                  over: dict[str, CollectionMeta | _Gone] | None = None,
-                 added: dict[str, None] | None = None) -> None:
+                 added: dict[str, None] | None = None, count: int | None = None) -> None:
         """The collections of ``held`` (the pieces of ``buckets`` buckets), changed by
-        ``over`` (a deleted name: ``_GONE``), ``added`` the names of ``over`` in no piece."""
+        ``over`` (a deleted name: ``_GONE``), ``added`` the names of ``over`` in no piece;
+        ``count``: how many the pieces hold (default: the sum of their references')."""
         self.buckets, self.held = buckets, held
         self._over: dict[str, CollectionMeta | _Gone] = {} if over is None else over
         self._added: dict[str, None] = {} if added is None else added
+        self._count = sum(h.ref.count for h in held.values()) if count is None else count
 
     def _base(self, name: str) -> CollectionMeta | None:
         h = self.held.get(bucket_of(name, self.buckets))
@@ -439,8 +441,7 @@ class Collections(MutableMapping[str, CollectionMeta]):
         gone = sum(1 for v in self._over.values() if isinstance(v, _Gone))
         # NB: an added name's piece was decoded when it was set
         again = sum(1 for n in self._added if self._base(n) is not None)
-        return (sum(h.ref.count for h in self.held.values()) - gone - again
-                + len(self._added))
+        return self._count - gone - again + len(self._added)
 
     def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
         """The names and collections, in iteration order (decodes every piece, read
@@ -473,7 +474,8 @@ class Collections(MutableMapping[str, CollectionMeta]):
 
     def copy(self) -> Collections:
         """A copy sharing the pieces (O(names changed))."""
-        return Collections(self.buckets, self.held, dict(self._over), dict(self._added))
+        return Collections(self.buckets, self.held, dict(self._over), dict(self._added),
+                           self._count)
 
     def grouped(self) -> dict[int, Held | dict[str, CollectionMeta]]:
         """The collections by bucket: a bucket no changed name hashes to as its piece
