@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state import pieces
 from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import Overlay
 from persist.location import resolve
 from persist.runtime.client import Client
 from tests.nemesis.seam_writer import OPTIONS, RID
@@ -463,6 +464,14 @@ def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
         client.stop()
 
 
+def _odd(c: meta.CollectionMeta) -> bool:
+    return c.id % 2 == 1
+
+
+def _ids(cs: Iterable[meta.CollectionMeta]) -> list[tuple[int, str, int]]:
+    return [(c.id, c.name, len(c.parts)) for c in cs]
+
+
 def test_a_lazy_map_reads_and_changes_as_the_eager_dict_does() -> None:
     """``pieces.Collections`` against the dict an eager load makes, under the same random
     sets, additions, deletions and re-additions, copied as replay copies: the same items in
@@ -503,6 +512,15 @@ def test_a_lazy_map_reads_and_changes_as_the_eager_dict_does() -> None:
         if step % 50 == 49:
             assert len(a) == len(b)
             assert list(a.items()) == list(b.items())
+            # a filter answered from each piece's kept answer and the names changed, alone
+            # and under a working copy (``Overlay``) staging one more change
+            assert isinstance(a, pieces.Collections)
+            assert sorted(a.where_items(_odd)) == sorted(
+                (k, c) for k, c in b.items() if _odd(c))
+            o = Overlay(a)
+            o[n] = values[step % len(values)]
+            want = {**b, n: values[step % len(values)]}
+            assert sorted(_ids(o.where(_odd))) == sorted(_ids(c for c in want.values() if _odd(c)))
     assert list(lazy.items()) == list(eager.items())  # the loaded map never changed
     assert before != list(a.items())
     assert isinstance(a, pieces.Collections)

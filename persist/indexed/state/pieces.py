@@ -249,8 +249,8 @@ class Held:
     raises again.
     """
 
-    __slots__ = ("_data", "_fetch", "_members", "_reading", "_version", "buckets", "ref",
-                 "seq")
+    __slots__ = ("_data", "_fetch", "_members", "_reading", "_version", "_where", "buckets",
+                 "ref", "seq")
 
     def __init__(self, ref: PieceRef, seq: int, buckets: int, *,
                  fetch: Callable[[], bytes] | None = None,
@@ -265,6 +265,8 @@ class Held:
         self._data: bytes | None = None
         self._members, self._version = members, version
         self._reading = threading.Lock()
+        self._where: dict[Callable[[CollectionMeta], bool],
+                          list[tuple[str, CollectionMeta]]] = {}
 
     @property
     def decoded(self) -> bool:
@@ -343,6 +345,19 @@ class Held:
                     raise type(e)(self.ref.key, f"{what}: {e.detail}") from e
                 self._data = None
             return self._members
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[tuple[str, CollectionMeta]]:
+        """The piece's collections for which ``pred`` holds, with their names (computed once
+        per predicate: the piece never changes).
+
+        Raises:
+            as :meth:`members`.
+        """
+        got = self._where.get(pred)
+        if got is None:
+            got = [(n, c) for n, c in self.members().items() if pred(c)]
+            self._where[pred] = got
+        return got
 
     def _decode(self, data: bytes) -> tuple[dict[str, CollectionMeta], int]:
         ref = self.ref
@@ -471,6 +486,23 @@ class Collections(MutableMapping[str, CollectionMeta]):
     def keys(self) -> Iterator[str]:  # type: ignore[override]
         """The names, in iteration order (decodes every piece)."""
         return iter(self)
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[CollectionMeta]:
+        """The collections for which ``pred`` holds (a pure function of one collection, the
+        same object each call: each piece's answer is kept), in no particular order: a pass
+        over the pieces' answers and the names changed, not over every collection (a commit
+        that retires a blob looks for forks among all, ``refs.retired_of``)."""
+        return [c for _, c in self.where_items(pred)]
+
+    def where_items(self, pred: Callable[[CollectionMeta], bool]
+                    ) -> list[tuple[str, CollectionMeta]]:
+        """:meth:`where`, with the names."""
+        over = self._over
+        # NB: a name changed since the load (set, deleted, added) is answered by its value
+        # in ``over`` alone, the pieces' answers by the others
+        out = [(n, c) for h in self.held.values() for n, c in h.where(pred) if n not in over]
+        out.extend((n, v) for n, v in over.items() if not isinstance(v, _Gone) and pred(v))
+        return out
 
     def copy(self) -> Collections:
         """A copy sharing the pieces (O(names changed))."""

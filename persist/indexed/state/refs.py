@@ -109,7 +109,11 @@ def retired_of(collections: Mapping[str, CollectionMeta], removed: Iterable[Part
         return []
     # NB: only a key's owner and forks can reference it (check_register refuses any other
     # borrower), so a location without forks pays nothing more than the scan for one.
-    forks = [c for c in collections.values() if is_fork(c)]
+    # NB: a map that answers it itself (a state loaded lazily, its working copy) keeps each
+    # piece's answer: no pass over 10,000 collections per compaction commit
+    where = getattr(collections, "where", None)
+    forks = where(is_fork) if where is not None else [c for c in collections.values()
+                                                       if is_fork(c)]
     still: set[str] = set()
     if forks:
         owners = {layout.owner_of(k) for k in keys}

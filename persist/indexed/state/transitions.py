@@ -8,7 +8,7 @@ the metadata log with :func:`apply`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 
 import msgspec
 
@@ -131,6 +131,18 @@ class Overlay(MutableMapping[str, CollectionMeta]):
         never touched)."""
         self._over = {}
         self._cleared = True
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[CollectionMeta]:
+        """The collections for which ``pred`` holds, in no particular order (over a base
+        that answers it itself, :meth:`persist.indexed.state.pieces.Collections.where`, a
+        pass over the names changed only)."""
+        over = self._over
+        base_where = getattr(self._base, "where_items", None)
+        if self._cleared or base_where is None:
+            return [c for c in self.values() if pred(c)]
+        out = [c for n, c in base_where(pred) if n not in over]
+        out.extend(v for v in over.values() if not isinstance(v, _Gone) and pred(v))
+        return out
 
     def copy(self) -> Overlay:
         """A copy sharing the base (O(names changed))."""
