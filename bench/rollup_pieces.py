@@ -1,18 +1,23 @@
-"""Incremental rollups at many collections: what a rollup writes, the metadata kept, and the
-writer's open, at 1 collection against 10,000.
+"""Incremental rollups at many collections: what a rollup writes, the metadata kept, the
+writer's open and the append latency, at 1 collection against 10,000.
 
     python -m bench.rollup_pieces [--collections 1 10000] [--seconds S] [--grace G] [--dir D]
-                                  [--whole]
+                                  [--whole] [--keep] [--rounds R] [--block B] [--opens O]
 
-For each count ``n``, on a fresh file location (``fsync`` off: bytes and decoding are
-measured, not the disk): creates ``n`` collections, each with one 100-row append, and rolls
-up; then appends 100 rows at a time to one collection for ``S`` seconds (its since following
-its upper every 100 appends) with the background maintenance on (a rollup every 64 commits, the metadata trim after ``G`` seconds), sampling
-the bytes under ``meta/`` every second; then closes and opens the writer 5 times. Reports the
-bytes of one whole rollup (manifest and every piece it names), the bytes written per rollup
-during the run (manifests and pieces), the most metadata bytes kept at once, and the median
-open. ``--whole`` writes whole-state rollups, as every persist before incremental ones did:
-the baseline.
+For each count ``n``, a fresh file location (``fsync`` off: bytes and decoding are measured,
+not the disk) with ``n`` collections, each with one 100-row append, rolled up. Then, the
+counts alternating, ``O`` writer opens of each in a fresh process (timed there: what the
+collections cost an open). Then, for each count in turn, ``S`` seconds of 100-row appends to
+one collection (its since following its upper every 100 appends) with the background
+maintenance on (a rollup every 64 commits, the metadata trim after ``G`` seconds), sampling
+the bytes under ``meta/`` (log, rollups, pieces) every second: the most at once over the run,
+and from ``G + 10`` seconds into it on (the setup's own metadata trimmed by then, or being
+trimmed). Then, both writers open in this process, ``R`` alternating blocks of ``B`` appends
+each (after a warm-up block each) for the append p50 and p99, and ``O`` alternating opens of
+each in a fresh process. Reports the bytes of one whole rollup (manifest and every piece it
+names), the bytes and pieces written per rollup during the run, the metadata kept, the
+medians, and the ratios. ``--whole`` writes whole-state rollups, as every persist before
+incremental ones did: the baseline.
 
 Counting written bytes patches :class:`persist.blob.file.FileBlob` in this process (a
 measurement, not a behaviour).
@@ -23,7 +28,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -65,6 +73,9 @@ def _rows(base: int) -> list[tuple[tuple[int, int], int, int]]:
     return [((base + i, i), 0, 1) for i in range(100)]
 
 
+_SO = {"fsync": False}
+
+
 def _opts(grace: float) -> persist.Options:
     return persist.Options(gc_grace_seconds=grace)
 
@@ -85,48 +96,128 @@ def _whole_rollup(loc: Path, state: meta.State) -> int:
     return len(data) + sum(p.nbytes for p in m.pieces)
 
 
-def run(n: int, seconds: float, grace: float, root: Path) -> dict[str, float]:
+def _du_meta(loc: Path) -> dict[str, int]:
+    meta_dir = loc / "meta"
+    return {"log": _du(meta_dir / "log"), "rollup": _du(meta_dir / "rollup"),
+            "piece": _du(meta_dir / "piece")}
+
+
+def _append(w: persist.WriteHandle, r: persist.ReadHandle, appends: int) -> float:
+    """One 100-row append to the collection of ``w``/``r`` (its since following upper every
+    100 appends); returns its latency in seconds."""
+    t = r.upper
+    rows = [((-t * 1000 - i, i), t, 1) for i in range(100)]
+    t0 = time.perf_counter()
+    w.append(rows, upper=t + 1).result()
+    took = time.perf_counter() - t0
+    if appends % 100 == 99:
+        w.allow_compaction(t)  # since follows upper, as a service's would
+    return took
+
+
+def setup(n: int, grace: float, root: Path) -> tuple[Path, dict[str, float]]:
+    """A location of ``n`` collections, each with one 100-row append, rolled up."""
     loc = root / f"loc-{n}"
-    so = {"fsync": False}
     started = time.monotonic()
     with persist.open(loc, reentrance_id="bench", options=_opts(grace),
-                      storage_options=so) as client:
+                      storage_options=_SO) as client:
         for i in range(n):
             w, _ = client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
             w.append(_rows(i * 1000), upper=1).result()
         client.maintain()
-        setup = time.monotonic() - started
         whole = _whole_rollup(loc, client.state)
+    return loc, {"collections": n, "setup_s": time.monotonic() - started,
+                 "whole_rollup_bytes": whole}
+
+
+def run(loc: Path, seconds: float, grace: float) -> dict[str, float]:
+    """``seconds`` of appends to one collection of ``loc`` with background maintenance,
+    sampling the metadata kept every second."""
+    with persist.open(loc, reentrance_id="bench", options=_opts(grace),
+                      storage_options=_SO) as client:
         with _lock:
             _written.clear()
         w, r = client.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
-        peak, appends = 0, 0
-        end = time.monotonic() + seconds
+        peak, steady, at_steady = 0, 0, {"log": 0, "rollup": 0, "piece": 0}
+        appends = 0
+        started = time.monotonic()
+        end = started + seconds
+        # NB: the setup's own metadata (a commit per registration and per first append, and
+        # its rollups) is trimmed a grace period after the setup's last rollup: what is kept
+        # from then on is what the appends keep.
+        steady_from = started + grace + 10.0
         next_sample = time.monotonic()
+        latencies: list[float] = []
         while time.monotonic() < end:
-            t = r.upper
-            w.append([((-t * 1000 - i, i), t, 1) for i in range(100)], upper=t + 1).result()
+            latencies.append(_append(w, r, appends))
             appends += 1
-            if appends % 100 == 0:
-                w.allow_compaction(t)  # since follows upper, as a service's would
-            if time.monotonic() >= next_sample:
-                peak = max(peak, _du(loc / "meta"))
+            now = time.monotonic()
+            if now >= next_sample:
+                du = _du_meta(loc)
+                total = sum(du.values())
+                peak = max(peak, total)
+                if now >= steady_from and total > steady:
+                    steady, at_steady = total, du
                 next_sample += 1.0
-        peak = max(peak, _du(loc / "meta"))
         with _lock:
             rollups = len(_written.get(layout.ROLLUP_PREFIX, []))
             rollup_bytes = (sum(_written.get(layout.ROLLUP_PREFIX, []))
                             + sum(_written.get(layout.PIECE_PREFIX, [])))
-    opens = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        with persist.open(loc, reentrance_id="bench", options=_opts(grace), storage_options=so):
-            opens.append(time.perf_counter() - t0)
-    return {"collections": n, "setup_s": setup, "whole_rollup_bytes": whole,
-            "appends": appends, "rollups": rollups,
+        with _lock:
+            piece_sizes = list(_written.get(layout.PIECE_PREFIX, []))
+    return {"appends": appends, "rollups": rollups,
             "bytes_per_rollup": rollup_bytes / max(1, rollups),
-            "peak_meta_bytes": peak, "open_ms_median": 1000 * statistics.median(opens),
-            "open_ms_min": 1000 * min(opens)}
+            "pieces_per_rollup": len(piece_sizes) / max(1, rollups),
+            "largest_piece_bytes": max(piece_sizes, default=0),
+            "append_p50_ms_run": 1000 * statistics.median(latencies),
+            "peak_meta_bytes": peak, "steady_peak_meta_bytes": steady,
+            "steady_log_bytes": at_steady["log"], "steady_rollup_bytes": at_steady["rollup"],
+            "steady_piece_bytes": at_steady["piece"]}
+
+
+def _open_in_child(loc: Path, grace: float) -> float:
+    """Seconds a writer open of ``loc`` takes in a fresh process (timed there: the process's
+    start and imports not counted, nor the garbage of the other location's state)."""
+    out = subprocess.run([sys.executable, "-m", "bench.rollup_pieces", "--open", str(loc),
+                          "--grace", str(grace)], check=True, capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _open_once(loc: Path, grace: float) -> None:
+    t0 = time.perf_counter()
+    client = persist.open(loc, reentrance_id="bench", options=_opts(grace), storage_options=_SO)
+    took = time.perf_counter() - t0
+    client.stop()
+    print(took)
+
+
+def alternate(locs: list[Path], grace: float, rounds: int, block: int,
+              opens: int) -> list[dict[str, float]]:
+    """Append latency and writer open at each location, measured alternating: ``rounds``
+    blocks of ``block`` appends each, then ``opens`` opens each."""
+    lat: list[list[float]] = [[] for _ in locs]
+    clients = [persist.open(loc, reentrance_id="bench", options=_opts(grace),
+                            storage_options=_SO) for loc in locs]
+    try:
+        handles = [c.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
+                   for c in clients]
+        for i in range(len(locs)):  # warm-up block each (the first round plans everything)
+            for a in range(block):
+                _append(*handles[i], a)
+        for _ in range(rounds):
+            for i in range(len(locs)):
+                lat[i].extend(_append(*handles[i], a) for a in range(block))
+    finally:
+        for c in clients:
+            c.stop()
+    took: list[list[float]] = [[] for _ in locs]
+    for _ in range(opens):
+        for i, loc in enumerate(locs):
+            took[i].append(_open_in_child(loc, grace))
+    return [{"append_p50_ms": 1000 * statistics.median(lt),
+             "append_p99_ms": 1000 * statistics.quantiles(lt, n=100)[98],
+             "open_ms_median": 1000 * statistics.median(op), "open_ms_min": 1000 * min(op)}
+            for lt, op in zip(lat, took, strict=True)]
 
 
 def main() -> None:
@@ -136,29 +227,61 @@ def main() -> None:
     ap.add_argument("--grace", type=float, default=300.0)
     ap.add_argument("--dir", default=None)
     ap.add_argument("--keep", action="store_true", help="keep the locations (loc-<n>)")
+    ap.add_argument("--rounds", type=int, default=6, help="alternating blocks of appends")
+    ap.add_argument("--block", type=int, default=300, help="appends per block")
+    ap.add_argument("--opens", type=int, default=7, help="alternating opens per location")
     ap.add_argument("--whole", action="store_true",
                     help="whole-state rollups, as before incremental ones (the baseline)")
+    ap.add_argument("--open", default=None, help=argparse.SUPPRESS)  # a child's one open
     args = ap.parse_args()
+    if args.open is not None:
+        _open_once(Path(args.open), args.grace)
+        return
     if args.whole:
         from persist.indexed.state import pieces
 
         pieces.COLLECTIONS_PER_PIECE = 1 << 30
     _count_writes()
-    if args.keep:
-        d = tempfile.mkdtemp(dir=args.dir)
-        results = [run(n, args.seconds, args.grace, Path(d)) for n in args.collections]
-        print(f"locations kept under {d}")
-    else:
-        with tempfile.TemporaryDirectory(dir=args.dir) as d:
-            results = [run(n, args.seconds, args.grace, Path(d)) for n in args.collections]
+    d = tempfile.mkdtemp(dir=args.dir)
+    try:
+        results = []
+        for n in args.collections:
+            _, res = setup(n, args.grace, Path(d))
+            results.append(res)
+        locs = [Path(d) / f"loc-{n}" for n in args.collections]
+        fresh: list[list[float]] = [[] for _ in locs]
+        for _ in range(args.opens):  # right after the setup: what the collections cost
+            for i, loc in enumerate(locs):
+                fresh[i].append(_open_in_child(loc, args.grace))
+        for res, loc, took in zip(results, locs, fresh, strict=True):
+            res["open_fresh_ms_median"] = 1000 * statistics.median(took)
+            res["open_fresh_ms_min"] = 1000 * min(took)
+            res["load_before_run"] = os.getloadavg()[0]
+            res.update(run(loc, args.seconds, args.grace))
+        for res, alt in zip(results, alternate(locs, args.grace, args.rounds, args.block,
+                                                args.opens), strict=True):
+            res.update(alt)
+    finally:
+        if args.keep:
+            print(f"locations kept under {d}")
+        else:
+            shutil.rmtree(d, ignore_errors=True)
     print(f"load average at the end: {os.getloadavg()}")
     for res in results:
         print("  ".join(f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v:,}"
                         for k, v in res.items()))
     if len(results) >= 2:
         a, b = results[0], results[-1]
-        print(f"open ratio {b['collections']}/{a['collections']}: "
-              f"{b['open_ms_median'] / a['open_ms_median']:.2f}x (median of 5)")
+        n0, n1 = a["collections"], b["collections"]
+        print(f"alternating, {n1} against {n0} collections: writer open right after the "
+              f"setup {b['open_fresh_ms_median'] / a['open_fresh_ms_median']:.2f}x, after the "
+              f"run {b['open_ms_median'] / a['open_ms_median']:.2f}x (medians of {args.opens} "
+              f"opens in fresh processes)")
+        print(f"alternating, {n1} against {n0} collections: writer open "
+              f"{b['open_ms_median'] / a['open_ms_median']:.2f}x (median of {args.opens}), "
+              f"append p50 {b['append_p50_ms'] / a['append_p50_ms']:.2f}x, p99 "
+              f"{b['append_p99_ms'] / a['append_p99_ms']:.2f}x ({args.rounds} blocks of "
+              f"{args.block} each)")
 
 
 if __name__ == "__main__":

@@ -263,6 +263,7 @@ def open(
             raise MissingResource.nothing_committed(
                 loc.url, "pass missing_ok=True to open a replica that waits for its first "
                          "writer")
+        ix.machine.start_prefetch()  # NB: once open (DESIGN.md §4, "Lazy pieces")
         return Client(loc.url, ix, follower=follower, storage_options=storage_options)
     rid = reentrance_id or f"anon-{uuid.uuid4().hex}"
     w = open_writer(loc, rid, lock_timeout=lock_timeout, options=options)
@@ -272,6 +273,7 @@ def open(
     if notify:
         notifier = Notifier.start(loc.blob, runtime.published, epoch=w.lease.generation,
                                   writer=rid, transport="tcp" if notify == "tcp" else "unix")
+    w.engine.machine.start_prefetch()  # NB: once open (DESIGN.md §4, "Lazy pieces")
     return Client(loc.url, w.engine, runtime=runtime, notifier=notifier,
                   storage_options=storage_options)
 

@@ -30,6 +30,7 @@ from persist import crashpoints, layout, metrics
 from persist.blob.base import Blob, BlobRead
 from persist.errors import (
     CommitDeadline,
+    Corruption,
     Determinate,
     DiffOverflow,
     ExternalError,
@@ -457,7 +458,10 @@ class Indexed:
             ExternalError: the store failed.
         """
         options = _checked_options(options)
-        machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds)
+        # NB: each piece of a manifest is decoded at the first use of one of its collections
+        # (DESIGN.md §4, "Lazy pieces"): the open reads every piece but decodes only those the
+        # log after the rollup touches; a corrupt piece raises at its first use.
+        machine = Machine(blob, gc_grace_seconds=options.gc_grace_seconds, lazy=True)
         return cls(machine, machine.load(), epoch=epoch, writer=writer, options=options)
 
     def set_options(self, options: Options) -> None:
@@ -696,8 +700,9 @@ class Indexed:
                 way finishes and is committed, so that it leaves no blob behind).
 
         Raises:
-            ExternalError, InvalidUsage: the first step that failed (a storage error, or a
-                merge refused by a concurrent change); the others still had their turn.
+            ExternalError, InvalidUsage, Corruption: the first step that failed (a storage
+                error, a merge refused by a concurrent change, bytes persist cannot trust);
+                the others still had their turn.
         """
         # NB: the steps are independent, and each runs even if an earlier one failed (its
         # error is raised after the others had their turn). Under a steady trickle of storage
@@ -720,7 +725,10 @@ class Indexed:
                 break
             try:
                 did = step() or did
-            except (ExternalError, InvalidUsage) as e:
+            except (ExternalError, InvalidUsage, Corruption) as e:
+                # NB: Corruption too: a piece found corrupt at its first use (a round after
+                # an open plans every collection, DESIGN.md §4 "Lazy pieces") or a part found
+                # corrupt by a merge must not stop the rollups that bound the log.
                 first = first or e
         if first is not None:
             raise first

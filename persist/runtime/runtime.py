@@ -35,6 +35,7 @@ from typing import Any
 from persist import layout, metrics
 from persist.errors import (
     CommitDeadline,
+    Corruption,
     Determinate,
     ExternalError,
     Fenced,
@@ -564,7 +565,7 @@ class Runtime:
                 held=self.holds.frontier,
                 compaction=not background or self.ix.options.background_compaction,
                 budgeted=background, idle=self._queue.empty, stop=self._maint_stop.is_set)
-        except (ExternalError, InvalidUsage) as e:
+        except (ExternalError, InvalidUsage, Corruption) as e:
             first, did = e, False
         try:
             did = self._serve_holds() or did

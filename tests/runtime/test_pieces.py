@@ -7,10 +7,12 @@ a rollup's pieces and its manifest loses nothing."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterable, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +21,16 @@ import pytest
 
 import persist
 from persist import layout
+from persist.blob.base import Blob
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
+from persist.errors import ChecksumMismatch, Corruption
 from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state import pieces
 from persist.indexed.state.machine import Machine
+from persist.indexed.state.transitions import Overlay
 from persist.location import resolve
 from persist.runtime.client import Client
 from tests.nemesis.seam_writer import OPTIONS, RID
@@ -288,3 +293,241 @@ def test_incremental_rollups_on_s3(aws_options: dict[str, Any], bucket: str) -> 
         _, r = replica.create_or_load("c2", key_type=pa.int64(), value_type=pa.int64())
         assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + OPTS.rollup_every
     assert verify(blob, url=url).problems == []
+
+
+def _counting_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The keys of the pieces decoded from now on, in order."""
+    seen: list[str] = []
+    plain = meta.decode_piece
+
+    def counted(key: str, data: bytes) -> meta.Piece:
+        seen.append(key)
+        return plain(key, data)
+
+    monkeypatch.setattr(meta, "decode_piece", counted)
+    return seen
+
+
+def _manifest(blob: Blob) -> meta.Manifest:
+    key = blob.list_keys(layout.ROLLUP_PREFIX)[-1]
+    data = blob.get(key)
+    assert data is not None
+    assert meta.is_manifest(key, bytes(data))
+    return meta.decode_manifest(key, bytes(data))
+
+
+def _piece_of(m: meta.Manifest, name: str) -> str:
+    b = pieces.bucket_of(name, m.buckets)
+    return next(r.key for r in m.pieces if r.bucket == b)
+
+
+def _in_another_piece(m: meta.Manifest, *names: str) -> str:
+    taken = {pieces.bucket_of(n, m.buckets) for n in names}
+    return next(f"c{i}" for i in range(200) if pieces.bucket_of(f"c{i}", m.buckets) not in taken)
+
+
+def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lazy pieces (DESIGN.md §4): an open reads (or has a background thread read) every
+    piece of its manifest once, and decodes only those of the collections the log after the
+    rollup touches; a lookup decodes its one
+    piece; commits and a rollup of one collection decode nothing more and write one piece;
+    the first maintenance round (which plans every collection after an open) decodes the rest,
+    each once, into the state an eager load reads."""
+    name = uuid.uuid4().hex
+    blob = RecordingBlob(MemoryBlob(name))
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()  # a manifest
+        m = _manifest(blob)
+        assert len(m.pieces) == m.buckets == 8
+        _touch(client, "c1", 3)  # after the rollup: replayed at the next open
+    finally:
+        client.stop()
+    decoded = _counting_decodes(monkeypatch)
+    blob.reset()
+    client = _open(blob, name, OPTS)
+    try:
+        # the open read the piece its replay used; once open (``persist.open`` starts it, as
+        # here), the rest are read in the background: each once, its envelope's crc checked
+        assert blob.keys_read(layout.PIECE_PREFIX) == [_piece_of(m, "c1")]
+        client._ix.machine.start_prefetch()
+        prefetch = client._ix.machine.prefetch
+        assert prefetch is not None
+        prefetch.result(timeout=30)
+        assert sorted(blob.keys_read(layout.PIECE_PREFIX)) == sorted(r.key for r in m.pieces)
+        assert decoded == [_piece_of(m, "c1")]
+        state = client.state
+        assert len(state.collections) == 200
+        assert "c1" in state.collections
+        other = _in_another_piece(m, "c1")
+        assert state.collections[other].name == other
+        assert decoded == [_piece_of(m, "c1"), _piece_of(m, other)]
+        # commits to c1 and a rollup of them: no other piece decoded, one piece written
+        _touch(client, "c1", OPTS.rollup_every)
+        blob.reset()
+        engine = client._ix
+        assert engine.maybe_rollup()
+        assert len(decoded) == 2
+        assert blob.keys_written(layout.PIECE_PREFIX) == [_piece_of(_manifest(blob), "c1")]
+        assert len(blob.keys_written(layout.ROLLUP_PREFIX)) == 1
+        client.maintain()
+        assert sorted(decoded) == sorted(r.key for r in m.pieces)  # each once
+        eager = Machine(blob.read_only()).load()
+        assert isinstance(eager.collections, dict)
+        assert dict(client.state.collections.items()) == eager.collections
+        assert list(client.state.collections) == list(eager.collections)
+        assert "nope" not in client.state.collections
+    finally:
+        client.stop()
+
+
+def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A piece whose bytes pass the envelope's crc but do not decode into what the manifest
+    says, a piece not stored, or one whose stored bytes fail the crc: the open (which does not use it) succeeds, and
+    every use of one of its collections raises ``Corruption`` (``ChecksumMismatch``) naming
+    the piece, its bucket and the collection, before anything of it is returned or
+    committed; the other collections work."""
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    m = _manifest(blob)
+    victim = _in_another_piece(m, "c0")
+    key = _piece_of(m, victim)
+    good = blob.get(key)
+    assert good is not None
+    # undecodable; decodes, to the wrong count; not stored at all
+    for bad in (b"\x93not a piece", meta.encode_piece({}), None):
+        newest = _manifest(blob).seq
+        if bad is None:
+            blob.delete(key)
+        else:
+            blob.set(key, bad)
+        client = _open(blob, name, OPTS)
+        try:
+            seq = client.state.seq
+            for _ in range(2):  # and again: a failed piece is never trusted later
+                with pytest.raises(pieces.PieceMissing if bad is None else Corruption) as e:
+                    client.state.collections[victim]
+                assert e.value.key == key
+                assert f"collection {victim!r}" in str(e.value)
+                b = pieces.bucket_of(victim, m.buckets)
+                assert f"bucket {b} of rollup {newest}" in str(e.value)
+            with pytest.raises(Corruption):
+                client.create_or_load(victim, key_type=pa.int64(), value_type=pa.int64())
+            assert client.state.seq == seq  # nothing committed
+            _touch(client, "c0", 2)  # another piece's collection works
+            assert client.state.seq == seq + 2
+            _touch(client, "c0", OPTS.rollup_every)
+            with pytest.raises(Corruption):  # a round plans every collection after an open
+                client.maintain()
+            if bad == meta.encode_piece({}):
+                # its rollup was written all the same (the piece referenced, undecoded)
+                assert _manifest(blob).seq == client.state.seq
+                assert key in {r.key for r in _manifest(blob).pieces}
+            else:  # no version to give the manifest: no rollup, every one raises
+                assert _manifest(blob).seq < client.state.seq
+            _touch(client, "c0", 1)
+            assert client.state.seq == seq + 3 + OPTS.rollup_every
+        finally:
+            client.stop()
+        blob.set(key, good)
+    # a flipped byte in a piece's stored bytes: the read at the open checks the crc
+    loc = tmp_path / "loc"
+    fb = FileBlob(str(loc))
+    for k in [*blob.list_keys(layout.META_PREFIX)]:
+        got = blob.get(k)
+        assert got is not None
+        fb.set(k, bytes(got))
+    path = loc / key
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    path.write_bytes(bytes(raw))
+    client = _open(fb, name, OPTS)
+    try:
+        for _ in range(2):
+            with pytest.raises(ChecksumMismatch) as e:
+                client.state.collections[victim]
+            assert e.value.key == key
+            assert f"collection {victim!r}" in str(e.value)
+        _touch(client, "c0", 1)
+    finally:
+        client.stop()
+
+
+def _odd(c: meta.CollectionMeta) -> bool:
+    return c.id % 2 == 1
+
+
+def _ids(cs: Iterable[meta.CollectionMeta]) -> list[tuple[int, str, int]]:
+    return [(c.id, c.name, len(c.parts)) for c in cs]
+
+
+def test_a_lazy_map_reads_and_changes_as_the_eager_dict_does() -> None:
+    """``pieces.Collections`` against the dict an eager load makes, under the same random
+    sets, additions, deletions and re-additions, copied as replay copies: the same items in
+    the same order, lengths, lookups, and by bucket the same members (what a rollup writes);
+    a copy never changes the map it was copied from."""
+    name = uuid.uuid4().hex
+    blob = MemoryBlob(name)
+    client = _open(blob, name, OPTS)
+    try:
+        _populate(client, 200)
+        _touch(client, "c0", OPTS.rollup_every)
+        client.maintain()
+    finally:
+        client.stop()
+    lazy = Machine(blob.read_only(), lazy=True).load().collections
+    eager = Machine(blob.read_only()).load().collections
+    assert isinstance(lazy, pieces.Collections)
+    assert isinstance(eager, dict)
+    rng = random.Random(29)
+    values = list(eager.values())
+    names = [f"c{i}" for i in range(200)] + [f"new{i}" for i in range(40)]
+    a: MutableMapping[str, meta.CollectionMeta] = lazy
+    b: dict[str, meta.CollectionMeta] = dict(eager)
+    for step in range(600):
+        if step % 50 == 0:  # a commit's replay: a copy, the old map kept as it was
+            before = list(a.items())
+            a, b = pieces.copy_collections(a), dict(b)
+        n = rng.choice(names)
+        if rng.random() < 0.3 and n in b:
+            del a[n]
+            del b[n]
+        else:
+            c = rng.choice(values)
+            a[n] = c
+            b[n] = c
+        assert (n in a) == (n in b)
+        assert a.get(n) is b.get(n)
+        if step % 50 == 49:
+            assert len(a) == len(b)
+            assert list(a.items()) == list(b.items())
+            # a filter answered from each piece's kept answer and the names changed, alone
+            # and under a working copy (``Overlay``) staging one more change
+            assert isinstance(a, pieces.Collections)
+            assert sorted(a.where_items(_odd)) == sorted(
+                (k, c) for k, c in b.items() if _odd(c))
+            o = Overlay(a)
+            o[n] = values[step % len(values)]
+            want = {**b, n: values[step % len(values)]}
+            assert sorted(_ids(o.where(_odd))) == sorted(_ids(c for c in want.values() if _odd(c)))
+    assert list(lazy.items()) == list(eager.items())  # the loaded map never changed
+    assert before != list(a.items())
+    assert isinstance(a, pieces.Collections)
+    grouped = {k: (dict(v.members()) if isinstance(v, pieces.Held) else v)
+               for k, v in a.grouped().items()}
+    want: dict[int, dict[str, meta.CollectionMeta]] = {}
+    for n, c in b.items():
+        want.setdefault(pieces.bucket_of(n, a.buckets), {})[n] = c
+    assert {k: list(v.items()) for k, v in grouped.items()} == {
+        k: list(v.items()) for k, v in want.items()}

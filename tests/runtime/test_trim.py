@@ -20,6 +20,7 @@ from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
 from persist.indexed.format import meta
+from persist.indexed.maintenance import gc
 from persist.location import Location, open_writer
 from persist.lock.memory import MemoryLock
 from persist.runtime.client import Client
@@ -330,7 +331,34 @@ def test_a_writer_killed_in_a_trim_of_a_sharded_log_loses_nothing(
     # whole), or the one the kill left behind (a later trim never revisits a shard below it)
     upcoming = layout.log_key(head + 1, 2).split("/")[2]
     left = [e for e in empty if e != upcoming]
-    assert len(left) <= (1 if seam == "file.shard_emptied" else 0), (empty, upcoming)
+    assert not left, (empty, upcoming)
+
+
+@pytest.mark.crash
+def test_a_shard_left_empty_by_a_kill_goes_with_a_surveying_writers_first_trim(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Killed between deleting a shard's last entry and its directory: a writer whose progress
+    comes from a LIST of the log (a newest rollup without a trim record) starts right past that
+    entry, and its first trim removes the empty directory the kill left (no later trim reaches
+    a shard below its start)."""
+    monkeypatch.setattr(layout, "LOG_SHARD", 4)
+    monkeypatch.setenv("SEAM_LOG_SHARD", "4")
+    location = tmp_path / "loc"
+    proc = _spawn(location, "file.shard_emptied", 2)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    log_dir = location / layout.LOG_PREFIX
+    empty = {p.name for p in log_dir.iterdir() if p.is_dir() and not any(p.iterdir())}
+    assert empty  # the kill left the shard it emptied
+    blob = FileBlob(str(location))
+    trim = gc.MetaTrim()
+    trim.survey(blob)  # the listing skips the empty shard: progress is its last seq
+    assert trim.trimmed is not None
+    assert layout.log_key(trim.trimmed, 2).split("/")[2] in empty
+    upto = max(_seqs(blob, layout.ROLLUP_PREFIX))
+    trim.trim(blob, upto, log_from=2)
+    assert not empty & {p.name for p in log_dir.iterdir()}
+    assert _all_log_seqs(location)[0] > trim.trimmed  # what the trim deleted, in order
 
 
 def test_a_trimmed_shard_goes_with_the_temp_files_killed_writers_left(

@@ -111,6 +111,7 @@ manifest's piece) holding one are version 8, refused by an older persist with
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
 import msgspec
@@ -500,7 +501,10 @@ class State(msgspec.Struct, frozen=True, kw_only=True):
     writer: str = ""
     wall_ms: int = 0
     next_cid: int = 1
-    collections: dict[str, CollectionMeta] = msgspec.field(default_factory=dict)
+    #: Decoded as a dict; a state a writer or replica loaded from a manifest holds a map that
+    #: decodes each piece at its first use (:class:`persist.indexed.state.pieces.Collections`),
+    #: which is never encoded as it is (:func:`encode_rollup` takes a dict of it).
+    collections: Mapping[str, CollectionMeta] = msgspec.field(default_factory=dict)
     retired: tuple[Retired, ...] = ()
     #: A rollup record's trim progress (:class:`Trim`); UNSET on every state in memory and in
     #: rollups written before it (or by an older persist). Not part of the state: two
@@ -788,6 +792,8 @@ def decode_rollup(key: str, data: bytes) -> tuple[State, Trim | None]:
 def encode_rollup(state: State, trim: Trim | None) -> bytes:
     """Returns the stored bytes of the rollup of ``state`` recording ``trim`` (None: no
     trim progress, the bytes a persist before :class:`Trim` wrote)."""
+    if not isinstance(state.collections, dict):
+        state = msgspec.structs.replace(state, collections=dict(state.collections))
     return encode(state if trim is None else msgspec.structs.replace(state, trim=trim))
 
 

@@ -114,6 +114,9 @@ class MetaTrim:
         """Knows nothing: the first :meth:`observe` (or :meth:`survey`) tells it."""
         self.trimmed: int | None = None
         self.rollups: dict[int, _Rollup] = {}
+        #: Whether this writer's first trim swept the shard below its progress (see
+        #: :meth:`trim`).
+        self._swept = False
         # NB: the maintenance thread trims while the commit thread may reload (after a failed
         # commit), which observes: the two meet only under this lock, never across a request.
         self._lock = threading.Lock()
@@ -196,6 +199,15 @@ class MetaTrim:
         start = self.trimmed
         assert start is not None, "survey first"
         n = 0
+        if not self._swept and log_from is not None and start >= log_from \
+                and start % layout.LOG_SHARD == layout.LOG_SHARD - 1:
+            # NB: the trim is at a shard's end: a writer killed between deleting that last
+            # entry and removing the shard's directory (``file.shard_emptied``), or whose
+            # ``rmdir`` failed, left the directory empty, and the progress recorded (or surveyed
+            # past it) never deletes that entry again. Deleting it again (absent: a no-op)
+            # removes the directory on a file store; once per writer, one request elsewhere.
+            blob.delete(layout.log_key(start, log_from))
+        self._swept = True
         for seq in range(start + 1, min(upto, start + TRIM_BATCH) + 1):
             blob.delete(layout.log_key(seq, log_from))
             with self._lock:

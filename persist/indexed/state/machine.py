@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -65,14 +66,34 @@ class Loaded:
 class Machine:
     """Reads and writes the metadata log of one location."""
 
-    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = GC_GRACE_SECONDS) -> None:
+    def __init__(self, blob: BlobRead, *, gc_grace_seconds: float = GC_GRACE_SECONDS,
+                 lazy: bool = False) -> None:
+        """Reads (and, given a :class:`Blob`, writes) the metadata of the location of ``blob``.
+
+        Args:
+            gc_grace_seconds: the writer's grace (see :data:`GC_GRACE_SECONDS`).
+            lazy: load a state whose collections decode each piece of a manifest at the first
+                use of one of its collections (:class:`persist.indexed.state.pieces.
+                Collections`), read by a background thread after the load
+                (:attr:`prefetch`) or at that use, whichever comes first: a piece missing,
+                failing its crc or corrupt then raises at that use, not in :meth:`load`.
+                Writers and replicas load so; a caller that must find every problem in the
+                load (``persist verify``, the CLI) does not.
+        """
         self.blob = blob
         self.gc_grace_seconds = gc_grace_seconds
+        self.lazy = lazy
         self._last_sync = float("-inf")
         #: What the last successful :meth:`load` found (None: none yet).
         self.loaded: Loaded | None = None
         #: The newest rollup's pieces, for the next incremental rollup (:mod:`.pieces`).
         self.pieces = pieces.Pieces()
+        #: The background read of the pieces of the manifest the last lazy load started from
+        #: (None: none started), done once each was read or failed to be.
+        self.prefetch: Future[None] | None = None
+        #: The pieces of the first lazy load, until :meth:`start_prefetch` reads them.
+        self._unread: list[pieces.Held] = []
+        self._loads = 0
 
     # -- reading -------------------------------------------------------------------------
 
@@ -103,6 +124,11 @@ class Machine:
             try:
                 state, self.loaded, rollup = self._load_once(scan)
                 self.pieces.loaded(rollup)
+                self._loads += 1
+                if self.lazy and rollup is not None and rollup.held is not None:
+                    self._unread = list(rollup.held.values())
+                    if self._loads > 1:  # a reload: read them now (the open does, after it)
+                        self.start_prefetch()
                 self._last_sync = started
                 return state
             except _GapError as e:
@@ -112,6 +138,17 @@ class Machine:
                 time.sleep(0.005 * attempt)
         assert last is not None
         raise Corruption(layout.LOG_PREFIX, f"metadata log has a gap that persists: {last}")
+
+    def start_prefetch(self) -> None:
+        """Starts reading, in the background, the pieces of the manifest the last lazy load
+        started from that nothing read yet (:func:`pieces.prefetch`). The open of a writer or
+        replica calls it once it is open (reading them during the open would take the GIL
+        from it); a reload, at once. A reader that used a piece only after a trim deleted
+        it (a grace period after a newer rollup rewrote its bucket) would find it missing.
+        """
+        unread, self._unread = self._unread, []
+        if unread:
+            self.prefetch = pieces.prefetch(unread)
 
     def _load_once(self, scan: bool) -> tuple[State, Loaded, pieces.Rollup | None]:
         listed = time.monotonic()
@@ -127,7 +164,8 @@ class Machine:
             if data is None:
                 raise _GapError(f"rollup {key} vanished")
             try:
-                rollup = pieces.read_rollup(self.blob, key, data, retry=self._read)
+                rollup = pieces.read_rollup(self.blob, key, data, retry=self._read,
+                                            lazy=self.lazy)
             except pieces.PieceMissing as e:
                 raise _GapError(f"rollup {key}: {e}") from e
             # NB: a record's version is stamped when it is encoded (the lowest that can carry

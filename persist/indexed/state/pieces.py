@@ -30,13 +30,14 @@ manifests (an older persist refuses them with ``IncompatibleFormat``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,7 +45,7 @@ import msgspec
 
 from persist import crashpoints, layout
 from persist.blob.base import Blob, BlobRead
-from persist.errors import Corruption, ExternalError
+from persist.errors import Corruption, ExternalError, IncompatibleFormat, PersistError
 from persist.indexed.format import meta
 from persist.indexed.format.meta import (
     CollectionMeta,
@@ -56,6 +57,7 @@ from persist.indexed.format.meta import (
 )
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 #: At most how many collections one piece holds on average: a rollup of a location with one
 #: changed collection writes one piece of about this many (at ~4.5 KB of metadata per
@@ -95,12 +97,12 @@ class PieceMissing(Corruption):
 @dataclass(frozen=True)
 class Rollup:
     """A rollup as read: the state, its trim record, and (a manifest) the manifest and each
-    bucket's collections."""
+    bucket's piece as held in memory."""
 
     state: State
     trim: Trim | None
     manifest: Manifest | None = None
-    groups: dict[int, tuple[int, dict[str, CollectionMeta]]] | None = None
+    held: dict[int, Held] | None = None
 
 
 def _direct(read: Callable[[str], T], key: str) -> T:
@@ -109,7 +111,7 @@ def _direct(read: Callable[[str], T], key: str) -> T:
 
 def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                 retry: Callable[[Callable[[str], bytes | None], str], bytes | None] = _direct,
-                check: bool = False) -> Rollup:
+                check: bool = False, lazy: bool = False) -> Rollup:
     """Reads the rollup stored at ``key`` whose bytes are ``data``: a whole state, or a
     manifest and its pieces (read in parallel).
 
@@ -117,6 +119,13 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
         retry: how to read one piece (``retry(blob.get, key)``): a loader's retrying read.
         check: also check each piece's digest and that each of its collections belongs to
             its bucket (``persist verify``).
+        lazy: read and decode each piece only when one of its collections is first used:
+            the state's collections are then a :class:`Collections` (what a writer's or
+            replica's :class:`Machine` loads, and reads every piece of in the background
+            right after, :func:`prefetch`). What is left for the first use is what an eager
+            read does here: reading the piece if nothing has yet (its envelope's crc checked),
+            decoding and checking it (:meth:`Held.members`); its failure is then raised to
+            that use. Without it, every piece is read, decoded and checked here.
 
     Raises:
         PieceMissing: a piece the manifest names is not stored.
@@ -136,25 +145,55 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                                         f"(bucket {ref.bucket}), which is not stored")
         return got
 
-    datas = _map(fetch, refs)
-    collections: dict[str, CollectionMeta] = {}
-    groups: dict[int, tuple[int, dict[str, CollectionMeta]]] = {}
-    for ref, got in zip(refs, datas, strict=True):
-        if check:
-            _check_piece(manifest, ref, got)
-        piece = meta.decode_piece(ref.key, got)
-        groups[ref.bucket] = (piece.version, piece.collections)
-        collections.update(piece.collections)
-    if len(collections) != sum(r.count for r in refs):
-        raise Corruption(key, f"rollup manifest {manifest.seq}: its pieces hold "
-                              f"{len(collections)} distinct collections, it counts "
-                              f"{sum(r.count for r in refs)}")
+    held: dict[int, Held] = {}
+    for ref in refs:
+        if ref.bucket in held or not 0 <= ref.bucket < manifest.buckets:
+            raise Corruption(key, f"rollup manifest {manifest.seq} names bucket {ref.bucket} "
+                                  f"twice or outside its {manifest.buckets}")
+        held[ref.bucket] = Held(ref, manifest.seq, manifest.buckets,
+                                fetch=functools.partial(fetch, ref))
+    colls = Collections(manifest.buckets, held)
+    if not lazy:
+        datas = _map(fetch, refs)
+        for ref, got in zip(refs, datas, strict=True):
+            if check:
+                _check_piece(manifest, ref, got)
+            held[ref.bucket].read(bytes(got))
+        collections: dict[str, CollectionMeta] = {}
+        for h in held.values():
+            collections.update(h.members())
+        if len(collections) != sum(r.count for r in refs):
+            raise Corruption(key, f"rollup manifest {manifest.seq}: its pieces hold "
+                                  f"{len(collections)} distinct collections, it counts "
+                                  f"{sum(r.count for r in refs)}")
     state = State(seq=manifest.seq, epoch=manifest.epoch, writer=manifest.writer,
                   wall_ms=manifest.wall_ms, next_cid=manifest.next_cid,
-                  collections=collections, retired=manifest.retired,
+                  collections=colls if lazy else collections, retired=manifest.retired,
                   log_from=manifest.log_from)
     trim = None if isinstance(manifest.trim, msgspec.UnsetType) else manifest.trim
-    return Rollup(state, trim, manifest, groups)
+    return Rollup(state, trim, manifest, held)
+
+
+def prefetch(held: Iterable[Held]) -> Future[None]:
+    """Reads every piece of ``held`` not read yet, in a background thread (which reads
+    :data:`IO_THREADS` at a time); a piece that fails to be read is left to its first use.
+    Returns a future done when each was read or failed to be."""
+    held = [h for h in held if not h.read_once]
+    done: Future[None] = Future()
+    if not held:
+        done.set_result(None)
+        return done
+
+    def run() -> None:
+        try:
+            _map(lambda h: h.prefetch(), held)
+        except RuntimeError:  # the interpreter is exiting: no new threads; nothing to do
+            pass
+        finally:
+            done.set_result(None)
+
+    threading.Thread(target=run, name="persist-pieces-prefetch", daemon=True).start()
+    return done
 
 
 def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
@@ -171,21 +210,355 @@ def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
                                   f"other buckets: {stray[:5]}")
 
 
-def _map(fn: Callable[[T], bytes], items: Iterable[T]) -> list[bytes]:
+def _map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
     items = list(items)
     if len(items) <= 1:
         return [fn(i) for i in items]
-    with ThreadPoolExecutor(min(IO_THREADS, len(items))) as pool:
-        return list(pool.map(fn, items))
+    n = min(IO_THREADS, len(items))
+    # NB: one task per thread, each a stride of the items, not one per item: a future per
+    # piece cost more than the reads (512 pieces of 44 MB from a warm local file store: 75 ms
+    # with a future each, most of it submitting against the GIL the readers held; the reads
+    # alone 30 ms serially). An object store's requests still overlap n at a time.
+    with ThreadPoolExecutor(n) as pool:
+        strides = list(pool.map(lambda i: [fn(x) for x in items[i::n]], range(n)))
+    out: list[U] = [None] * len(items)  # type: ignore[list-item]
+    for i, got in enumerate(strides):
+        out[i::n] = got
+    return out
 
 
-@dataclass(frozen=True)
-class _Held:
-    """A piece of the newest rollup: its reference, format version and collections."""
+#: Serializes the decoding of pieces (the commit thread and the maintenance thread may use
+#: collections of one piece at once): each piece is decoded once, into one set of objects,
+#: which the identity checks of :class:`Pieces` and the maintenance index rely on.
+_DECODING = threading.Lock()
 
-    ref: PieceRef
-    version: int
-    members: dict[str, CollectionMeta]
+
+class Held:
+    """A piece of a rollup as held in memory: its reference, and its collections, read and
+    decoded at the first use of one of them (a piece named by a loaded manifest) or given (a
+    piece just written).
+
+    A piece of a manifest a load read lazily has a ``fetch`` (a retrying read of its stored
+    bytes, whose envelope's crc32c the read checks, raising :class:`PieceMissing` if absent);
+    a background thread calls :meth:`prefetch` on every such piece right after the load. The
+    first use reads the piece if that has not, decodes it and checks what an eager load
+    checks (the version, the msgpack, the count and size the manifest gives, every
+    collection's bucket), and raises a typed error naming the piece, its bucket and rollup
+    and the collection asked for, before any of its collections is returned. A piece that
+    fails stays undecoded (and, if its read failed, unread): every later use tries again and
+    raises again.
+    """
+
+    __slots__ = ("_data", "_fetch", "_members", "_reading", "_version", "_where", "buckets",
+                 "ref", "seq")
+
+    def __init__(self, ref: PieceRef, seq: int, buckets: int, *,
+                 fetch: Callable[[], bytes] | None = None,
+                 members: dict[str, CollectionMeta] | None = None,
+                 version: int | None = None) -> None:
+        """Holds piece ``ref`` of rollup ``seq`` (of ``buckets`` buckets): read by ``fetch``
+        (or given to :meth:`read`) and decoded at the first use, or its decoded ``members``
+        and ``version``."""
+        assert (fetch is None) != (members is None)
+        self.ref, self.seq, self.buckets = ref, seq, buckets
+        self._fetch = fetch
+        self._data: bytes | None = None
+        self._members, self._version = members, version
+        self._reading = threading.Lock()
+        self._where: dict[Callable[[CollectionMeta], bool],
+                          list[tuple[str, CollectionMeta]]] = {}
+
+    @property
+    def decoded(self) -> bool:
+        """Whether the collections are decoded (or were given)."""
+        return self._members is not None
+
+    @property
+    def read_once(self) -> bool:
+        """Whether the bytes were read (or the collections decoded or given)."""
+        return self._data is not None or self._members is not None
+
+    def read(self, data: bytes) -> None:
+        """Takes the piece's stored bytes, read by the caller (an eager load)."""
+        with self._reading:
+            if self._members is None and self._data is None:
+                self._data = data
+
+    def prefetch(self) -> None:
+        """Reads the piece's bytes if nothing has yet; a failure is left to the first use."""
+        with contextlib.suppress(PersistError):
+            self._bytes()
+
+    def _bytes(self) -> bytes | None:
+        """The stored bytes (read now if not yet), or None once decoded.
+
+        Raises:
+            PieceMissing, ChecksumMismatch, ExternalError: as the read (nothing kept).
+        """
+        data = self._data
+        if data is not None or self._members is not None:
+            return data
+        with self._reading:
+            if self._data is None and self._members is None:
+                assert self._fetch is not None
+                self._data = self._fetch()
+            return self._data
+
+    def version(self) -> int:
+        """The piece's format version (read alone from its bytes if not decoded).
+
+        Raises:
+            Corruption: its bytes are not a record with a version, or cannot be read.
+            ExternalError: storage failed reading it.
+        """
+        if self._version is None:
+            data = self._bytes()
+            if data is None:  # decoded meanwhile
+                return self.version()
+            self._version = meta.version_of(self.ref.key, data)
+        return self._version
+
+    def members(self, wanted: str | None = None) -> dict[str, CollectionMeta]:
+        """The piece's collections (name -> metadata), read, decoded and checked at the first
+        call; ``wanted``: the collection asked for (named by the error).
+
+        Raises:
+            Corruption: the piece is not stored, its bytes fail their crc, or it does not
+                decode into what its manifest says.
+            IncompatibleFormat: a format version newer than this persist reads.
+            ExternalError: storage failed reading it (the next use reads again).
+        """
+        got = self._members
+        if got is not None:
+            return got
+        with _DECODING:
+            if self._members is None:
+                try:
+                    data = self._bytes()
+                    assert data is not None
+                    self._members, self._version = self._decode(data)
+                except (Corruption, IncompatibleFormat) as e:
+                    asked = "" if wanted is None else f", used for collection {wanted!r}"
+                    what = (f"piece of bucket {self.ref.bucket} of rollup {self.seq}{asked}")
+                    if isinstance(e, IncompatibleFormat):
+                        raise IncompatibleFormat(f"{what}: {e}") from e
+                    raise type(e)(self.ref.key, f"{what}: {e.detail}") from e
+                self._data = None
+            return self._members
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[tuple[str, CollectionMeta]]:
+        """The piece's collections for which ``pred`` holds, with their names (computed once
+        per predicate: the piece never changes).
+
+        Raises:
+            as :meth:`members`.
+        """
+        got = self._where.get(pred)
+        if got is None:
+            got = [(n, c) for n, c in self.members().items() if pred(c)]
+            self._where[pred] = got
+        return got
+
+    def _decode(self, data: bytes) -> tuple[dict[str, CollectionMeta], int]:
+        ref = self.ref
+        piece = meta.decode_piece(ref.key, data)
+        if len(piece.collections) != ref.count or len(data) != ref.nbytes:
+            raise Corruption(ref.key, f"it holds {len(piece.collections)} collections in "
+                                      f"{len(data)} bytes; its rollup says {ref.count} in "
+                                      f"{ref.nbytes}")
+        stray = [n for n in piece.collections if bucket_of(n, self.buckets) != ref.bucket]
+        if stray:
+            raise Corruption(ref.key, f"it holds collections of other buckets: {stray[:5]}")
+        return piece.collections, piece.version
+
+
+class _Gone:
+    __slots__ = ()
+
+
+_GONE = _Gone()
+
+
+class Collections(MutableMapping[str, CollectionMeta]):
+    """The collections of a state loaded from a manifest: the rollup's pieces, each decoded
+    at the first use of one of its collections (:class:`Held`), under the names changed
+    since (set, added or deleted).
+
+    A copy shares the pieces (never mutated, decoded once whichever copy uses them) and copies
+    the changed names: what a commit's replay costs follows the collections changed since
+    the load, not how many there are. Lookups decode the one piece a name hashes to;
+    iterating decodes every piece, ``len`` none (the manifest's counts, each checked when its
+    piece is decoded). Iteration order is a dict's built by an eager load and the same
+    changes: the pieces' collections by bucket (changed values in place), then the names
+    added, in the order they were added.
+
+    Invariant: a name is in the map iff it is a changed name holding a collection, or it is
+    in the piece of its bucket and not a deleted name.
+    """
+
+    __slots__ = ("_added", "_count", "_over", "buckets", "held")
+
+    def __init__(self, buckets: int, held: Mapping[int, Held],
+                 over: dict[str, CollectionMeta | _Gone] | None = None,
+                 added: dict[str, None] | None = None, count: int | None = None) -> None:
+        """The collections of ``held`` (the pieces of ``buckets`` buckets), changed by
+        ``over`` (a deleted name: ``_GONE``), ``added`` the names of ``over`` in no piece;
+        ``count``: how many the pieces hold (default: the sum of their references')."""
+        self.buckets, self.held = buckets, held
+        self._over: dict[str, CollectionMeta | _Gone] = {} if over is None else over
+        self._added: dict[str, None] = {} if added is None else added
+        self._count = sum(h.ref.count for h in held.values()) if count is None else count
+
+    def _base(self, name: str) -> CollectionMeta | None:
+        h = self.held.get(bucket_of(name, self.buckets))
+        return None if h is None else h.members(name).get(name)
+
+    def __getitem__(self, name: str) -> CollectionMeta:
+        v = self._over.get(name)
+        if v is None:
+            c = self._base(name)
+            if c is None:
+                raise KeyError(name)
+            return c
+        if isinstance(v, _Gone):
+            raise KeyError(name)
+        return v
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        v = self._over.get(name)
+        if v is None:
+            return self._base(name) is not None
+        return not isinstance(v, _Gone)
+
+    def __setitem__(self, name: str, c: CollectionMeta) -> None:
+        v = self._over.get(name)
+        if (v is None and self._base(name) is None) or isinstance(v, _Gone):
+            # NB: a new name, or one deleted and set again: last, as in a dict
+            self._added[name] = None
+        self._over[name] = c
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._added.pop(name, None)
+        if self._base(name) is None:
+            del self._over[name]
+        else:
+            self._over[name] = _GONE
+
+    def __iter__(self) -> Iterator[str]:
+        for name, _ in self.items():
+            yield name
+
+    def __len__(self) -> int:
+        gone = sum(1 for v in self._over.values() if isinstance(v, _Gone))
+        # NB: an added name's piece was decoded when it was set
+        again = sum(1 for n in self._added if self._base(n) is not None)
+        return self._count - gone - again + len(self._added)
+
+    def items(self) -> Iterator[tuple[str, CollectionMeta]]:  # type: ignore[override]
+        """The names and collections, in iteration order (decodes every piece, read
+        :data:`IO_THREADS` at a time)."""
+        over, added = self._over, self._added
+        if not all(h.read_once for h in self.held.values()):
+            prefetch(self.held.values())
+        for b in sorted(self.held):
+            members = self.held[b].members()
+            if not over:
+                yield from members.items()
+                continue
+            for name, c in members.items():
+                v = over.get(name, c)
+                if not isinstance(v, _Gone) and name not in added:
+                    yield name, v
+        for name in list(added):
+            v = over[name]
+            assert not isinstance(v, _Gone)
+            yield name, v
+
+    def values(self) -> Iterator[CollectionMeta]:  # type: ignore[override]
+        """The collections, in iteration order (decodes every piece)."""
+        for _, c in self.items():
+            yield c
+
+    def keys(self) -> Iterator[str]:  # type: ignore[override]
+        """The names, in iteration order (decodes every piece)."""
+        return iter(self)
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[CollectionMeta]:
+        """The collections for which ``pred`` holds (a pure function of one collection, the
+        same object each call: each piece's answer is kept), in no particular order: a pass
+        over the pieces' answers and the names changed, not over every collection (a commit
+        that retires a blob looks for forks among all, ``refs.retired_of``)."""
+        return [c for _, c in self.where_items(pred)]
+
+    def where_items(self, pred: Callable[[CollectionMeta], bool]
+                    ) -> list[tuple[str, CollectionMeta]]:
+        """:meth:`where`, with the names."""
+        over = self._over
+        # NB: a name changed since the load (set, deleted, added) is answered by its value
+        # in ``over`` alone, the pieces' answers by the others
+        out = [(n, c) for h in self.held.values() for n, c in h.where(pred) if n not in over]
+        out.extend((n, v) for n, v in over.items() if not isinstance(v, _Gone) and pred(v))
+        return out
+
+    def copy(self) -> Collections:
+        """A copy sharing the pieces (O(names changed))."""
+        return Collections(self.buckets, self.held, dict(self._over), dict(self._added),
+                           self._count)
+
+    def grouped(self) -> dict[int, Held | dict[str, CollectionMeta]]:
+        """The collections by bucket: a bucket no changed name hashes to as its piece
+        (undecoded if no collection of it was used), the others as a map in iteration order
+        (their pieces decoded); empty buckets left out."""
+        touched: dict[int, list[str]] = {}
+        for name in self._over:
+            touched.setdefault(bucket_of(name, self.buckets), []).append(name)
+        added: dict[int, list[str]] = {}
+        for name in self._added:
+            added.setdefault(bucket_of(name, self.buckets), []).append(name)
+        out: dict[int, Held | dict[str, CollectionMeta]] = {}
+        for b in sorted(set(self.held) | set(touched)):
+            names = touched.get(b)
+            h = self.held.get(b)
+            if names is None:
+                assert h is not None
+                out[b] = h
+                continue
+            members = {} if h is None else dict(h.members())
+            for name in names:
+                v = self._over[name]
+                if isinstance(v, _Gone) or name in self._added:
+                    members.pop(name, None)
+                else:
+                    members[name] = v
+            for name in added.get(b, ()):
+                members[name] = self._over[name]  # type: ignore[assignment]
+            if members:
+                out[b] = members
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Mapping):
+            return NotImplemented
+        return dict(self.items()) == dict(other.items())
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        done = sum(1 for h in self.held.values() if h.decoded)
+        return (f"Collections({len(self._over)} changed over {len(self.held)} pieces, "
+                f"{done} decoded)")
+
+
+def copy_collections(colls: Mapping[str, CollectionMeta]) -> MutableMapping[str, CollectionMeta]:
+    """A mutable copy of a state's collections: a :class:`Collections` shares its pieces
+    (O(names changed)), any other map is copied whole into a dict."""
+    if isinstance(colls, Collections):
+        return colls.copy()
+    return dict(colls)
 
 
 def _same(old: dict[str, CollectionMeta], new: dict[str, CollectionMeta]) -> bool:
@@ -206,7 +579,7 @@ class Pieces:
         self.buckets = 0
         #: That rollup's seq (0: none known).
         self.seq = 0
-        self.held: dict[int, _Held] = {}
+        self.held: dict[int, Held] = {}
         #: Pieces older rollups reference and the newest does not: key -> the first rollup
         #: seq that does not.
         self.dropped: dict[str, int] = {}
@@ -222,14 +595,15 @@ class Pieces:
                 # NB: a reload that listed the rollups before this writer's newest one was
                 # written: what it holds is newer, and its ``dropped`` complete.
                 return
-            if rollup is None or rollup.manifest is None or rollup.groups is None:
+            if rollup is None or rollup.manifest is None or rollup.held is None:
                 self.buckets, self.held, self.dropped = 0, {}, {}
                 self.seq = 0 if rollup is None else rollup.state.seq
                 return
             m = rollup.manifest
             self.buckets, self.seq = m.buckets, m.seq
-            self.held = {r.bucket: _Held(r, rollup.groups[r.bucket][0],
-                                         rollup.groups[r.bucket][1]) for r in m.pieces}
+            # NB: the very objects the loaded state's collections are in (:class:`Collections`),
+            # so a bucket that state never changed is referenced without being decoded.
+            self.held = dict(rollup.held)
             self.dropped = {d.key: d.seq for d in m.dropped}
 
     def write(self, blob: Blob, state: State, trim: Trim | None) -> str:
@@ -250,21 +624,35 @@ class Pieces:
             with self._lock:
                 self.seq = max(self.seq, state.seq)
             return key
-        groups: dict[int, dict[str, CollectionMeta]] = {}
-        for name, c in state.collections.items():
-            groups.setdefault(bucket_of(name, buckets), {})[name] = c
-        now: dict[int, _Held] = {}
+        colls = state.collections
+        groups: dict[int, Held | dict[str, CollectionMeta]]
+        if isinstance(colls, Collections) and colls.buckets == buckets:
+            # NB: the buckets no name changed since the load are its pieces, undecoded
+            groups = colls.grouped()
+        else:
+            groups = {}
+            for name, c in colls.items():
+                groups.setdefault(bucket_of(name, buckets), {})[name] = c  # type: ignore[index]
+        now: dict[int, Held] = {}
         fresh: list[tuple[str, bytes]] = []
         for b in sorted(groups):
-            members = groups[b]
+            group = groups[b]
             old = held.get(b) if buckets == known else None
-            if old is not None and _same(old.members, members):
+            if isinstance(group, Held):
+                if old is not None and (old is group or old.ref.key == group.ref.key):
+                    now[b] = old
+                    continue
+                members = group.members()
+            else:
+                members = group
+            if old is not None and _same(old.members(), members):
                 now[b] = old
                 continue
             data = meta.encode_piece(members)
             ref = PieceRef(bucket=b, key=layout.piece_key(digest(data)), count=len(members),
                            nbytes=len(data))
-            now[b] = _Held(ref, meta.version_of(ref.key, data), members)
+            now[b] = Held(ref, state.seq, buckets, members=members,
+                          version=meta.version_of(ref.key, data))
             fresh.append((ref.key, data))
         _map(lambda kd: _store(blob, kd), fresh)
         crashpoints.hit("rollup.pieces_written")
@@ -273,7 +661,8 @@ class Pieces:
         for h in held.values():
             if h.ref.key not in live:
                 dropped.setdefault(h.ref.key, state.seq)
-        version = max((h.version for h in now.values()), default=meta.MANIFEST_FORMAT_VERSION)
+        version = max((h.version() for h in now.values()),
+                      default=meta.MANIFEST_FORMAT_VERSION)
         manifest = Manifest(
             version=max(version, meta.MANIFEST_FORMAT_VERSION), seq=state.seq,
             epoch=state.epoch, writer=state.writer, wall_ms=state.wall_ms,

@@ -8,7 +8,7 @@ the metadata log with :func:`apply`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 
 import msgspec
 
@@ -36,7 +36,7 @@ from persist.indexed.format.meta import (
     log_from,
 )
 from persist.indexed.state import holds as named
-from persist.indexed.state import refs
+from persist.indexed.state import pieces, refs
 from persist.indexed.state.holds import effective_since as effective_since
 
 replace = msgspec.structs.replace
@@ -131,6 +131,18 @@ class Overlay(MutableMapping[str, CollectionMeta]):
         never touched)."""
         self._over = {}
         self._cleared = True
+
+    def where(self, pred: Callable[[CollectionMeta], bool]) -> list[CollectionMeta]:
+        """The collections for which ``pred`` holds, in no particular order (over a base
+        that answers it itself, :meth:`persist.indexed.state.pieces.Collections.where`, a
+        pass over the names changed only)."""
+        over = self._over
+        base_where = getattr(self._base, "where_items", None)
+        if self._cleared or base_where is None:
+            return [c for c in self.values() if pred(c)]
+        out = [c for n, c in base_where(pred) if n not in over]
+        out.extend(v for v in over.values() if not isinstance(v, _Gone) and pred(v))
+        return out
 
     def copy(self) -> Overlay:
         """A copy sharing the base (O(names changed))."""
@@ -284,7 +296,8 @@ def apply_op(
             collections[name] = replace(c, parts=keep + tuple(added))
             # NB: a blob is retired only once no collection reads it (a fork may still).
             retired.extend(refs.retired_of(collections, (p for p in c.parts if p.id in gone),
-                                           seq=seq, wall_ms=wall_ms))
+                                           seq=seq, wall_ms=wall_ms,
+                                           changed=collections[name]))
         case SetHold(name=name):
             collections[name] = named.applied(collections[name], op, wall_ms=wall_ms)
         case Forget(keys=keys):
@@ -344,7 +357,8 @@ def apply(state: State, commit: Commit) -> State:
         sharded = commit.log_from
     # NB: one copy of the map per commit (readers hold the old state: it is never mutated); the
     # retired blobs only for a commit that changes them (most commit no ReplaceParts or Forget).
-    collections = dict(state.collections)
+    collections = (dict(state.collections) if any(isinstance(op, Restore) for op in commit.ops)
+                   else pieces.copy_collections(state.collections))
     touching = any(touches_retired(op) for op in commit.ops)
     retired: list[Retired] = list(state.retired) if touching else []
     for op in commit.ops:
