@@ -231,7 +231,9 @@ def test_after_stop_handles_read_the_last_state_and_waits_and_writes_raise(
     # another writer merges the parts and collects them at once
     with persist.open(loc, reentrance_id="b", options=persist.Options(
             gc_grace_seconds=0, inline_threshold=0, background_compaction=False,
-            compaction=CompactionPolicy(fanin=2, final_rows=1 << 30))) as other:
+            # NB: a merge, never a marks step (which keeps reading the base's blob)
+            compaction=CompactionPolicy(fanin=2, final_rows=1 << 30,
+                                        marks_rows=1 << 30))) as other:
         other.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
         other.maintain()
         other.maintain()
