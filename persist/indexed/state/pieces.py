@@ -199,15 +199,26 @@ def prefetch(held: Iterable[Held]) -> Future[None]:
 def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
     if layout.piece_key(digest(data)) != ref.key:
         raise Corruption(ref.key, "piece bytes do not match the digest it is named by")
+    _decode_piece(ref, manifest.buckets, data, f"rollup {manifest.seq}")
+
+
+def _decode_piece(ref: PieceRef, buckets: int, data: bytes, by: str) -> meta.Piece:
+    """The piece ``ref`` names, decoded from ``data``, checked against what the rollup
+    (``by``) says of it: its collections' count, its size, every collection of its bucket.
+
+    Raises:
+        Corruption: it is not the piece ``ref`` describes.
+    """
     piece = meta.decode_piece(ref.key, data)
     if len(piece.collections) != ref.count or len(data) != ref.nbytes:
         raise Corruption(ref.key, f"piece holds {len(piece.collections)} collections in "
-                                  f"{len(data)} bytes; rollup {manifest.seq} says "
-                                  f"{ref.count} in {ref.nbytes}")
-    stray = [n for n in piece.collections if bucket_of(n, manifest.buckets) != ref.bucket]
+                                  f"{len(data)} bytes; {by} says {ref.count} in "
+                                  f"{ref.nbytes}")
+    stray = [n for n in piece.collections if bucket_of(n, buckets) != ref.bucket]
     if stray:
         raise Corruption(ref.key, f"piece of bucket {ref.bucket} holds collections of "
                                   f"other buckets: {stray[:5]}")
+    return piece
 
 
 def _map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
@@ -360,15 +371,7 @@ class Held:
         return got
 
     def _decode(self, data: bytes) -> tuple[dict[str, CollectionMeta], int]:
-        ref = self.ref
-        piece = meta.decode_piece(ref.key, data)
-        if len(piece.collections) != ref.count or len(data) != ref.nbytes:
-            raise Corruption(ref.key, f"it holds {len(piece.collections)} collections in "
-                                      f"{len(data)} bytes; its rollup says {ref.count} in "
-                                      f"{ref.nbytes}")
-        stray = [n for n in piece.collections if bucket_of(n, self.buckets) != ref.bucket]
-        if stray:
-            raise Corruption(ref.key, f"it holds collections of other buckets: {stray[:5]}")
+        piece = _decode_piece(self.ref, self.buckets, data, "its rollup")
         return piece.collections, piece.version
 
 
