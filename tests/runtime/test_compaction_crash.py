@@ -78,7 +78,11 @@ def _run_round(location: Path, seed: int, rng: random.Random) -> tuple[
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
-    ready.wait(timeout=PATIENCE)
+    # NB: a crash point may kill the driver before its first ack while its task processes
+    # (same group) still hold stdout open: stop waiting once the driver is gone
+    deadline = time.monotonic() + PATIENCE
+    while not ready.wait(0.2) and proc.poll() is None and time.monotonic() < deadline:
+        pass
     # NB: long enough for a few compactions (a task pool starts in ~2 s) when a crash point
     # is armed; a random moment otherwise
     time.sleep(rng.uniform(2.0, 6.0) if point else rng.uniform(0.0, 5.0))
