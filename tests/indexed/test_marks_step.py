@@ -43,7 +43,10 @@ from tests.support.patience import PATIENCE
 ROOT = Path(__file__).resolve().parents[2]
 
 I64 = pa.int64()
-MARKS = {"marks_rows": 1}
+# NB: a step for every run (delta_ratio high): the tests below count on successive steps
+MARKS = {"marks_rows": 1, "delta_ratio": 1 << 30}
+#: The default delta_ratio: a step waits until the runs hold half the delta's rows.
+GROWING = {"marks_rows": 1}
 NO_MARKS = {"marks_rows": 1 << 40}
 
 
@@ -77,14 +80,16 @@ def _load(compaction: dict[str, int], base: list[Any], batches: list[Any], since
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(h=histories(), since=st.integers(1, 3), n=st.integers(1, 4),
-       marks=st.sampled_from([True, True, True, False]),
+       marks=st.sampled_from([True, True, True, False]), growing=st.booleans(),
        lo=st.one_of(st.none(), st.integers(-300, 300)))
 def test_reads_with_marks_steps_equal_the_model(h: tuple[list[Any], list[Any]], since: int,
-                                                 n: int, marks: bool, lo: int | None) -> None:
+                                                 n: int, marks: bool, growing: bool,
+                                                 lo: int | None) -> None:
     base, batches = h
     assume(len(base) >= 100)  # a base for the runs to mark
     since = min(since, len(batches))
-    ix = _load(MARKS if marks else NO_MARKS, base, batches, since)
+    # growing: the default delta_ratio, so some runs wait beside the marked base and its delta
+    ix = _load((GROWING if growing else MARKS) if marks else NO_MARKS, base, batches, since)
     c = ix.state.collections["c"]
     marked = [p for p in c.parts if p.marks is not None]
     event(f"marks {marks}: marked parts {min(len(marked), 3)}")
@@ -421,3 +426,37 @@ def test_background_compaction_takes_the_marks_step_on_its_own(tmp_path: Path) -
         eventually(lambda: any(p.marks is not None for p in parts()), "a marks step")
         eventually(lambda: client.info("c").snapshot(1).layers.settled, "the delta paired")
         assert _contents(r, 1) == want
+
+
+def test_a_step_waits_until_the_runs_hold_half_the_delta() -> None:
+    """``delta_ratio`` (default 2): a step re-makes the delta whole, so the next one waits for
+    runs of half the delta's rows; meanwhile a read applies the waiting run by key, exactly."""
+    ix = _stage(compaction=GROWING)
+    ix.maintain()
+    c = ix.state.collections["c"]
+    (delta,) = [p for p in c.parts
+                if any(b.marks is not None and b.marks.delta == p.id for b in c.parts)]
+    policy = compact.CompactionPolicy(**GROWING)
+    ix.write({"c": table([(9, 9, 1)], 2)})  # one row: far below half the delta
+    ix.seal("c", 3)
+    ix.allow_compaction("c", 2)
+    assert compact.plan(ix.state.collections["c"], policy) == ()
+    assert not ix.maintain()
+    want = rows_of(ix.snapshot("c", 2).to_arrow())
+    assert want[(9, 9, 2, 1)] == 1
+    # runs of half the delta's rows: the next step takes them and the delta
+    ix.write({"c": table([(20_000 + k, 0, 1) for k in range(delta.rows // 2)], 3)})
+    ix.seal("c", 4)
+    ix.allow_compaction("c", 3)
+    step = compact.plan(ix.state.collections["c"], policy)
+    assert delta.id in {p.id for p in step}
+    assert compact.marking(ix.state.collections["c"], step, policy)
+    assert ix.maintain()
+    assert rows_of(ix.snapshot("c", 3).to_arrow()) == Counter(
+        {**{(k, v, 3, d): n for (k, v, _, d), n in want.items()},
+         **{(20_000 + k, 0, 3, 1): 1 for k in range(delta.rows // 2)}})
+
+
+def test_the_delta_ratio_is_checked() -> None:
+    with pytest.raises(persist.InvalidUsage, match="delta_ratio"):
+        compact.CompactionPolicy(delta_ratio=0)
