@@ -16,8 +16,8 @@ engine's half of that path:
    of the file (kept in ``PartMeta.checksum`` and verified before every later decode), the
    footer (columns and types, row groups), and the ``time`` and ``diff`` columns decoded
    (exact min and max time, no nulls, every time ``>= 0`` and not below the collection's
-   upper, the diff sums); where the writer sorted the file, its ``key`` and ``value`` too, and
-   the part is recorded sorted only if its rows are checked to be in persist's full
+   upper, the diff sums); where the writer sorted the file, its ``key`` too (and its ``value``
+   if adjacent keys tie), and the part is recorded sorted only if its rows are checked to be in persist's full
    ``(key, value, time)`` order (:func:`persist.indexed.format.sorting.in_order`). It returns a ``StagedPart`` per file, which a
    :class:`~persist.distributed.commit.Committer` commits as it commits any staged part (once,
    under its token). A file small enough to ride inline is re-staged inline by the stager
@@ -217,11 +217,7 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
                              f"{stager.collection.name!r} takes {expected}")
     if md.num_rows == 0:
         return None
-    try:
-        # NB: key and value only to check the order (a file not claimed sorted skips them)
-        cols = f.read(columns=["key", "value", "time", "diff"] if ordered else ["time", "diff"])
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise Corruption(key, f"undecodable Parquet part: {e}") from e
+    cols = _read(f, key, ["key", "time", "diff"] if ordered else ["time", "diff"])
     name = stager.collection.name
     for col in ("time", "diff"):
         if cols.column(col).null_count:
@@ -243,7 +239,10 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
     inserted, retracted = write.diff_sums(cols)
     # NB: the order is recorded only where it was checked on the rows themselves: a part
     # recorded sorted that is not would make consolidated and key-range reads wrong silently.
-    in_order = ordered and sorting.in_order(cols)
+    # NB: the value column is decoded only if some adjacent keys tie (unique keys never need it).
+    in_order = ordered and sorting.ordered_by(
+        lambda c: _read(f, key, [c], len(cols)).column(c) if c == "value" else cols.column(c),
+        len(cols))
     sid = stager.schema_version
     # NB: the tail (page index, footer with its statistics) from the same bytes the whole-file
     # checksum was taken of: a native read hands Spark only files whose tail it verified.
@@ -257,6 +256,19 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
     return StagedPart(location=stager.address.url, collection=name,
                       collection_id=stager.collection.id,
                       schema=evolve.history(stager.collection)[sid], part=evolve.tag(part, sid))
+
+
+def _read(f: pq.ParquetFile, key: str, columns: list[str], rows: int | None = None
+          ) -> pa.Table:
+    """``columns`` of the part file ``f`` (stored at ``key``), decoded (``rows`` of them, if
+    given: as many as the columns decoded before)."""
+    try:
+        table = f.read(columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise Corruption(key, f"undecodable Parquet part: {e}") from e
+    if rows is not None and len(table) != rows:
+        raise Corruption(key, f"columns {columns} decode {len(table)} rows, the others {rows}")
+    return table
 
 
 def clean_staging(st: Staging) -> list[str]:

@@ -154,3 +154,25 @@ def test_a_type_it_cannot_compare_is_never_called_in_order() -> None:
     assert not sorting.in_order(_table(pa.int64(), [1, 1], lst, [[1], [2]], [0, 0]))
     # but a table whose keys alone decide it needs no value comparison
     assert sorting.in_order(_table(pa.int64(), [1, 2], lst, [[2], [1]], [0, 0]))
+
+
+def test_the_value_and_time_are_asked_for_only_where_earlier_columns_tie() -> None:
+    t = _table(pa.int64(), [1, 2, 3], pa.string(), ["c", "b", "a"], [2, 1, 0])
+    asked: list[str] = []
+
+    def column(name: str) -> pa.ChunkedArray:
+        asked.append(name)
+        return t.column(name)
+
+    assert sorting.ordered_by(column, 3)
+    assert asked == ["key"]  # unique keys: the order is decided
+    t = _table(pa.int64(), [1, 1, 3], pa.string(), ["a", "b", "a"], [2, 1, 0])
+    asked.clear()
+    assert sorting.ordered_by(column, 3)
+    assert asked == ["key", "value"]
+    t = _table(pa.int64(), [1, 1, 3], pa.string(), ["a", "a", "a"], [2, 1, 0])
+    asked.clear()
+    assert not sorting.ordered_by(column, 3)
+    assert asked == ["key", "value", "time"]
+    with pytest.raises(ValueError, match="rows"):
+        sorting.ordered_by(column, 4)

@@ -18,6 +18,8 @@ other key type sorts with Arrow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -198,14 +200,22 @@ def in_order(table: pa.Table) -> bool:
     column Arrow cannot compare this way (records, lists, dictionaries...) and for any
     ``table`` that is not in the order: never True for one that is not.
     """
-    n = len(table)
+    return ordered_by(table.column, len(table))
+
+
+def ordered_by(column: Callable[[str], pa.ChunkedArray], n: int) -> bool:
+    """:func:`in_order` of the ``n`` rows whose columns ``column`` gives by name, asked for
+    only as needed: the value column only if some adjacent keys tie, the time column only if
+    some adjacent keys and values tie (a caller may decode them lazily)."""
     if n < 2:
         return True
     # NB: pairs (i, i + 1) still undecided: those whose earlier columns all tie (None: every
     # pair, taken as zero-copy slices rather than gathered).
     pairs: npt.NDArray[np.int64] | None = None
     for name in ("key", "value", "time"):
-        col = table.column(name)
+        col = column(name)
+        if len(col) != n:
+            raise ValueError(f"in_order: column {name!r} has {len(col)} rows, not {n}")
         if not _comparable(col.type):
             return False
         if pairs is None:
@@ -267,4 +277,4 @@ def _compare(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
     return lt, eq
 
 
-__all__ = ["BUCKET_ROWS", "in_order", "is_sorted", "sort_indices", "sort_updates"]
+__all__ = ["BUCKET_ROWS", "in_order", "is_sorted", "ordered_by", "sort_indices", "sort_updates"]
