@@ -21,7 +21,13 @@ N`` instead (rows / N rows per key, values within a key out of persist's order).
   spark against parquet the writer settings';
 * *groups*: *parquet* with the native write's row groups (``parquet.block.row.count.limit``
   65,536 rows) and nothing else changed;
-* *noop*: ``df.write.format("noop")`` (reading the source only).
+* *noop*: ``df.write.format("noop")`` (reading the source only);
+* *sortkey*, *sortfull*: the native write's select and its sort (by the key alone, by
+  ``key, value, time``) into the ``noop`` sink: the sorts alone.
+
+Beside each case's wall seconds the run prints the CPU seconds Spark's JVM spent in it (its
+``/proc`` times; the driver's Python and the sink's Python workers not included), which the
+machine's load moves less than the wall time.
 
 With ``--s3 SERVER`` every case writes to ``s3://`` (``s3a://`` for Spark) on a fresh bucket of
 an S3 test server this run starts (``tests/support/s3_servers.py``: moto or ministack on
@@ -177,8 +183,16 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
         def noop(out: Path) -> None:
             df.write.format("noop").mode("overwrite").save()
 
+        def sorts(by: list[str]) -> Any:
+            def case(out: Path) -> None:
+                rows = df.select("key", "value", "time", "diff")
+                (rows.sortWithinPartitions(*[rows[c].asc_nulls_last() for c in by])
+                 .write.format("noop").mode("overwrite").save())
+            return case
+
         cases = {"native": native, "full": full, "unsorted": unsorted, "sink": sink,
-                 "parquet": parquet, "spark": spark_only, "groups": groups, "noop": noop}
+                 "parquet": parquet, "spark": spark_only, "groups": groups, "noop": noop,
+                 "sortkey": sorts(["key"]), "sortfull": sorts(["key", "value", "time"])}
         if a.cases is not None:
             cases = {k: cases[k] for k in a.cases.split(",")}
         for name, fn in (("native", native), ("full", full)):  # the parts' recorded order
@@ -194,13 +208,17 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
         native_steps.clear()
         print(f"load average {load()} at the start of the rounds")
         times: dict[str, list[float]] = {k: [] for k in cases}
+        cpu: dict[str, list[float]] = {k: [] for k in cases}
+        jvm = jvm_cpu(spark)
         names = list(cases)
         for r in range(a.rounds):
             for name in names[r % len(names):] + names[:r % len(names)]:
                 out = root / f"{name}-{r}"
+                c = jvm()
                 t = time.perf_counter()
                 cases[name](out)
                 times[name].append(time.perf_counter() - t)
+                cpu[name].append(jvm() - c)
                 shutil.rmtree(out, ignore_errors=True)
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{a.rows} rows, {a.rounds} rounds, on "
@@ -209,7 +227,8 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
               f"{load()} at the end")
         for k, v in med.items():
             print(f"{k:8s} median {v:6.2f} s  {a.rows / v / 1e6:5.2f} M rows/s  "
-                  f"(rounds: {', '.join(f'{x:.2f}' for x in times[k])})")
+                  f"(rounds: {', '.join(f'{x:.2f}' for x in times[k])}); JVM CPU median "
+                  f"{statistics.median(cpu[k]):6.2f} s")
 
         def ratio(label: str, slow: str, fast: str, note: str = "") -> None:
             if slow in med and fast in med:  # rates: fast's over slow's
@@ -238,6 +257,22 @@ def run(a: argparse.Namespace, s3: dict[str, str] | None) -> None:
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def jvm_cpu(spark: Any) -> Any:
+    """A function giving the CPU seconds (user + system) Spark's JVM has used so far."""
+    import psutil  # type: ignore[import-untyped]  # NB: no stubs in the bench extra
+
+    pid = spark.sparkContext._gateway.proc.pid
+    proc = psutil.Process(pid)
+    java = [p for p in [proc, *proc.children(recursive=True)] if "java" in p.name()]
+    target = java[0] if java else proc
+
+    def cpu() -> float:
+        t = target.cpu_times()
+        return float(t.user + t.system)
+
+    return cpu
 
 
 def load() -> str:

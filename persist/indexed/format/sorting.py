@@ -218,12 +218,15 @@ def ordered_by(column: Callable[[str], pa.ChunkedArray], n: int) -> bool:
             raise ValueError(f"in_order: column {name!r} has {len(col)} rows, not {n}")
         if not _comparable(col.type):
             return False
-        if pairs is None:
-            a, b = col.slice(0, n - 1), col.slice(1)
-        else:
-            a, b = col.take(pa.array(pairs)), col.take(pa.array(pairs + 1))
         try:
-            lt, eq = _compare(a, b)
+            if pairs is None or len(pairs) > n // 4:
+                # NB: every pair (or many: comparing all of them as zero-copy slices is
+                # cheaper than gathering both sides of each), then the undecided ones kept
+                lt, eq = _compare(col.slice(0, n - 1), col.slice(1))
+                if pairs is not None:
+                    lt, eq = lt[pairs], eq[pairs]
+            else:
+                lt, eq = _compare(col.take(pa.array(pairs)), col.take(pa.array(pairs + 1)))
         except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
             return False
         if not bool(np.all(lt | eq)):
