@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -353,6 +354,19 @@ def test_keys_sorted_with_values_out_of_order_are_not_recorded_sorted_and_read_e
     assert all(p.sorted is True for p in _parts(full))
     _clean(full)
     assert _consolidated(spark, full) == want
+    # Spark's distributed compaction of the unordered parts is exact too
+    opt = location(tmp_path, "opt")
+    assert operators.write(df, opt, "c", sort=sort).native
+    assert all(p.sorted is msgspec.UNSET for p in _parts(opt))
+    with persist.open(opt) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.string())
+        w.allow_compaction(5).result()
+    table = operators.PersistTable.forPath(spark, opt, "c")
+    assert table.optimize(partitions=3) is not None
+    assert all(p.ordered for p in _parts(opt))
+    _clean(opt)
+    for got in (table.toDF(), spark.read.format("persist").option("collection", "c").load(opt)):
+        assert sorted(map(tuple, got.select("key", "value", "diff").collect()), key=repr) == want
     with persist.open(url) as client:  # rewrites (and sorts) the unordered parts
         compact(client)
     assert all(p.ordered for p in _parts(url))  # compaction sorted what it rewrote
