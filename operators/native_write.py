@@ -9,8 +9,8 @@ Arrow, which then sorts and encodes it: about 60% of the sink's time is Spark ha
 over. Here the rows never leave the JVM. The DataFrame is sorted within its partitions by
 ``key`` (ascending, nulls last: persist's order for the types taken,
 :data:`persist.distributed.adopt.NATIVE_TYPES`; see :data:`SORTS` for why the key alone) and
-written by ``df.write.parquet`` with zstd (level 1), page checksums, row groups of persist's batch size (64 Ki rows) and
-parquet-mr's page index, into a staging directory under a staging lease
+written by ``df.write.parquet`` with zstd (level 1), page checksums, row groups of persist's
+batch size (64 Ki rows) and parquet-mr's page index, into a staging directory under a staging lease
 (:func:`persist.distributed.staging`). The driver then adopts each file
 (:func:`persist.distributed.adopt`: one read of the file for persist's crc32c, its footer,
 its times and diffs, and a check of its rows' full ``(key, value, time)`` order, recorded only
