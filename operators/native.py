@@ -166,7 +166,8 @@ class PersistTable:
 
     def write(self, df: Any, *, mode: Literal["append", "overwrite"] = "append",
               upper: int | None = None, token: tuple[str, int] | None = None,
-              native: bool | None = None, sort: bool = True) -> Written:
+              native: bool | None = None,
+              sort: bool | Literal["key", "full", "none"] = True) -> Written:
         """Appends ``df``'s updates (``key, value, time, diff``) to the collection and seals
         to ``upper``, in one atomic commit: by Spark's own Parquet writer when the native
         write path takes it, else by the ``persist`` sink, with the same outcome (the

@@ -7,13 +7,14 @@
 The ``persist`` sink (``df.write.format("persist")``) hands every row to a Python worker as
 Arrow, which then sorts and encodes it: about 60% of the sink's time is Spark handing the rows
 over. Here the rows never leave the JVM. The DataFrame is sorted within its partitions by
-``(key, value, time)`` (ascending, nulls last: persist's consolidation order for the types
-taken, :data:`persist.distributed.adopt.NATIVE_TYPES`) and written by ``df.write.parquet``
-with zstd (level 1), page checksums, row groups of persist's batch size (64 Ki rows) and
-parquet-mr's page index, into a staging directory under a staging lease
+``key`` (ascending, nulls last: persist's order for the types taken,
+:data:`persist.distributed.adopt.NATIVE_TYPES`; see :data:`SORTS` for why the key alone) and
+written by ``df.write.parquet`` with zstd (level 1), page checksums, row groups of persist's
+batch size (64 Ki rows) and parquet-mr's page index, into a staging directory under a staging lease
 (:func:`persist.distributed.staging`). The driver then adopts each file
-(:func:`persist.distributed.adopt`: one read of the file for persist's crc32c, its footer and
-its times and diffs) and commits them all once through the engine's
+(:func:`persist.distributed.adopt`: one read of the file for persist's crc32c, its footer,
+its times and diffs, and a check of its rows' full ``(key, value, time)`` order, recorded only
+where it holds) and commits them all once through the engine's
 :class:`~persist.distributed.Committer`, with the optional idempotency ``token``: the same
 exactly-once commit, lease and kill-safety the sink has. A driver killed before the commit
 leaves only files under its lease's directory, which the sweeps reclaim once it lapses.
@@ -59,6 +60,16 @@ from persist.distributed import (
 
 log = logging.getLogger("persist.spark")
 
+#: What ``write(sort=...)`` takes: ``"key"`` (True): Spark sorts each partition by the key
+#: alone, which it radix-sorts when the key is an integer type (one sort prefix decides the
+#: order), and the adoption records a file sorted where its rows turn out in persist's full
+#: ``(key, value, time)`` order (unique keys per partition, or ties already in order);
+#: ``"full"``: Spark sorts by all three (its comparison sort: measured 1.9x the key-only sort
+#: of 5 M int64 rows), every file then checked sorted; False (``"none"``): no sort, no order
+#: recorded. A file not recorded sorted reads exactly all the same: readers and compaction
+#: sort it themselves.
+SORTS = ("key", "full", "none")
+
 #: How often the driver renews the staging lease while Spark writes (seconds): well within
 #: the lease's 10 minutes.
 RENEW_SECONDS = 60.0
@@ -86,7 +97,7 @@ def write(df: DataFrame, url: str, collection: str, *,
           storage_options: Mapping[str, Any] | None = None,
           key_type: str | None = None, value_type: str | None = None,
           lock_timeout: float = LOCK_TIMEOUT, native: bool | None = None,
-          sort: bool = True) -> Written:
+          sort: bool | Literal["key", "full", "none"] = True) -> Written:
     """Appends ``df``'s updates (``key, value, time, diff``) to ``collection`` at ``url`` and
     seals to ``upper`` (default: max time + 1), in one atomic commit: natively when it can (see
     the module docstring), else through the ``persist`` sink.
@@ -99,11 +110,15 @@ def write(df: DataFrame, url: str, collection: str, *,
             sink's options of those names).
         native: True: refuse rather than take the sink; False: always the sink; None: native
             when it can.
-        sort: sort each partition by ``(key, value, time)`` before Spark writes it (the part
-            is then recorded sorted, as every part persist writes itself is). False skips
-            Spark's sort, about half of a native write's time (measured, docs/spark.md): the
-            parts are recorded unordered, so consolidated and key-range reads of them cost
-            more until compaction rewrites them.
+        sort: how Spark sorts each partition before writing it (:data:`SORTS`): ``"key"``
+            (True, the default) by the key alone, the part recorded sorted where the
+            adoption finds its rows in persist's full ``(key, value, time)`` order;
+            ``"full"`` by all three (every part recorded sorted; Spark's slower sort, worth
+            it where many rows share a key and the parts are read consolidated before
+            compaction rewrites them); ``"none"`` (False) no sort (about half of a native
+            write's time with a three-column sort, measured in docs/spark.md). A part not
+            recorded sorted costs consolidated and key-range reads a sort until compaction
+            rewrites it; every read is exact either way.
 
     Raises:
         InvalidUsage: bad arguments; ``native=True`` or a ``token`` where the native path
@@ -115,6 +130,9 @@ def write(df: DataFrame, url: str, collection: str, *,
         raise InvalidUsage(f"write: df must be a pyspark DataFrame, not {type(df).__name__}")
     if mode not in ("append", "overwrite"):
         raise InvalidUsage(f"write: mode must be 'append' or 'overwrite', not {mode!r}")
+    order = "key" if sort is True else "none" if sort is False else sort
+    if order not in SORTS:
+        raise InvalidUsage(f"write: sort must be True, False or one of {SORTS}, not {sort!r}")
     if token is not None and not (isinstance(token, tuple) and len(token) == 2
                                   and isinstance(token[0], str) and token[0]
                                   and isinstance(token[1], int)
@@ -145,7 +163,7 @@ def write(df: DataFrame, url: str, collection: str, *,
                                f"which cannot take it ({why}); nothing was written")
         _sink(df, mode, options)
         return Written(native=False, why=why)
-    return _native(df, opts, types.schema_id, rid, token, sort)
+    return _native(df, opts, types.schema_id, rid, token, order)
 
 
 def _why_not_native(df: DataFrame, key: Any, value: Any, mode: str) -> str | None:
@@ -199,9 +217,9 @@ def _renewing(stager: Stager) -> Iterator[None]:
         t.join()
 
 
-def _write_parquet(df: DataFrame, st: Staging, sort: bool, hadoop: Mapping[str, str]) -> None:
-    """Spark writes ``df`` as part files into ``st``'s directory (each partition sorted by
-    ``(key, value, time)`` if ``sort``), with the Hadoop settings ``hadoop`` (S3A's, from the
+def _write_parquet(df: DataFrame, st: Staging, sort: str, hadoop: Mapping[str, str]) -> None:
+    """Spark writes ``df`` as part files into ``st``'s directory (each partition sorted as
+    ``sort``, one of :data:`SORTS`), with the Hadoop settings ``hadoop`` (S3A's, from the
     location's ``storage_options``).
 
     NB: Spark's ``FileOutputCommitter`` writes each task's file under ``_temporary/`` in the
@@ -213,9 +231,11 @@ def _write_parquet(df: DataFrame, st: Staging, sort: bool, hadoop: Mapping[str, 
     session-wide setting (DESIGN.md §11a)."""
     rows = df.select(F.col("key"), F.col("value"), F.col("time").cast("long").alias("time"),
                      F.col("diff").cast("long").alias("diff"))
-    ordered = rows.sortWithinPartitions(F.col("key").asc_nulls_last(),
-                                        F.col("value").asc_nulls_last(),
-                                        F.col("time").asc()) if sort else rows
+    by = {"key": [F.col("key").asc_nulls_last()],
+          "full": [F.col("key").asc_nulls_last(), F.col("value").asc_nulls_last(),
+                   F.col("time").asc()],
+          "none": []}[sort]
+    ordered = rows.sortWithinPartitions(*by) if by else rows
     (ordered.write.mode("errorifexists")
      .options(**hadoop)
      .option("mapreduce.fileoutputcommitter.algorithm.version", "2")
@@ -237,7 +257,7 @@ def _s3a_failure(spark: Any, url: str, e: BaseException,
 
 
 def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
-            token: tuple[str, int] | None, sort: bool) -> Written:
+            token: tuple[str, int] | None, sort: str) -> Written:
     target = opts.target
     name = target.collection
     stager = Stager.start(target.url, name, job=f"spark native write to {name!r}",
@@ -260,7 +280,7 @@ def _native(df: DataFrame, opts: WriteOptions, schema_id: int, rid: str,
         # NB: with a token, a retry of a write that landed has rows below the upper now:
         # staged anyway, and its commit drops them by the token (one that did not land and
         # has rows below the upper is refused by the commit).
-        parts = adopt(st, replay=token is not None, ordered=sort)
+        parts = adopt(st, replay=token is not None, ordered=sort != "none")
         seal = opts.upper
         if seal is None and parts:
             seal = max(p.max_time for p in parts) + 1

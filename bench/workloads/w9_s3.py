@@ -2,9 +2,10 @@
 
 * **Writes from Spark** (:func:`writes`): one DataFrame (``spark.read.parquet`` of local zstd
   files) written by persist's ``operators.write`` (the native path: Spark's Parquet writer,
-  sorted within partitions, adopted and committed), in the floor column by
-  ``df.sortWithinPartitions("key", "value", "time").write.parquet`` (zstd: the same sort, the
-  same writer), and in the *sink* column by the ``persist`` sink (``df.write.format
+  sorted within partitions by the key, each file's full order checked at adoption, adopted
+  and committed), in the floor column by
+  ``df.sortWithinPartitions("key", "value", "time").write.parquet`` (zstd: the issue's target,
+  the same writer), and in the *sink* column by the ``persist`` sink (``df.write.format
   ("persist")``, rows handed to Python workers): on local files (W9's rows) and on each S3
   server (``--w9-s3-rows``). Targets: native >= 0.9x the sorted Parquet write, >= 1.5x the
   sink.

@@ -16,7 +16,9 @@ engine's half of that path:
    of the file (kept in ``PartMeta.checksum`` and verified before every later decode), the
    footer (columns and types, row groups), and the ``time`` and ``diff`` columns decoded
    (exact min and max time, no nulls, every time ``>= 0`` and not below the collection's
-   upper, the diff sums). It returns a ``StagedPart`` per file, which a
+   upper, the diff sums); where the writer sorted the file, its ``key`` too (and its ``value``
+   if adjacent keys tie), and the part is recorded sorted only if its rows are checked to be in persist's full
+   ``(key, value, time)`` order (:func:`persist.indexed.format.sorting.in_order`). It returns a ``StagedPart`` per file, which a
    :class:`~persist.distributed.commit.Committer` commits as it commits any staged part (once,
    under its token). A file small enough to ride inline is re-staged inline by the stager
    (and its file is left to :func:`clean_staging`).
@@ -48,7 +50,7 @@ from persist.blob.envelope import checksum
 from persist.distributed.stage import Stager
 from persist.distributed.stores import load_state, writable
 from persist.errors import Corruption, InvalidUsage, SchemaMismatch
-from persist.indexed.format import columnar, evolve, parquet, stats, write
+from persist.indexed.format import columnar, evolve, parquet, sorting, stats, write
 from persist.indexed.format.meta import PartMeta
 from persist.indexed.format.transfer import StagedPart
 from persist.indexed.maintenance import gc
@@ -60,9 +62,10 @@ log = logging.getLogger("persist.distributed")
 #: Arrow's Parquet reader reads back as exactly this type without an ``ARROW:schema`` in the
 #: footer, and whose order Spark's ascending sort (nulls last) shares with persist's
 #: consolidation order (signed integers, booleans and dates by value; strings and binaries by
-#: their unsigned bytes). Not floats (NaN and ``-0.0`` ordering), timestamps (Spark writes
-#: microseconds in its session zone), decimals, unsigned integers, ``large_*``, records or
-#: lists: those go through persist's own writer.
+#: their unsigned bytes; the order is checked at adoption all the same, never trusted). Not
+#: floats (NaN and ``-0.0`` ordering), timestamps (Spark writes microseconds in its session
+#: zone), decimals, unsigned integers, ``large_*``, records or lists: those go through
+#: persist's own writer.
 NATIVE_TYPES: frozenset[pa.DataType] = frozenset({
     pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.string(), pa.binary(),
     pa.date32(),
@@ -133,9 +136,12 @@ def adopt(st: Staging, *, replay: bool = False, ordered: bool = True) -> list[St
         replay: the rows may be a replay of a batch that already landed (as
             :meth:`Stager.stage`): times below the collection's upper are left to the commit's
             token.
-        ordered: the writer sorted each file by ``(key, value, time)`` in persist's order
-            (recorded as ``PartMeta.sorted``); False: no order is recorded (readers and
-            compaction sort such a part themselves, as an older persist's).
+        ordered: the writer sorted each file (by its key at least): each file's rows are
+            checked, and the part is recorded sorted (``PartMeta.sorted``) only if they are
+            in persist's full ``(key, value, time)`` order (:func:`sorting.in_order`); False:
+            no order is checked or recorded. A part without a recorded order is read and
+            compacted exactly all the same: readers and compaction sort it themselves, as an
+            older persist's.
 
     Raises:
         SchemaMismatch: a file's columns or types are not the collection's.
@@ -211,10 +217,7 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
                              f"{stager.collection.name!r} takes {expected}")
     if md.num_rows == 0:
         return None
-    try:
-        cols = f.read(columns=["time", "diff"])
-    except (pa.ArrowException, OSError, ValueError) as e:
-        raise Corruption(key, f"undecodable Parquet part: {e}") from e
+    cols = _read(f, key, ["key", "time", "diff"] if ordered else ["time", "diff"])
     name = stager.collection.name
     for col in ("time", "diff"):
         if cols.column(col).null_count:
@@ -234,6 +237,12 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
         table = parquet.decode(key, data, want).table
         return stager.stage(table, replay=True)
     inserted, retracted = write.diff_sums(cols)
+    # NB: the order is recorded only where it was checked on the rows themselves: a part
+    # recorded sorted that is not would make consolidated and key-range reads wrong silently.
+    # NB: the value column is decoded only if some adjacent keys tie (unique keys never need it).
+    in_order = ordered and sorting.ordered_by(
+        lambda c: _read(f, key, [c], len(cols)).column(c) if c == "value" else cols.column(c),
+        len(cols))
     sid = stager.schema_version
     # NB: the tail (page index, footer with its statistics) from the same bytes the whole-file
     # checksum was taken of: a native read hands Spark only files whose tail it verified.
@@ -242,11 +251,24 @@ def _adopt(stager: Stager, key: str, data: memoryview, replay: bool,
     part = PartMeta(id=staged_part_id(stager.lease_id), rows=md.num_rows, nbytes=len(data),
                     min_time=lo_t, max_time=hi_t, consolidated=False, blob_key=key,
                     inserted=inserted, retracted=retracted, checksum=crc,
-                    sorted=True if ordered else msgspec.UNSET,
+                    sorted=True if in_order else msgspec.UNSET,
                     stats=stats.PartStats(tail=tail))
     return StagedPart(location=stager.address.url, collection=name,
                       collection_id=stager.collection.id,
                       schema=evolve.history(stager.collection)[sid], part=evolve.tag(part, sid))
+
+
+def _read(f: pq.ParquetFile, key: str, columns: list[str], rows: int | None = None
+          ) -> pa.Table:
+    """``columns`` of the part file ``f`` (stored at ``key``), decoded (``rows`` of them, if
+    given: as many as the columns decoded before)."""
+    try:
+        table = f.read(columns=columns)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise Corruption(key, f"undecodable Parquet part: {e}") from e
+    if rows is not None and len(table) != rows:
+        raise Corruption(key, f"columns {columns} decode {len(table)} rows, the others {rows}")
+    return table
 
 
 def clean_staging(st: Staging) -> list[str]:

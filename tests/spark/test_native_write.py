@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,8 +24,9 @@ import operators
 import persist
 from persist.blob.file import FileBlob
 from persist.indexed.maintenance import gc
+from persist.indexed.maintenance.verify import verify
 from persist.indexed.state import lease
-from tests.spark.support import compact, expected_updates, fill, location
+from tests.spark.support import compact, expected_updates, fill, location, sums
 from tests.support.patience import PATIENCE
 
 pytestmark = pytest.mark.spark
@@ -285,3 +288,94 @@ def test_persist_table_write_is_the_same_call_either_way(spark: Any, tmp_path: P
         assert _upper(url, name) == hi
     with pytest.raises(persist.InvalidUsage, match="native path cannot take it"):
         operators.PersistTable.forPath(spark, url, "doubles").write(doubles, native=True)
+
+
+def _parts(url: str) -> list[Any]:
+    """The blob parts of collection ``c`` (the inline ones carry no order)."""
+    with persist.open(url, read_only=True) as client:
+        return [p for p in client._ix.state.collections["c"].parts if p.blob_key is not None]
+
+
+def _clean(url: str) -> None:
+    """``persist verify`` finds nothing wrong (it sorts every part recorded sorted and checks
+    its rows are in that order)."""
+    report = verify(FileBlob(Path(url.removeprefix("file://"))).read_only(), url=url)
+    assert report.problems == []
+
+
+def _consolidated(spark: Any, url: str) -> list[tuple[Any, ...]]:
+    """Every path's consolidated read of ``c`` at its latest time, checked to agree: the
+    client's, the native read's (persist's merge of sorted runs) and the Python source's."""
+    native = sorted(map(tuple, operators.PersistTable.forPath(spark, url, "c").toDF()
+                        .select("key", "value", "diff").collect()), key=repr)
+    source = sorted(map(tuple, spark.read.format("persist").option("collection", "c").load(url)
+                        .select("key", "value", "diff").collect()), key=repr)
+    exact = sorted(((k, v, d) for (k, v), d in sums(expected_updates(url, "c", 0, _upper(url)))
+                    .items()), key=repr)
+    assert native == source == exact
+    return exact
+
+
+def test_unique_keys_sorted_by_key_alone_are_recorded_sorted(spark: Any, tmp_path: Path) -> None:
+    """Spark sorts by the key alone (the default): with one row per key in each partition the
+    files are in the full order, checked at adoption and recorded sorted."""
+    url = location(tmp_path)
+    df = spark.range(0, 120_000, numPartitions=3).selectExpr(
+        "(id * 7919) % 1000003 as key",  # unique, not in order
+        "case when id % 5 = 0 then null else cast(id % 89 as string) end as value",
+        "id % 4 as time", "case when id % 7 = 0 then -1L else 1L end as diff")
+    assert operators.write(df, url, "c").native
+    parts = _parts(url)
+    assert parts
+    assert all(p.sorted is True for p in parts)
+    _clean(url)
+    assert canon(expected_updates(url, "c", 0, 4)) == canon(df.toArrow())
+    assert len(_consolidated(spark, url)) == 120_000
+
+
+@pytest.mark.parametrize("sort", [True, "key"])
+def test_keys_sorted_with_values_out_of_order_are_not_recorded_sorted_and_read_exactly(
+        spark: Any, tmp_path: Path, sort: Any) -> None:
+    """Many rows per key, sorted by the key alone: the values within a key stay in the
+    input's order, which is not persist's, so no order is recorded; every read path (the
+    client, the native consolidated read, the Python source, compaction) is exact all the
+    same, and a three-column sort of the same rows is recorded sorted."""
+    url, full = location(tmp_path, "key"), location(tmp_path, "full")
+    df = _rows(spark)
+    assert operators.write(df, url, "c", sort=sort).native
+    parts = _parts(url)
+    assert parts
+    assert all(p.sorted is msgspec.UNSET for p in parts)
+    _clean(url)
+    assert canon(expected_updates(url, "c", 0, 6)) == canon(df.toArrow())
+    want = _consolidated(spark, url)
+    assert want
+    assert operators.write(df, full, "c", sort="full").native
+    assert all(p.sorted is True for p in _parts(full))
+    _clean(full)
+    assert _consolidated(spark, full) == want
+    # Spark's distributed compaction of the unordered parts is exact too
+    opt = location(tmp_path, "opt")
+    assert operators.write(df, opt, "c", sort=sort).native
+    assert all(p.sorted is msgspec.UNSET for p in _parts(opt))
+    with persist.open(opt) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.string())
+        w.allow_compaction(5).result()
+    table = operators.PersistTable.forPath(spark, opt, "c")
+    assert table.optimize(partitions=3) is not None
+    assert all(p.ordered for p in _parts(opt))
+    _clean(opt)
+    for got in (table.toDF(), spark.read.format("persist").option("collection", "c").load(opt)):
+        assert sorted(map(tuple, got.select("key", "value", "diff").collect()), key=repr) == want
+    with persist.open(url) as client:  # rewrites (and sorts) the unordered parts
+        compact(client)
+    assert all(p.ordered for p in _parts(url))  # compaction sorted what it rewrote
+    _clean(url)
+    assert _consolidated(spark, url) == want
+
+
+def test_a_bad_sort_is_refused_before_anything_is_written(spark: Any, tmp_path: Path) -> None:
+    url = location(tmp_path)
+    with pytest.raises(persist.InvalidUsage, match="sort must be"):
+        operators.write(_rows(spark, 100), url, "c", sort="value")  # type: ignore[arg-type]
+    assert not Path(url.removeprefix("file://")).exists()

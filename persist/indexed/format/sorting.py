@@ -18,6 +18,8 @@ other key type sorts with Arrow.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
@@ -185,4 +187,97 @@ def is_sorted(table: pa.Table) -> bool:
     return True
 
 
-__all__ = ["BUCKET_ROWS", "is_sorted", "sort_indices", "sort_updates"]
+def in_order(table: pa.Table) -> bool:
+    """Whether ``table``'s rows are in ``(key, value, time)`` order exactly as
+    :func:`sort_indices` sorts (ties, rows equal in all three, in any order): for a part file
+    another writer sorted, whose order is recorded (``PartMeta.sorted``) only if it holds.
+
+    Checked on adjacent rows, vectorised: the keys of every pair; the values only of pairs
+    whose keys tie; the times only of pairs whose keys and values tie. Each column's order is
+    Arrow's sort's: values in their natural order (strings and binaries by their unsigned
+    bytes, decimals and temporal types by their stored integers, ``false < true``), ``-0.0``
+    tied with ``0.0``, then NaN (every payload one), then null. False (no order known) for a
+    column Arrow cannot compare this way (records, lists, dictionaries...) and for any
+    ``table`` that is not in the order: never True for one that is not.
+    """
+    return ordered_by(table.column, len(table))
+
+
+def ordered_by(column: Callable[[str], pa.ChunkedArray], n: int) -> bool:
+    """:func:`in_order` of the ``n`` rows whose columns ``column`` gives by name, asked for
+    only as needed: the value column only if some adjacent keys tie, the time column only if
+    some adjacent keys and values tie (a caller may decode them lazily)."""
+    if n < 2:
+        return True
+    # NB: pairs (i, i + 1) still undecided: those whose earlier columns all tie (None: every
+    # pair, taken as zero-copy slices rather than gathered).
+    pairs: npt.NDArray[np.int64] | None = None
+    for name in ("key", "value", "time"):
+        col = column(name)
+        if len(col) != n:
+            raise ValueError(f"in_order: column {name!r} has {len(col)} rows, not {n}")
+        if not _comparable(col.type):
+            return False
+        try:
+            if pairs is None or len(pairs) > n // 4:
+                # NB: every pair (or many: comparing all of them as zero-copy slices is
+                # cheaper than gathering both sides of each), then the undecided ones kept
+                lt, eq = _compare(col.slice(0, n - 1), col.slice(1))
+                if pairs is not None:
+                    lt, eq = lt[pairs], eq[pairs]
+            else:
+                lt, eq = _compare(col.take(pa.array(pairs)), col.take(pa.array(pairs + 1)))
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return False
+        if not bool(np.all(lt | eq)):
+            return False
+        pairs = np.flatnonzero(eq) if pairs is None else pairs[eq]
+        if not len(pairs):
+            return True
+    return True
+
+
+def _comparable(t: pa.DataType) -> bool:
+    """Whether Arrow's comparison kernels order ``t`` as its sort does (see :func:`in_order`)."""
+    kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+             pa.types.is_decimal, pa.types.is_date, pa.types.is_timestamp, pa.types.is_time,
+             pa.types.is_duration, pa.types.is_string, pa.types.is_large_string,
+             pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
+    return any(bool(kind(t)) for kind in kinds)
+
+
+def _classes(x: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.int8] | None:
+    """Each value's class in the order, 0 a value, 1 NaN, 2 null (None: all values)."""
+    floating = pa.types.is_floating(x.type)
+    if not x.null_count and not (floating and pc.any(pc.is_nan(x)).as_py()):
+        return None
+    cls = np.where(_np(pc.is_valid(x)), 0, 2).astype(np.int8)
+    if floating:
+        cls[_np(pc.fill_null(pc.is_nan(x), False))] = 1
+    return cls
+
+
+def _np(x: pa.ChunkedArray | pa.Array) -> npt.NDArray[np.bool_]:
+    """A boolean Arrow array without nulls as numpy."""
+    return np.asarray(x.to_numpy(zero_copy_only=False) if isinstance(x, pa.Array)
+                      else x.to_numpy(), dtype=bool)
+
+
+def _compare(a: pa.ChunkedArray | pa.Array, b: pa.ChunkedArray | pa.Array
+             ) -> tuple[npt.NDArray[np.bool_], npt.NDArray[np.bool_]]:
+    """Element-wise ``a < b`` and ``a`` tied with ``b`` in the order of :func:`in_order`."""
+    ca, cb = _classes(a), _classes(b)
+    if ca is None and cb is None:
+        return _np(pc.less(a, b)), _np(pc.equal(a, b))
+    n = len(a)
+    ca = np.zeros(n, np.int8) if ca is None else ca
+    cb = np.zeros(n, np.int8) if cb is None else cb
+    values = (ca == 0) & (cb == 0)
+    # NB: comparisons with a null are null (filled False) and with NaN False: only pairs of
+    # two values take the comparison's answer, the rest their classes'.
+    lt = (ca < cb) | (values & _np(pc.fill_null(pc.less(a, b), False)))
+    eq = (ca == cb) & ((ca != 0) | _np(pc.fill_null(pc.equal(a, b), False)))
+    return lt, eq
+
+
+__all__ = ["BUCKET_ROWS", "in_order", "is_sorted", "ordered_by", "sort_indices", "sort_updates"]
