@@ -460,3 +460,32 @@ def test_a_step_waits_until_the_runs_hold_half_the_delta() -> None:
 def test_the_delta_ratio_is_checked() -> None:
     with pytest.raises(persist.InvalidUsage, match="delta_ratio"):
         compact.CompactionPolicy(delta_ratio=0)
+
+
+def test_the_delta_stays_a_run_however_large() -> None:
+    """A delta larger than every base part (here: base parts of ~1 KiB, a run of new keys
+    across the whole key range) stays a run in compaction's layout: the marked parts are
+    the base, so the next run does not set off a merge of the whole base."""
+    ix = engine(inline_threshold=0, batch_rows=64,
+                compaction={**MARKS, "part_target_bytes": 1 << 10, "final_rows": 1 << 20})
+    ix.register("c", I64, I64)
+    ix.write({"c": table([(k, 0, 1) for k in range(0, 4000, 2)], 0)})
+    ix.seal("c", 1)
+    ix.allow_compaction("c", 0)
+    while ix.maintain():
+        pass
+    # new keys across the whole range, 10% of the base's rows
+    ix.write({"c": table([(k, 1, 1) for k in range(1, 4000, 20)], 1)})
+    ix.seal("c", 2)
+    ix.allow_compaction("c", 1)
+    assert ix.maintain()
+    c = ix.state.collections["c"]
+    marked = {p.id for p in c.parts if p.marks is not None}
+    (delta,) = {p.marks.delta for p in c.parts if p.marks is not None}
+    biggest = max((p for p in c.parts if p.id in marked), key=lambda p: p.rows)
+    assert next(p for p in c.parts if p.id == delta).rows > biggest.rows
+    base, runs = compact.layout(c, 1)
+    assert {p.id for p in base} == marked
+    assert delta in {p.id for p in runs}
+    policy = compact.CompactionPolicy(**MARKS, part_target_bytes=1 << 10, final_rows=1 << 20)
+    assert compact.plan(c, policy) == ()  # nothing waits: no merge of the whole base
