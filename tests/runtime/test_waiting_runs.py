@@ -152,3 +152,20 @@ def test_as_of_every_readable_time_the_interim_merges_change_nothing() -> None:
             assert _contents(client, as_of) == Counter({kv: d for kv, d in want.items() if d})
     finally:
         client.stop()
+
+
+def test_a_pile_of_ready_inline_runs_is_flushed_in_merges_that_are_never_big() -> None:
+    """Inline runs piled up while the maintenance thread was busy (a long merge) are flushed
+    in pieces of fewer than ``BUDGETED_ROWS`` rows, oldest first: a flush of them all would be
+    big and wait for the budget too."""
+    from persist.indexed.format import columnar
+
+    parts = tuple(PartMeta(id=f"p{t}", rows=30_000, nbytes=1 << 20, min_time=t, max_time=t,
+                           consolidated=False, inline=b"") for t in range(12))
+    c = CollectionMeta(id=1, name="c", key_type=columnar.serialize_type(pa.int64()),
+                       value_type=columnar.serialize_type(pa.int64()), since=20, upper=21,
+                       parts=parts)
+    chosen = compact.interim(c, POLICY)
+    assert [p.id for p in chosen] == [f"p{t}" for t in range(8)]  # 240,000 rows
+    assert sum(p.rows for p in chosen) < compact.BUDGETED_ROWS
+    assert compact.flushes(c, chosen)

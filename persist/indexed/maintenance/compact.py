@@ -312,7 +312,18 @@ def interim(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = 
     ready = [p for p in live if p.rows == 0 or p.max_time <= f]
     inline = [p for p in ready if p.inline is not None]
     if inline:
-        return tuple(inline)
+        # NB: never big itself, or it would wait for the budget too: a merge that held the
+        # maintenance thread for seconds let thousands of inline runs pile up meanwhile
+        # (a 39 MB piece in bench.rollup_pieces), and flushing them all at once was big:
+        # the oldest first, under BUDGETED_ROWS rows (the next plan takes the rest)
+        out: list[PartMeta] = []
+        rows = 0
+        for p in inline:
+            if out and rows + p.rows >= BUDGETED_ROWS:
+                break
+            out.append(p)
+            rows += p.rows
+        return tuple(out)
     ids = {p.id for p in ready}
     return _tiered(ready, policy) or _tiered([p for p in live if p.id not in ids], policy)
 
