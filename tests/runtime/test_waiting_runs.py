@@ -26,12 +26,15 @@ BASE_ROWS = 300_000
 #: Pinned (whatever the knob set): small appends ride inline, a rollup every 8 commits,
 #: background compaction on, and a rewrite share of 0: the background never runs a merge of
 #: ``compact.BUDGETED_ROWS`` rows or more, so the base merge (or marks step) these appends call
-#: for waits for as long as the test runs; the fan-in and flush size are the defaults'.
+#: for waits for as long as the test runs; the fan-in and flush size are the defaults';
+#: record batches and stats of the default size (a knob set's 4-row batches made the base
+#: slow to write).
 POLICY = CompactionPolicy(fanin=4, final_rows=1 << 19, base_ratio=4, max_runs=64,
                           inline_flush_bytes=1 << 20, part_target_bytes=64 << 20,
                           rewrite_share=0.0, marks_rows=1 << 18)
 OPTIONS = Options(rollup_every=8, gc_grace_seconds=3600.0, inline_threshold=64 << 10,
-                  background_compaction=True, compaction=POLICY)
+                  background_compaction=True, compaction=POLICY, batch_rows=1 << 16,
+                  stats_bytes=1024)
 
 
 def _key(t: int, j: int) -> int:
