@@ -786,7 +786,10 @@ class Indexed:
 
         ``budgeted`` (the background's rounds): a merge of ``compact.BUDGETED_ROWS``
         rows or more runs under the same budget as a rewrite (:meth:`rewrite`): only while no
-        command waits, within ``rewrite_share`` of the time, at most one per round.
+        command waits, within ``rewrite_share`` of the time, at most one per round. One held
+        back gives way to ``compact.interim``'s merge of that collection (never big: its
+        ready inline runs flushed into a blob, its runs tiered), so they do not pile up in
+        the metadata meanwhile.
 
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
