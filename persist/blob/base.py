@@ -26,6 +26,7 @@ or the whole new value, never a prefix.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from persist.blob import envelope
 from persist.blob.envelope import Framed
@@ -244,6 +245,18 @@ class Blob(BlobRead):
         """
         self._delete(key)
 
+    def delete_shard(self, shard: str, keys: Sequence[str]) -> None:
+        """Deletes ``keys``, every entry of the log shard ``shard`` (a prefix ending in ``/``,
+        :func:`persist.layout.log_shard_done`), in seq order, as :meth:`delete` would one by
+        one: a metadata trim that covers a whole shard. A store may delete them in one call
+        (a file store removes the shard's directory with them, releasing the GIL once for the
+        whole shard rather than once per entry); deleting absent entries is no error.
+
+        Raises:
+            ExternalError: the store failed; some of ``keys`` may be deleted.
+        """
+        self._delete_shard(shard, keys)
+
     def read_only(self) -> BlobRead:
         """Returns a view of this store with only the read half."""
         return ReadOnlyView(self)
@@ -268,6 +281,12 @@ class Blob(BlobRead):
 
     @abstractmethod
     def _delete(self, key: str) -> None: ...
+
+    def _delete_shard(self, shard: str, keys: Sequence[str]) -> None:
+        # NB: the default: one delete each, in order (the last removes the shard if the store
+        # keeps one)
+        for key in keys:
+            self._delete(key)
 
 
 class Wrapping(Blob):

@@ -8,7 +8,7 @@ through one when the metrics are on (:func:`metered`, used by ``persist.location
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from typing_extensions import override
 
@@ -80,6 +80,14 @@ class MeteredBlob(Wrapping):
     def _delete(self, key: str) -> None:
         try:
             self.inner._delete(key)
+        except PersistError as e:
+            metrics.blob_error("delete", e)
+            raise
+
+    @override
+    def _delete_shard(self, shard: str, keys: Sequence[str]) -> None:
+        try:
+            self.inner._delete_shard(shard, keys)
         except PersistError as e:
             metrics.blob_error("delete", e)
             raise

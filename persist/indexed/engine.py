@@ -786,7 +786,10 @@ class Indexed:
 
         ``budgeted`` (the background's rounds): a merge of ``compact.BUDGETED_ROWS``
         rows or more runs under the same budget as a rewrite (:meth:`rewrite`): only while no
-        command waits, within ``rewrite_share`` of the time, at most one per round.
+        command waits, within ``rewrite_share`` of the time, at most one per round. One held
+        back gives way to ``compact.interim``'s merge of that collection (never big: its
+        ready inline runs flushed into a blob, its runs tiered), so they do not pile up in
+        the metadata meanwhile.
 
         Raises:
             CommitDeadline: a merge waited past the commit deadline (its parts are deleted
@@ -813,14 +816,22 @@ class Indexed:
                 policy = self.options.compaction
                 big = sum(p.rows for p in parts) >= compact.BUDGETED_ROWS
                 started = time.monotonic()
-                if budgeted and big and (big_done or policy.rewrite_share <= 0
-                                         or started < self._next_rewrite or not idle()):
-                    continue
                 hold = held(name)
                 c = newest.collections[name]
                 frontier = effective_since(c) if hold is None else min(hold, effective_since(c))
+                flush = False
+                if budgeted and big and (big_done or policy.rewrite_share <= 0
+                                         or started < self._next_rewrite or not idle()):
+                    # NB: the big merge waits for its budget; meanwhile the runs it would
+                    # take must not pile up (ready inline ones ride in every rollup):
+                    # compact.interim, never big itself
+                    parts = compact.interim(c, policy, frontier)
+                    if not parts or self._skipped(name, parts) \
+                            or sum(p.rows for p in parts) >= compact.BUDGETED_ROWS:
+                        continue
+                    big, flush = False, compact.flushes(c, parts, frontier)
                 try:
-                    op = self.run_compaction(newest, name, parts, frontier)
+                    op = self.run_compaction(newest, name, parts, frontier, flush=flush)
                 except DiffOverflow as e:
                     self._refused(name, parts, e)
                     refused = refused or e
@@ -913,11 +924,13 @@ class Indexed:
         return self.work.lapsing(now_ms)
 
     def run_compaction(
-        self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None
+        self, state: State, name: str, parts: tuple[Any, ...], frontier: int | None = None,
+        *, flush: bool = False,
     ) -> ReplaceParts:
         """Merges ``parts`` (reads and blob writes; no commit). Safe off the commit thread.
         The output joins the base when it can (``compact.into_base``), else it is a run (a
-        single full part, rewritten, stays full). A merge of ``Options.merge_worker_rows`` rows
+        single full part, rewritten, stays full; ``flush``: a blob part whatever its size,
+        ``compact.flushes``). A merge of ``Options.merge_worker_rows`` rows
         or more runs in the merge worker process when the writer has one (:attr:`merger`).
 
         Raises:
@@ -933,8 +946,9 @@ class Indexed:
         # that flushes inline parts made one inline part again, which the next round merged
         # with the next small part, rewriting all of the collection's inline data each round
         # (found while adding the knob set inline-max to the matrix).
-        threshold = min(opts.inline_threshold, max(opts.compaction.inline_flush_bytes - 1, 0))
-        if compact.marking(c, parts, opts.compaction, frontier):
+        threshold = 0 if flush else min(opts.inline_threshold,
+                                        max(opts.compaction.inline_flush_bytes - 1, 0))
+        if not flush and compact.marking(c, parts, opts.compaction, frontier):
             # NB: in-process: its CPU is an is_in over the base's keys and one sum of the
             # touched keys, far below the merge it stands in for.
             return compact.mark(self.blob, self.reader, c, tuple(parts), frontier=frontier,

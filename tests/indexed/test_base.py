@@ -386,3 +386,62 @@ def test_compaction_never_changes_the_contents_at_any_readable_time(
                     if at <= a:
                         want[(k, v)] += d
                 assert contents(ix, "c", a) == Counter({k: d for k, d in want.items() if d})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=steps, flush=st.sampled_from([0, 512, 1 << 20]), ratio=st.sampled_from([1, 4]),
+       marks=st.sampled_from([1, 1 << 30]))
+def test_merges_meanwhile_a_held_back_base_merge_change_nothing(
+        steps: list[tuple[str, Any]], flush: int, ratio: int, marks: int) -> None:
+    """Background rounds whose base merge or marks step waits for the rewrite budget
+    (``compact.interim``: ready inline runs flushed into blobs, runs tiered) never change the
+    contents as of any time in ``[since, upper)``; no ready inline run is left after one, and
+    the merge that waited still reaches the goal layout."""
+    ix = engine(inline_threshold=256,
+                compaction={"part_target_bytes": 512, "inline_flush_bytes": flush,
+                            "base_ratio": ratio, "final_rows": 64, "fanin": 2,
+                            "rewrite_share": 0.0, "marks_rows": marks})
+    ix.register("c", pa.int64(), pa.int64())
+    model: list[tuple[int, int, int, int]] = []
+    t = 0
+
+    def held_back() -> None:
+        # NB: every merge of 8 rows or more counts as big (its budget: none, share 0)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(compact, "BUDGETED_ROWS", 8)
+            ix.compact(lambda: ix.state, lambda ops, at: ix.commit_ops(ops, at), budgeted=True)
+
+    for op, arg in steps:
+        c = ix.state.collections["c"]
+        if op == "write":
+            rows = [(k, v, t, d) for k, v, d in arg]
+            if rows:
+                ix.write({"c": table([r[0] for r in rows], [r[1] for r in rows], t,
+                                     [r[3] for r in rows])})
+            model.extend(rows)
+            t += 1
+            ix.seal("c", t)
+        elif op == "since" and c.upper > 0:
+            ix.allow_compaction("c", max(c.since, min(c.since + arg, c.upper - 1)))
+        else:
+            before = {a: contents(ix, "c", a) for a in range(c.since, c.upper)}
+            parts = c.parts
+            held_back()
+            event(f"held back, parts changed: {ix.state.collections['c'].parts != parts}")
+            c = ix.state.collections["c"]
+            f = effective_since(c)
+            _, runs = compact.layout(c, f)
+            if compact.plan(c, ix.options.compaction):
+                assert not [p for p in runs if p.inline is not None and p.max_time <= f
+                            and p.rows < 64]
+            check_base(c, ix.reader)
+            assert {a: contents(ix, "c", a) for a in range(c.since, c.upper)} == before
+    maintain(ix)
+    c = ix.state.collections["c"]
+    check_base(c, ix.reader)
+    for a in range(c.since, c.upper):
+        want: Counter[tuple[int, int]] = Counter()
+        for k, v, at, d in model:
+            if at <= a:
+                want[(k, v)] += d
+        assert contents(ix, "c", a) == Counter({k: d for k, d in want.items() if d})

@@ -382,3 +382,55 @@ def test_a_trimmed_shard_goes_with_the_temp_files_killed_writers_left(
     finally:
         client.stop()
     assert not first.exists()
+
+
+def test_a_trim_deletes_each_whole_shard_in_one_call(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """A trim that covers a whole shard deletes it with one ``Blob.delete_shard`` (a file
+    store removes the directory at once, the GIL released once for it), and no entry of it
+    one by one; the partial shards around go entry by entry, as before; the memory store's
+    default deletes each entry."""
+    import os
+
+    monkeypatch.setattr(layout, "LOG_SHARD", 16)
+    root = tmp_path / "loc"
+    keep = Options(rollup_every=8, gc_grace_seconds=3600.0)  # nothing is trimmed
+    client = persist.open(root, reentrance_id="w", options=keep, storage_options={"fsync": False})
+    try:
+        _commits(client, 150, maintain_every=8)
+    finally:
+        client.stop()
+    shards: list[tuple[str, int]] = []
+    whole = FileBlob._delete_shard
+
+    def counted(self: FileBlob, shard: str, keys: list[str]) -> None:
+        shards.append((shard, len(keys)))
+        whole(self, shard, keys)
+
+    unlinked: list[str] = []
+    unlink = os.unlink
+
+    def counted_unlink(path: str, *args: object, **kw: object) -> None:
+        unlinked.append(str(path))
+        unlink(path, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FileBlob, "_delete_shard", counted)
+    monkeypatch.setattr(os, "unlink", counted_unlink)
+    client = persist.open(root, reentrance_id="w", storage_options={"fsync": False},
+                          options=Options(rollup_every=8, gc_grace_seconds=0.0))
+    try:
+        client.maintain()
+        _commits(client, 8, maintain_every=8)
+        client.maintain()
+        head = client.state.seq
+    finally:
+        client.stop()
+    assert len(shards) >= 8
+    assert all(n == 16 for _, n in shards)
+    assert all(s.startswith(layout.LOG_PREFIX + layout.LOG_SHARD_MARK) for s, _ in shards)
+    # none of their entries was unlinked one by one, and their directories are gone
+    gone = {str(root / s.rstrip("/")) for s, _ in shards}
+    assert not [p for p in unlinked if os.path.dirname(p) in gone]
+    assert not any(os.path.exists(d) for d in gone)
+    rollups = _seqs(FileBlob(str(root)), layout.ROLLUP_PREFIX)
+    assert _all_log_seqs(root) == list(range(rollups[0] + 1, head + 1))

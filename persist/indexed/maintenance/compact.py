@@ -52,6 +52,9 @@ Parquet part. The runtime rewrites one part at a time, only while no command wai
 at most ``CompactionPolicy.rewrite_share`` of the maintenance thread's time on it and on
 merges of :data:`BUDGETED_ROWS` input rows or more (one that took ``d`` seconds is followed by
 ``d * (1 / share - 1)`` seconds without another), so big merges never starve the commit path.
+While the background holds such a merge back, it runs :func:`interim` instead: the ready
+inline runs flushed into a blob part and the other runs tiered, so they do not pile up in the
+collection's metadata (and every rollup) until the big merge comes.
 
 Merging never changes the contents as of any time at or after the frontier it forwards to, so
 it is invisible to every definite read. It runs off the commit path and lands as one
@@ -278,7 +281,14 @@ def plan(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = Non
     marked = _marks_step(c, policy, f, base, runs)
     if marked:
         return marked
-    live = [p for p in runs if p.rows < policy.final_rows and p.full is not True]
+    return _tiered([p for p in runs if p.rows < policy.final_rows and p.full is not True],
+                   policy)
+
+
+def _tiered(live: Sequence[PartMeta], policy: CompactionPolicy) -> tuple[PartMeta, ...]:
+    """The tier merge of :func:`plan` among ``live`` (runs below ``final_rows``, not
+    ``full``), or (): the lowest level holding ``fanin`` runs with every smaller run, else
+    the inline runs once they hold ``inline_flush_bytes``."""
     if len(live) < 2:
         return ()
     inline = [p for p in live if p.inline is not None]
@@ -291,6 +301,54 @@ def plan(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = Non
     if len(inline) > 1 and sum(p.nbytes for p in inline) >= policy.inline_flush_bytes:
         return tuple(inline)
     return ()
+
+
+def interim(c: CollectionMeta, policy: CompactionPolicy, frontier: int | None = None
+            ) -> tuple[PartMeta, ...]:
+    """A merge of ``c``'s runs that may run while the one :func:`plan` chose waits (a base
+    merge or a marks step of :data:`BUDGETED_ROWS` rows or more, which the background runs
+    only within the rewrite budget), or (). Never a base part: the base is the waiting
+    merge's.
+
+    Why: while such a merge is due, :func:`plan` tiers nothing, and the ready runs (at or
+    before the frontier) can leave only by it. Inline ones ride in every rollup of their
+    collection until then: a long run of 100-row appends with the since following upper,
+    against a base of 800 k rows, left 2,077 inline parts (8.1 MB) in one collection, and
+    every rollup rewrote them. So meanwhile the ready inline runs, however few, are flushed
+    into one blob part (:func:`flushes`: the runtime writes it as a blob whatever its size;
+    a lone one is moved out of the metadata), else the ready runs below ``final_rows`` are
+    tiered among themselves (into blob parts too), else the others, as :func:`plan` tiers
+    runs (which bounds the inline ones past the frontier). The waiting merge then takes the
+    flushed runs like any other. Its cost: a blob and a commit per round in which the
+    frontier passed inline runs, and only while a big merge waits."""
+    f = _frontier(c, frontier)
+    _, runs = layout(c, f)
+    live = [p for p in runs if p.rows < policy.final_rows and p.full is not True]
+    ready = [p for p in live if p.rows == 0 or p.max_time <= f]
+    inline = [p for p in ready if p.inline is not None]
+    if inline:
+        # NB: never big itself, or it would wait for the budget too: a merge that held the
+        # maintenance thread for seconds let thousands of inline runs pile up meanwhile
+        # (a 39 MB piece in bench.rollup_pieces), and flushing them all at once was big:
+        # the oldest first, under BUDGETED_ROWS rows (the next plan takes the rest)
+        out: list[PartMeta] = []
+        rows = 0
+        for p in inline:
+            if out and rows + p.rows >= BUDGETED_ROWS:
+                break
+            out.append(p)
+            rows += p.rows
+        return tuple(out)
+    ids = {p.id for p in ready}
+    return _tiered(ready, policy) or _tiered([p for p in live if p.id not in ids], policy)
+
+
+def flushes(c: CollectionMeta, parts: Sequence[PartMeta], frontier: int | None = None) -> bool:
+    """Whether a merge of ``parts`` (an :func:`interim` one) writes a blob part whatever its
+    size: every row of them is at or before the frontier, so the output can leave only by a
+    merge into the base, and must not ride in every rollup until then."""
+    f = _frontier(c, frontier)
+    return has_base(c) and bool(parts) and all(p.rows == 0 or p.max_time <= f for p in parts)
 
 
 def _base_merge(c: CollectionMeta, policy: CompactionPolicy, f: int,

@@ -185,9 +185,10 @@ class MetaTrim:
 
     def trim(self, blob: Blob, upto: int, log_from: int | None = None) -> int:
         """Deletes the log entries ``trimmed+1 .. upto`` (at most :data:`TRIM_BATCH`, in
-        order; of a log sharded from ``log_from`` on, :func:`persist.layout.log_key`) and then,
-        once the log is trimmed to ``upto``, the known rollups ``< upto``; returns how many
-        keys it deleted. Progress is kept delete by delete.
+        order; of a log sharded from ``log_from`` on, :func:`persist.layout.log_key`; a whole
+        shard in one :meth:`~persist.blob.base.Blob.delete_shard`) and then, once the log is
+        trimmed to ``upto``, the known rollups ``< upto``; returns how many keys it deleted.
+        Progress is kept delete by delete (shard by shard).
 
         Only call with a rollup ``upto`` at least a grace period old (:meth:`ripe`).
 
@@ -208,11 +209,26 @@ class MetaTrim:
             # removes the directory on a file store; once per writer, one request elsewhere.
             blob.delete(layout.log_key(start, log_from))
         self._swept = True
-        for seq in range(start + 1, min(upto, start + TRIM_BATCH) + 1):
-            blob.delete(layout.log_key(seq, log_from))
+        seq, end = start + 1, min(upto, start + TRIM_BATCH)
+        while seq <= end:
+            size = layout.LOG_SHARD
+            if log_from is not None and seq >= log_from and seq % size == 0 \
+                    and seq + size - 1 <= end:
+                # NB: a whole shard in one call (Blob.delete_shard: a file store removes its
+                # directory at once, releasing the GIL once for it rather than per entry, which
+                # competed with the commit path); what a trim of a backlog mostly deletes
+                keys = [layout.log_key(s, log_from) for s in range(seq, seq + size)]
+                shard = layout.log_shard_done(keys[-1])
+                assert shard is not None
+                blob.delete_shard(shard, keys)
+                last = seq + size - 1
+            else:
+                blob.delete(layout.log_key(seq, log_from))
+                last = seq
             with self._lock:
-                self.trimmed = max(self.trimmed or 0, seq)
-            n += 1
+                self.trimmed = max(self.trimmed or 0, last)
+            n += last - seq + 1
+            seq = last + 1
             crashpoints.hit("trim.log_deleted")
         if start + TRIM_BATCH < upto:
             return n
