@@ -67,22 +67,29 @@ def _tasks(ix: Any, as_of: int, n: int) -> Counter[tuple[Any, Any, int, int]]:
     return sum((rows_of(t) for task in tasks for t in read_task(ix.reader, task)), Counter())
 
 
-# NB: since 0 or 1 of 1-2 batches: a marks step where drawn (a batch at or before the
-# since) and, mostly, a batch past the since (runs on top of the base) in one example
-@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(h=_histories(), since=st.integers(0, 1), marks=st.booleans(), n=st.integers(1, 3))
+# NB: the since at 1 with marks (the first batch takes the marks step), else 0 or 1; with 2
+# batches, the second is past the since: a run on top of the base
+@pytest.mark.parametrize("marks", [True, False])
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(h=_histories(), since=st.integers(0, 1), n=st.integers(1, 3))
 def test_reads_with_and_without_the_base_fast_path_are_identical(
-        spark: Any, tmp_path_factory: pytest.TempPathFactory,
-        h: tuple[list[Any], list[list[Any]]], since: int, marks: bool, n: int) -> None:
+        spark: Any, tmp_path_factory: pytest.TempPathFactory, marks: bool,
+        h: tuple[list[Any], list[list[Any]]], since: int, n: int) -> None:
     base, batches = h
-    since = min(since, len(batches))
+    if marks:
+        # NB: a retraction of a base row in the first batch: runs that overlap the base
+        # (a run of keys beside it alone joins the base as a part of its own)
+        k, v, _ = base[0]
+        batches = [[(k, v, -1), *batches[0]], *batches[1:]]
+    since = 1 if marks else min(since, len(batches))
     root = tmp_path_factory.mktemp("fast")
     twin_root = tmp_path_factory.mktemp("twin")
     ix = _load(root, base, batches, since, compacted=True, marks=marks)
     twin = _load(twin_root, base, batches, since, compacted=False, marks=marks)
     url, twin_url = str(root), str(twin_root)
-    parts = ix.state.collections["c"].parts
-    event(f"marks {marks}: marked parts {min(sum(p.marks is not None for p in parts), 2)}")
+    marked = [p for p in ix.state.collections["c"].parts if p.marks is not None]
+    assert bool(marked) == marks
+    event(f"runs past the since: {len(batches) > since}")
     for as_of in range(since, len(batches) + 1):
         lay = ix.info("c").snapshot(as_of).layers
         assert lay.base  # the fast path has a base to take
