@@ -85,6 +85,11 @@ NATIVE_ONE_COLUMN = "native one-column read records/s (value; floor: Parquet's o
 NATIVE_LOOKUP = "native point lookup, raw (ms)"
 NATIVE_LOOKUP_CONSOLIDATED = "native point lookup, consolidated (ms)"
 NATIVE_DECODED = "native consolidated read: bytes decoded / stored"
+#: Spark's own consolidation of the same rows (``groupBy(key, value).sum(diff)`` of the
+#: Parquet files, zero sums dropped), in the floor column: what stage (a)'s aggregation costs
+#: whoever runs it (no target).
+SPARK_SUM = ("Spark's own consolidation of the same Parquet, groupBy(key, value).sum(diff) "
+             "records/s (floor column)")
 #: Issue 28: the native consolidated read at each stage of a collection's life, against
 #: ``spark.read.parquet`` raw of the same rows (floor column); (a) is NATIVE_CONSOLIDATED.
 STAGE_BASE = "native consolidated, (b) compacted base records/s (floor: Parquet raw)"
@@ -315,6 +320,7 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
              lambda: table.toDF().where(f"key = {key}")),
             ((("floor", LOOKUP), ("floor", NATIVE_LOOKUP), ("floor", NATIVE_LOOKUP_CONSOLIDATED)),
              lambda: spark.read.parquet(parquet).where(f"key = {key}")),
+            ((("floor", SPARK_SUM),), lambda: _spark_sum(spark, parquet)),
         ]
     warm = [cases[0][1], cases[1][1], table.toDF]
     for factory in warm:  # warm the JVM (JIT, codegen) and the Python workers
@@ -336,6 +342,14 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
         f"that Spark's pushed key range and time filters keep (by the Parquet footers' "
         f"min/max, as Parquet's row-group filter decides; the page index may skip more) in "
         f"the {planned} key range(s) toDF() planned, over the bytes of the part files")
+
+
+def _spark_sum(spark: Any, parquet: str) -> Any:
+    """:data:`SPARK_SUM`'s DataFrame."""
+    from pyspark.sql import functions as F
+
+    return (spark.read.parquet(parquet).groupBy("key", "value")
+            .agg(F.sum("diff").alias("diff")).filter(F.col("diff") != 0))
 
 
 def _parts(client: Any) -> tuple[int, int]:

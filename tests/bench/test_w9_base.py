@@ -71,17 +71,20 @@ def test_quick_rows_without_spark(tmp_path: Path) -> None:
 
     out = w9_base.appends(ctx, res, bulk_appends=2, part_rows=150_000, repeats=1, quick=True)
     runs = {r["case"]: r for r in out["runs"]}
-    assert set(runs) == {"baseline", "worker"}
+    assert set(runs) == {"baseline", "worker", "in-process"}
     assert runs["baseline"]["into_base_s"] is None
     assert runs["baseline"]["appends"] == 20
-    # the background brought the bulk load into the base, in its merge worker, while the
-    # appends ran (no call from the user)
-    assert runs["worker"]["into_base_s"] is not None
+    # the background brought the bulk load into the base, in its merge worker or in the
+    # writer's process, while the appends ran (no call from the user)
+    for case in ("worker", "in-process"):
+        assert runs[case]["into_base_s"] is not None
+        assert runs[case]["appends"] >= 1
     assert runs["worker"]["workers_started"] >= 1
-    assert runs["worker"]["appends"] >= 1
-    m = res.metrics[w9_base.APPEND_P50]
-    assert set(m.samples) == {"persist", w9_base.NO_MERGE}
-    assert len(res.metrics[w9_base.INTO_BASE].samples["persist"]) == 1
+    assert runs["in-process"]["workers_started"] == 0
+    for metric in (w9_base.APPEND_P50, w9_base.APPEND_P50_IN_PROCESS):
+        assert set(res.metrics[metric].samples) == {"persist", w9_base.NO_MERGE}
+    for metric in (w9_base.INTO_BASE, w9_base.INTO_BASE_IN_PROCESS):
+        assert len(res.metrics[metric].samples["persist"]) == 1
     ids = {t.id for t in targets({"W9": res})}
     assert {"W9.write-amplification", "W9.append-p50/no-merge"} <= ids
     head = render_workload(res, ["persist", "floor"]).splitlines()[1]
