@@ -70,7 +70,7 @@ def _tasks(ix: Any, as_of: int, n: int) -> Counter[tuple[Any, Any, int, int]]:
 # NB: the since at 1 with marks (the first batch takes the marks step), else 0 or 1; with 2
 # batches, the second is past the since: a run on top of the base
 @pytest.mark.parametrize("marks", [True, False])
-@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
 @given(h=_histories(), since=st.integers(0, 1), n=st.integers(1, 3))
 def test_reads_with_and_without_the_base_fast_path_are_identical(
         spark: Any, tmp_path_factory: pytest.TempPathFactory, marks: bool,
