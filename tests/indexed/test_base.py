@@ -336,8 +336,9 @@ MARKS = {"marks_rows": 1}
 
 
 def check_goal(c: CollectionMeta, reader: PartReader) -> tuple[PartMeta, ...]:
-    """The goal layout of ``c`` with or without a marks step's output (:func:`check_base`),
-    once maintenance is idle with every run ready: nothing waits at or before the since but,
+    """The goal layout of ``c`` under :data:`MARKS` (every ready run of the current schema
+    version is merged or marked), with or without a marks step's output (:func:`check_base`),
+    once maintenance is idle: nothing waits at or before the since but,
     if the base is marked, the one delta its marks name (a consolidated blob part at one
     time, which the read plan pairs with the marked base; a base part itself when no base
     part's key range overlaps it). Returns the marked base parts."""
