@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -77,11 +78,19 @@ def _layout(client: persist.Client, name: str) -> dict[str, Any]:
 
 
 def _written(client: persist.Client) -> dict[str, int]:
-    """Rows and bytes of the parts appends and merges added, from the commit log."""
+    """Rows and bytes of the parts appends and merges wrote, from the commit log.
+
+    A marks step (DESIGN.md §8) adds each base part again, marked: its data blob is the one
+    it replaced (shared, not written again), so only its marks blob counts (``merge_bytes``
+    and ``marks_bytes``, no rows), and only when the step wrote a new one (an unchanged set
+    keeps its blob). ``marks_steps``: how many of the ``merges`` were marks steps."""
     ix = client._writer().ix
-    out = {"append_rows": 0, "append_bytes": 0, "merge_rows": 0, "merge_bytes": 0, "merges": 0}
+    out = {"append_rows": 0, "append_bytes": 0, "merge_rows": 0, "merge_bytes": 0, "merges": 0,
+           "marks_steps": 0, "marks_bytes": 0}
     from persist import layout
     from persist.indexed.format.meta import decode_commit, log_from
+    blobs: set[str] = set()
+    marks: set[str] = set()
     for seq in range(1, ix.state.seq + 1):
         key = layout.log_key(seq, log_from(ix.state))
         data = ix.store.get(key)
@@ -91,10 +100,23 @@ def _written(client: persist.Client) -> dict[str, int]:
             if isinstance(op, AddPart):
                 out["append_rows"] += op.part.rows
                 out["append_bytes"] += op.part.nbytes
+                if op.part.blob_key is not None:
+                    blobs.add(op.part.blob_key)
             elif isinstance(op, ReplaceParts):
                 out["merges"] += 1
-                out["merge_rows"] += sum(p.rows for p in op.added)
-                out["merge_bytes"] += sum(p.nbytes for p in op.added)
+                out["marks_steps"] += any(p.marks is not None for p in op.added)
+                for p in op.added:
+                    m = p.marks
+                    if m is not None and m.key not in marks:
+                        marks.add(m.key)
+                        out["merge_bytes"] += m.nbytes
+                        out["marks_bytes"] += m.nbytes
+                    if p.blob_key is not None and p.blob_key in blobs:
+                        continue  # a marked base part: its data blob is shared
+                    if p.blob_key is not None:
+                        blobs.add(p.blob_key)
+                    out["merge_rows"] += p.rows
+                    out["merge_bytes"] += p.nbytes
     return out
 
 
@@ -147,8 +169,12 @@ def bulk(args: argparse.Namespace) -> dict[str, Any]:
 
 def amplification(args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(11)
+    # NB: the policy's row thresholds scaled with the rows per append as the part target is
+    # (the defaults are sized for 1 M-row appends: final_rows 512 Ki, marks_rows 256 Ki)
+    marks_rows = args.marks_rows if args.marks_rows is not None else max(
+        1, args.rows * persist.CompactionPolicy().marks_rows // 1_000_000)
     policy = persist.CompactionPolicy(part_target_bytes=args.part_target,
-                                      final_rows=max(1, args.rows // 2))
+                                      final_rows=max(1, args.rows // 2), marks_rows=marks_rows)
     opts = persist.Options(compaction=policy, rollup_every=1 << 20, gc_grace_seconds=3600.0,
                            background_compaction=not args.maintain_each)
     live_keys = np.zeros(0, np.int64)
@@ -177,7 +203,7 @@ def amplification(args: argparse.Namespace) -> dict[str, Any]:
             pass
         written = _written(client)
         appended = written["append_rows"]
-        return {"layout": _layout(client, "u"), **written,
+        return {"layout": _layout(client, "u"), "marks_rows": marks_rows, **written,
                 "write_amplification_rows": round(
                     (appended + written["merge_rows"]) / appended, 2),
                 "write_amplification_bytes": round(
@@ -249,13 +275,19 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             "load_after": round(os.getloadavg()[0], 2)}
 
 
-def offgil(args: argparse.Namespace) -> dict[str, Any]:
+def _print(line: str) -> None:
+    print(line, flush=True)
+
+
+def offgil(args: argparse.Namespace, log: Callable[[str], None] = _print) -> dict[str, Any]:
+    """``--rounds`` rounds of ``--cases`` (comma-separated), order rotated; ``log`` gets each
+    case's result as a JSON line."""
     cases = args.cases.split(",")
     runs: list[dict[str, Any]] = []
     for r in range(args.rounds):
         for case in cases[r % len(cases):] + cases[:r % len(cases)]:
             runs.append(_offgil_case(case, args))
-            print(json.dumps(runs[-1]), flush=True)
+            log(json.dumps(runs[-1]))
     out: dict[str, Any] = {"runs": runs}
     for case in cases:
         mine = [x for x in runs if x["case"] == case]
@@ -283,6 +315,8 @@ def main() -> None:
     a.add_argument("--rows", type=int, default=10_000)
     a.add_argument("--updates", type=float, default=0.01)
     a.add_argument("--part-target", type=int, default=640 << 10)
+    a.add_argument("--marks-rows", type=int, default=None,
+                   help="CompactionPolicy.marks_rows (default: 256 Ki scaled by --rows / 1 M)")
     a.add_argument("--background", dest="maintain_each", action="store_false",
                    help="leave compaction to the background (timing-dependent) instead of "
                         "running maintenance to idle after each append")

@@ -7,7 +7,8 @@ W9's shape: ``--appends`` appends of ``--rows`` random int64 keys (``key, value`
 time per append), background compaction off, since advanced to the last time. Each round (after one
 warm-up round, not counted), in this order, each on a fresh copy of the same location (a copy of its directory):
 
-* ``maintain``: ``Client.maintain()`` until idle, in this process (wall and this process's CPU);
+* ``maintain``: ``Client.maintain()`` until idle, its merge in this process (no merge worker:
+  ``merge_worker_rows=None``; wall and this process's CPU);
 * ``optimize``: ``PersistTable.forPath(spark, url, "w9").optimize(partitions=2)`` on a
   ``local[2]`` SparkSession (wall; the merge runs in Spark's Python workers, so this process's
   CPU is only the driver's plan and commit). It runs at least 65 s after the round before's
@@ -37,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +73,10 @@ def _build(root: Path, appends: int, rows: int) -> tuple[Path, Path]:
 
 
 def _maintain(loc: Path) -> tuple[float, float, dict[str, Any]]:
+    # NB: the merge in this process (merge_worker_rows=None): maintain() in one process, as
+    # the target compares, and its CPU in this process's process_time()
     opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
-                           gc_grace_seconds=3600.0)
+                           gc_grace_seconds=3600.0, merge_worker_rows=None)
     with persist.open(loc, options=opts) as client:
         w0, c0 = time.perf_counter(), time.process_time()
         while client.maintain():
@@ -104,6 +108,55 @@ def _spark(spark: Any, files: Path, out: Path) -> float:
     return time.perf_counter() - w0
 
 
+#: What :func:`measure` times, in the order of a round.
+CASES = ("maintain", "optimize", "optimize_warm", "spark")
+
+
+def measure(spark: Any, root: Path, loc: Path, files: Path, rounds: int, *,
+            idle_s: float = IDLE_S, log: Callable[[str], None] | None = None,
+            ) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """One warm-up round (not counted), then ``rounds`` rounds of :data:`CASES` in that order,
+    each on a fresh copy of ``loc`` (under ``root``; Spark's pipeline reads ``files``), the
+    fresh-worker ``optimize`` held until ``idle_s`` after the round before's last Python task.
+    Returns the seconds of each case (``maintain_cpu``: this process's CPU in ``maintain()``;
+    ``optimize_driver_cpu``: the driver's in ``optimize()``) and the layouts the two persist
+    runs left."""
+    times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
+                                     "optimize_driver_cpu": [], "optimize_warm": [],
+                                     "spark": []}
+    layouts: dict[str, Any] = {}
+    last_python = time.monotonic()
+    # NB: round 0 is a warm-up, not counted: Spark's first job starts its Python workers
+    # (which import persist and pyarrow), and the JVM compiles as it goes
+    for r in range(rounds + 1):
+        if r == 1:
+            times = {k: [] for k in times}
+        for what in CASES:
+            if log is not None:
+                log(f"compaction round {r}/{rounds} (0: warm-up): {what}")
+            copy = root / f"{what}-{r}"
+            if what == "spark":
+                times["spark"].append(_spark(spark, files, copy))
+                shutil.rmtree(copy, ignore_errors=True)
+                continue
+            shutil.copytree(loc, copy)
+            if what == "optimize":
+                # NB: Spark reaps Python workers idle for 60 s: this call gets fresh ones
+                time.sleep(max(0.0, idle_s - (time.monotonic() - last_python)))
+            if what == "maintain":
+                wall, cpu, layouts["maintain"] = _maintain(copy)
+                times["maintain_cpu"].append(cpu)
+            elif what == "optimize":
+                wall, cpu, layouts["optimize"] = _optimize(spark, copy)
+                times["optimize_driver_cpu"].append(cpu)
+            else:
+                wall, _, _ = _optimize(spark, copy)
+                last_python = time.monotonic()
+            times[what].append(wall)
+            shutil.rmtree(copy)
+    return times, layouts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--appends", type=int, default=5)
@@ -127,37 +180,8 @@ def main() -> None:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     operators.register(spark)
-    times: dict[str, list[float]] = {"maintain": [], "maintain_cpu": [], "optimize": [],
-                                     "optimize_driver_cpu": [], "optimize_warm": [],
-                                     "spark": []}
-    layouts: dict[str, Any] = {}
-    last_python = time.monotonic()
     try:
-        # NB: round 0 is a warm-up, not counted: Spark's first job starts its Python workers
-        # (which import persist and pyarrow), and the JVM compiles as it goes
-        for r in range(args.rounds + 1):
-            if r == 1:
-                times = {k: [] for k in times}
-            for what in ("maintain", "optimize", "optimize_warm", "spark"):
-                copy = root / f"{what}-{r}"
-                if what == "spark":
-                    times["spark"].append(_spark(spark, files, copy))
-                    continue
-                shutil.copytree(loc, copy)
-                if what == "optimize":
-                    # NB: Spark reaps Python workers idle for 60 s: this call gets fresh ones
-                    time.sleep(max(0.0, IDLE_S - (time.monotonic() - last_python)))
-                if what == "maintain":
-                    wall, cpu, layouts["maintain"] = _maintain(copy)
-                    times["maintain_cpu"].append(cpu)
-                elif what == "optimize":
-                    wall, cpu, layouts["optimize"] = _optimize(spark, copy)
-                    times["optimize_driver_cpu"].append(cpu)
-                else:
-                    wall, _, _ = _optimize(spark, copy)
-                    last_python = time.monotonic()
-                times[what].append(wall)
-                shutil.rmtree(copy)
+        times, layouts = measure(spark, root, loc, files, args.rounds)
     finally:
         spark.stop()
         shutil.rmtree(root, ignore_errors=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.results import Metric, WorkloadResult
-from bench.workloads import w9_s3
+from bench.workloads import w9_base, w9_s3
 from bench.workloads import w9_spark as w9s
 
 PEER_ORDER = ("floor", "delta", "iceberg")
@@ -218,6 +218,23 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
             "<=", 3.0, w9("first micro-batch, first stream of a fresh session (s; target <= 3)"))
         add("W9.sink-overhead", "W9 persist sink ms per micro-batch over the noop sink", "<=",
             20.0, w9("persist sink per micro-batch over noop (ms; target <= 20)"))
+        # issue 28: compaction (bench/workloads/w9_base.py); listed where it ran
+        for tag, metric in (("", w9_base.OPTIMIZE), ("-warm", w9_base.OPTIMIZE_WARM)):
+            if metric not in ws["W9"].metrics:
+                continue
+            workers = "live" if tag else "fresh"
+            add(f"W9.optimize{tag}/spark", f"W9 Spark's aggregate-sort-write s / optimize() s "
+                f"({workers} Python workers)", ">=", 3.0, _div(w9(metric, "floor"), w9(metric)))
+            add(f"W9.optimize{tag}/maintain", f"W9 optimize() s ({workers} Python workers) / "
+                f"maintain() s in one process", "<=", 2.0,
+                _div(w9(metric), w9(metric, w9_base.MAINTAIN)))
+        if w9_base.AMPLIFICATION in ws["W9"].metrics:
+            add("W9.write-amplification", "W9 lifetime write amplification, 100 appends with "
+                "1% updates (rows)", "<=", 10.0, w9(w9_base.AMPLIFICATION))
+        if w9_base.APPEND_P50 in ws["W9"].metrics:
+            add("W9.append-p50/no-merge", "W9 W2 append p50 while the background brings a bulk "
+                "load into the base / with nothing to merge", "<=", 1.2,
+                _div(w9(w9_base.APPEND_P50), w9(w9_base.APPEND_P50, w9_base.NO_MERGE)))
         # issue 30: Spark on S3 both ways (bench/workloads/w9_s3.py); a row is listed where
         # it ran (the S3 rows need the S3A JARs; --quick runs moto only)
         w9w = ws["W9"]

@@ -31,6 +31,11 @@ same rows, and seal -> micro-batch latency.
    ``spark.read.parquet`` through S3A, and the requests of each; the time to persist's typed
    error for a mistyped S3 setting against Spark's. Each as a ratio in the targets.
 
+5. **Issue 28's compaction** (:mod:`bench.workloads.w9_base`): distributed compaction
+   (``optimize()``) against Spark's aggregate-sort-write pipeline and ``maintain()`` in one
+   process; lifetime write amplification; W2's append p50 while the background brings a bulk
+   load into the base, and the time that takes. Each as a ratio in the targets.
+
 ``--quick`` starts the JVM with C1 only and the serial GC (about twice as fast to start); the full
 run keeps the default JIT, so Spark's own reader runs at its steady-state speed.
 """
@@ -55,7 +60,7 @@ import pyarrow.parquet as pq
 
 from bench.common import fresh_dir, make_batch, percentile, remove, rotate, settle, timed
 from bench.results import WorkloadResult
-from bench.workloads import w9_s3
+from bench.workloads import w9_base, w9_s3
 from bench.workloads.context import Context
 
 WID = "W9"
@@ -80,6 +85,11 @@ NATIVE_ONE_COLUMN = "native one-column read records/s (value; floor: Parquet's o
 NATIVE_LOOKUP = "native point lookup, raw (ms)"
 NATIVE_LOOKUP_CONSOLIDATED = "native point lookup, consolidated (ms)"
 NATIVE_DECODED = "native consolidated read: bytes decoded / stored"
+#: Spark's own consolidation of the same rows (``groupBy(key, value).sum(diff)`` of the
+#: Parquet files, zero sums dropped), in the floor column: what stage (a)'s aggregation costs
+#: whoever runs it (no target).
+SPARK_SUM = ("Spark's own consolidation of the same Parquet, groupBy(key, value).sum(diff) "
+             "records/s (floor column)")
 #: Issue 28: the native consolidated read at each stage of a collection's life, against
 #: ``spark.read.parquet`` raw of the same rows (floor column); (a) is NATIVE_CONSOLIDATED.
 STAGE_BASE = "native consolidated, (b) compacted base records/s (floor: Parquet raw)"
@@ -310,6 +320,7 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
              lambda: table.toDF().where(f"key = {key}")),
             ((("floor", LOOKUP), ("floor", NATIVE_LOOKUP), ("floor", NATIVE_LOOKUP_CONSOLIDATED)),
              lambda: spark.read.parquet(parquet).where(f"key = {key}")),
+            ((("floor", SPARK_SUM),), lambda: _spark_sum(spark, parquet)),
         ]
     warm = [cases[0][1], cases[1][1], table.toDF]
     for factory in warm:  # warm the JVM (JIT, codegen) and the Python workers
@@ -331,6 +342,14 @@ def reads(ctx: Context, res: WorkloadResult, spark: Any, url: str, parquet: str,
         f"that Spark's pushed key range and time filters keep (by the Parquet footers' "
         f"min/max, as Parquet's row-group filter decides; the page index may skip more) in "
         f"the {planned} key range(s) toDF() planned, over the bytes of the part files")
+
+
+def _spark_sum(spark: Any, parquet: str) -> Any:
+    """:data:`SPARK_SUM`'s DataFrame."""
+    from pyspark.sql import functions as F
+
+    return (spark.read.parquet(parquet).groupBy("key", "value")
+            .agg(F.sum("diff").alias("diff")).filter(F.col("diff") != 0))
 
 
 def _parts(client: Any) -> tuple[int, int]:
@@ -872,12 +891,20 @@ def run(ctx: Context) -> list[WorkloadResult]:
                 ctx.log("W9: issue 30 (writes sorted, S3A reads and writes)")
                 w9_s3.run(ctx, res, spark, root, local_rows=rows, rows=a.w9_s3_rows, parts=4,
                           repeats=repeats, quick=bool(a.quick), why=no_s3)
+                ctx.log("W9: issue 28 (distributed compaction against Spark and maintain())")
+                w9_base.run_spark(ctx, res, spark, root, rows=rows, part_rows=part_rows,
+                                  repeats=repeats, quick=bool(a.quick))
             ctx.log(f"W9: seal -> micro-batch latency, {seals} seals")
             processed, committed = latency(spark, root, seals, gap)
             # NB: --quick runs 4 micro-batches a stream (the first is warm-up), enough to
             # report the row; 16 in the full run
             sink_overhead(ctx, res, spark, root, repeats=repeats,
                           batches=4 if a.quick else SINK_BATCHES)
+        # NB: after W9's own session ended: its JVM does not share the cores with them
+        if "floor" in ctx.systems:
+            ctx.log("W9: issue 28 (write amplification, appends during the base merge)")
+            w9_base.run_local(ctx, res, rows=rows, part_rows=part_rows, repeats=repeats,
+                              quick=bool(a.quick))
         # NB: after W9's own session ended: the peer's JVM does not share the cores with it
         if "delta" in ctx.systems:
             delta_peer(ctx, res, parquet, root, repeats=repeats, quick=bool(a.quick))

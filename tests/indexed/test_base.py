@@ -327,6 +327,238 @@ def test_a_collection_without_exact_key_bounds_has_no_base_and_still_compacts() 
     assert sum(p.full is not True for p in c.parts) == 1
 
 
+# -- every kind of write on a marked base (compaction's marks step, format 8) ----------------
+
+
+#: The marks step on any base (``marks_rows`` 1): ready runs that do not call for a merge
+#: become a consolidated delta plus marks on the base parts (DESIGN.md §8).
+MARKS = {"marks_rows": 1}
+
+
+def check_goal(c: CollectionMeta, reader: PartReader) -> tuple[PartMeta, ...]:
+    """The goal layout of ``c`` under :data:`MARKS` (every ready run of the current schema
+    version is merged or marked), with or without a marks step's output (:func:`check_base`),
+    once maintenance is idle: nothing waits at or before the since but,
+    if the base is marked, the one delta its marks name (a consolidated blob part at one
+    time, which the read plan pairs with the marked base; a base part itself when no base
+    part's key range overlaps it). Returns the marked base parts."""
+    f = effective_since(c)
+    base, runs = check_base(c, reader)
+    ready = [p for p in runs if p.rows and p.min_time <= f]
+    marked = tuple(b for b in base if b.marks is not None)
+    if not marked:
+        assert ready == []
+        return ()
+    [named] = {b.marks.delta for b in marked}  # type: ignore[union-attr]
+    assert [p.id for p in ready] in ([], [named])
+    [delta] = [p for p in (*base, *ready) if p.id == named]
+    assert delta.blob_key is not None
+    assert delta.consolidated
+    assert delta.min_time == delta.max_time <= f
+    t = evolve.View.of(c).read(reader, delta)
+    assert columnar.consolidate(t).equals(t)
+    return marked
+
+
+def paired(info: Any, as_of: int) -> None:
+    """The read plan takes the marked base and its delta as one settled base (no sum)."""
+    lay = info.snapshot(as_of).layers
+    assert lay.settled
+    assert lay.delta is not None
+    assert lay.delta in lay.base
+
+
+def marked_engine(blob: Any = None, n: int = 6000, **kw: Any) -> Engine:
+    """An engine with the marks step on, holding collection ``c``: ``n`` keys at time 0,
+    brought into the base."""
+    pol = {**MARKS, **kw.pop("compaction", {})}
+    ix = engine(blob, **{"inline_threshold": 0, **kw}, compaction=pol)
+    ix.register("c", pa.int64(), pa.int64())
+    keys = np.arange(n)
+    ix.write({"c": table(keys, keys % 7, 0)})
+    ix.seal("c", 1)
+    ix.allow_compaction("c", 0)
+    maintain(ix)
+    check_base(ix.state.collections["c"], ix.reader, runs_allowed=False)
+    return ix
+
+
+@pytest.mark.parametrize("inline", [0, 1 << 20])
+def test_small_appends_on_a_marked_base_keep_the_goal_layout(inline: int) -> None:
+    """Small appends (inline or blob parts), the since following each: marks steps (the
+    delta re-made, marks accumulating) until the runs call for a base merge, which drops the
+    marks; the goal layout after every round, and the contents at every time."""
+    ix = marked_engine(inline_threshold=inline)
+    rng = np.random.default_rng(3)
+    want = Counter({(int(k), int(k % 7)): 1 for k in range(6000)})
+    marked_rounds = 0
+    for t in range(1, 25):
+        keys = rng.integers(0, 7000, 40)
+        old = [(int(k), int(k % 7)) for k in keys[:10] if k < 6000 and want[(int(k), int(k % 7))]]
+        vals = rng.integers(0, 3, 40)
+        rows = [(k, v, -1) for k, v in old] + [(int(k), int(v), 1) for k, v in zip(keys, vals,
+                                                                                    strict=True)]
+        ix.write({"c": table([r[0] for r in rows], [r[1] for r in rows], t,
+                             [r[2] for r in rows])})
+        for k, v, d in rows:
+            want[(k, v)] += d
+        ix.seal("c", t + 1)
+        ix.allow_compaction("c", t)
+        maintain(ix)
+        if check_goal(ix.state.collections["c"], ix.reader):
+            marked_rounds += 1
+            paired(ix.info("c"), t)
+        assert contents(ix, "c", t) == Counter({kv: d for kv, d in want.items() if d})
+    assert marked_rounds >= 10  # most rounds took the marks step, not a merge
+
+
+def test_a_bulk_append_on_a_marked_base_is_merged_into_the_base() -> None:
+    ix = marked_engine(compaction={"part_target_bytes": 4 << 20})
+    ix.write({"c": table([1, 2, 6001], [9, 9, 9], 1)})
+    ix.seal("c", 2)
+    ix.allow_compaction("c", 1)
+    maintain(ix)
+    assert check_goal(ix.state.collections["c"], ix.reader)
+    before = contents(ix, "c", 1)
+    rng = np.random.default_rng(4)
+    n = 600_000  # >= final_rows and two pieces of >= PARALLEL_ROWS: full parts
+    keys = rng.integers(-(1 << 62), 1 << 62, n)
+    ix.write({"c": table(keys, np.zeros(n, np.int64), 2)})
+    ix.seal("c", 3)
+    assert sum(p.full is True for p in ix.state.collections["c"].parts) >= 2
+    ix.allow_compaction("c", 2)
+    maintain(ix)
+    c = ix.state.collections["c"]
+    assert check_goal(c, ix.reader) == ()  # merged: no marks left
+    base, _ = check_base(c, ix.reader, runs_allowed=False)
+    assert all(p.full is not True for p in base)
+    assert sum(p.rows for p in base) == sum(before.values()) + n
+    after = contents(ix, "c", 2)
+    assert after - Counter({(int(k), 0): 1 for k in keys}) == before
+
+
+def test_staged_batches_on_a_marked_base_keep_the_goal_layout(tmp_path: Path) -> None:
+    """Batches staged by a distributed writer (what the Spark sink and the native write
+    commit), applied with the since past them, take the marks step."""
+    url = f"file://{tmp_path}/loc"
+    opts = options(inline_threshold=0, compaction=MARKS)
+    with persist.open(url, options=opts) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        keys = np.arange(9000)
+        w.append(table(keys, keys % 4, 0), upper=1).result()
+        w.allow_compaction(0).result()
+        while client.maintain():
+            pass
+    stager = distributed.Stager.start(url, "c", job="test", inline_bytes=0)
+    staged = [stager.stage(table(np.array([k, k + 1]), np.array([9, 9]), 1,
+                                 np.array([1, 1]))) for k in (10, 4000, 9500)]
+    staged.append(stager.stage(table(np.array([20, 21]), np.array([0, 1]), 1,
+                                     np.array([-1, -1]))))
+    with persist.open(url, options=opts) as client:
+        client.apply(parts={"c": staged}, seals={"c": 2}, sinces={"c": 1}).result()
+        while client.maintain():
+            pass
+        reader = PartReader(FileBlob(f"{tmp_path}/loc"))
+        assert check_goal(client.state.collections["c"], reader)
+        paired(distributed.describe(url, "c"), 1)
+        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        want = Counter({(int(k), int(k % 4)): 1 for k in range(9000)})
+        for k in (10, 11, 4000, 4001, 9500, 9501):
+            want[(k, 9)] += 1
+        want[(20, 0)] -= 1
+        want[(21, 1)] -= 1
+        got: Counter[tuple[int, int]] = Counter()
+        for (k, v), _, d in r.snapshot(1).to_python():
+            got[(k, v)] += d
+        assert got == Counter({kv: d for kv, d in want.items() if d})
+
+
+def test_a_fork_of_a_marked_base_reaches_its_own_goal_layout(tmp_path: Path) -> None:
+    """A fork borrows the marked base and its delta; its own appends take its own marks step
+    (or merge), while the source keeps its layout and contents."""
+    url = f"file://{tmp_path}/loc"
+    opts = options(inline_threshold=0, compaction=MARKS)
+    with persist.open(url, options=opts) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        keys = np.arange(8000)
+        w.append(table(keys, keys % 3, 0), upper=1).result()
+        w.allow_compaction(0).result()
+        while client.maintain():
+            pass
+        # a retraction and a new value inside the base's key range: a delta that overlaps
+        w.append(table([5, 6, 9000], [5 % 3, 9, 1], 1, [-1, 1, 1]), upper=2).result()
+        w.allow_compaction(1).result()
+        while client.maintain():
+            pass
+        reader = PartReader(client._writer().ix.store)
+        assert check_goal(client.state.collections["c"], reader)
+        paired(distributed.describe(url, "c"), 1)
+        client.fork("c", into="f", as_of=1).result()
+        fw, fr = client.create_or_load("f", key_type=pa.int64(), value_type=pa.int64())
+        # borrowed as it was: the fork's marks name the fork's own copy of the delta
+        assert check_goal(client.state.collections["f"], reader)
+        paired(distributed.describe(url, "f"), 1)
+        fw.append(table([7, 7000, 9999], [7 % 3, 7000 % 3, 0], 2, [-1, -1, 1]),
+                  upper=3).result()
+        fw.allow_compaction(2).result()
+        while client.maintain():
+            pass
+        f_meta = client.state.collections["f"]
+        check_goal(f_meta, reader)
+        check_goal(client.state.collections["c"], reader)
+        src = {(int(k), int(k % 3)) for k in keys} - {(5, 2)} | {(6, 9), (9000, 1)}
+        assert {kv for kv, _, d in r.snapshot(1).to_python() if d == 1} == src
+        mine = src - {(7, 1), (7000, 1)} | {(9999, 0)}
+        assert sorted(fr.snapshot(2).to_python()) == sorted((kv, 2, 1) for kv in mine)
+
+
+def test_schema_evolution_on_a_marked_base_migrates_it_into_the_base() -> None:
+    """A marks step never mixes schema versions: a run of a newer version on a marked base of
+    an older one waits as a run (read by key over the base) until the base merge is due,
+    which migrates the base (and drops its marks)."""
+    ix = engine(inline_threshold=0, compaction=MARKS)
+    ix.register("c", pa.int64(), pa.int32())
+    keys = np.arange(10_000)
+    ix.write({"c": pa.table({"key": pa.array(keys), "value": pa.array(keys % 9, pa.int32()),
+                             "time": pa.array(np.zeros(len(keys)), pa.uint64()),
+                             "diff": pa.array(np.ones(len(keys), np.int64))})})
+    ix.seal("c", 1)
+    ix.allow_compaction("c", 0)
+    maintain(ix)
+    ix.write({"c": pa.table({"key": pa.array([3, 20_000]), "value": pa.array([3, 1], pa.int32()),
+                             "time": pa.array([1, 1], pa.uint64()),
+                             "diff": pa.array([-1, 1], pa.int64())})})
+    ix.seal("c", 2)
+    ix.allow_compaction("c", 1)
+    maintain(ix)
+    assert check_goal(ix.state.collections["c"], ix.reader)  # a marks step at version 0
+    assert ix.evolve_schema("c", value_type=pa.int64()) == 1
+    ix.write({"c": table([4, 30_000], [4, 2], 2, [-1, 1])})
+    ix.seal("c", 3)
+    ix.allow_compaction("c", 2)
+    maintain(ix)  # nothing planned: no marks step across versions, no merge due yet
+    c = ix.state.collections["c"]
+    base, runs = check_base(c, ix.reader)
+    assert [evolve.part_version(p) for p in runs if p.min_time == 2] == [1]
+    assert {evolve.part_version(p) for p in base} == {0}
+    want = Counter({(int(k), int(k % 9)): 1 for k in keys if k not in (3, 4)})
+    want.update({(20_000, 1): 1, (30_000, 2): 1})
+    assert contents(ix, "c", 2) == want
+    # half the keys retracted: the base merge is due, and migrates every part
+    gone = keys[5::2]
+    ix.write({"c": table(gone, gone % 9, 3, -np.ones(len(gone)))})
+    ix.seal("c", 4)
+    ix.allow_compaction("c", 3)
+    maintain(ix)
+    c = ix.state.collections["c"]
+    assert check_goal(c, ix.reader) == ()
+    base, _ = check_base(c, ix.reader, runs_allowed=False)
+    assert all(evolve.part_version(p) == 1 for p in base)
+    for k in gone:
+        del want[(int(k), int(k % 9))]
+    assert contents(ix, "c", 3) == want
+
+
 def test_the_policy_refuses_nonsense() -> None:
     with pytest.raises(persist.InvalidUsage, match="base_ratio"):
         CompactionPolicy(base_ratio=0)
@@ -349,14 +581,17 @@ steps = st.lists(st.one_of(
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=steps, target=st.sampled_from([128, 512, 1 << 20]),
        flush=st.sampled_from([0, 512, 1 << 20]), ratio=st.sampled_from([1, 4]),
-       stats_bytes=st.sampled_from([0, 1024]), batch_rows=st.sampled_from([4, 1 << 16]))
+       stats_bytes=st.sampled_from([0, 1024]), batch_rows=st.sampled_from([4, 1 << 16]),
+       marks_rows=st.sampled_from([1, 1 << 40]))
 def test_compaction_never_changes_the_contents_at_any_readable_time(
         steps: list[tuple[str, Any]], target: int, flush: int, ratio: int,
-        stats_bytes: int, batch_rows: int) -> None:
-    # NB: 4-row record batches make runs a base merge reads batch by batch (compact._Lazy)
+        stats_bytes: int, batch_rows: int, marks_rows: int) -> None:
+    # NB: 4-row record batches make runs a base merge reads batch by batch (compact._Lazy);
+    # marks_rows 1: the marks step wherever ready runs do not call for a merge
     ix = engine(stats_bytes=stats_bytes, inline_threshold=256, batch_rows=batch_rows,
                 compaction={"part_target_bytes": target, "inline_flush_bytes": flush,
-                            "base_ratio": ratio, "final_rows": 64, "fanin": 2})
+                            "base_ratio": ratio, "final_rows": 64, "fanin": 2,
+                            "marks_rows": marks_rows})
     ix.register("c", pa.int64(), pa.int64())
     model: list[tuple[int, int, int, int]] = []  # key, value, time, diff
     t = 0
@@ -378,7 +613,9 @@ def test_compaction_never_changes_the_contents_at_any_readable_time(
                 pass
             c = ix.state.collections["c"]
             base, runs = check_base(c, ix.reader)
-            event(f"base parts: {min(len(base), 3)}, runs: {min(len(runs), 3)}")
+            marked = sum(1 for p in base if p.marks is not None)
+            event(f"base parts: {min(len(base), 3)}, runs: {min(len(runs), 3)}, "
+                  f"marked: {min(marked, 2)}")
             assert {a: contents(ix, "c", a) for a in range(c.since, c.upper)} == before
             for a in range(c.since, c.upper):
                 want: Counter[tuple[int, int]] = Counter()

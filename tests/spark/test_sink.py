@@ -176,3 +176,53 @@ def test_a_task_streams_its_rows_into_bounded_parts(spark: Any, tmp_path: Path) 
     assert sum(p.rows for p in staged.parts) == len(want)
     writer.commit([staged], 0)
     assert canon(expected_updates(url, "out", 0, 3)) == sorted(want)
+
+
+@pytest.mark.parametrize("marks", [True, False])
+def test_sink_batches_reach_the_goal_layout(spark: Any, tmp_path: Path, marks: bool) -> None:
+    """Batches the sink commits (a bulk load in several tasks, then small batches of updates)
+    end up in the compacted base once the since passes them: merged into it, or, with the
+    marks step, a delta plus marks on it (issue 28's goal layout after every kind of write)."""
+    from collections import Counter
+
+    from persist.indexed.read.parts import PartReader
+    from tests.indexed.test_base import MARKS, check_base, check_goal, options
+
+    url = location(tmp_path)
+    schema = "key long, value long, time long, diff long"
+    load = [(k, k % 5, 0, 1) for k in range(6000)]
+    write(spark.createDataFrame(load, schema).repartition(3), url, "c", upper=1)
+    opts = options(inline_threshold=0, compaction=MARKS if marks else {"marks_rows": 1 << 40})
+    with persist.open(url, options=opts) as client:
+        w, _ = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        assert len(client.state.collections["c"].parts) >= 3  # the load's tasks' parts
+        w.allow_compaction(0).result()
+        while client.maintain():
+            pass
+        check_base(client.state.collections["c"], PartReader(FileBlob(tmp_path / "loc")),
+                   runs_allowed=False)
+    updates = [[(7, 2, 1, -1), (7, 9, 1, 1), (6500, 1, 1, 1)],
+               [(100, 0, 2, -1), (4000, 3, 2, 1), (9000, 9, 2, 1)]]
+    for t, batch in enumerate(updates, start=1):
+        write(spark.createDataFrame(batch, schema).repartition(2), url, "c", upper=t + 1)
+    with persist.open(url, options=opts) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        w.allow_compaction(2).result()
+        while client.maintain():
+            pass
+        c = client.state.collections["c"]
+        reader = PartReader(FileBlob(tmp_path / "loc"))
+        if marks:
+            assert check_goal(c, reader)  # the base marked, the runs in its delta
+        else:
+            # the updates wait on top of the base, a fraction of it (the policy's ratio)
+            base, runs = check_base(c, reader)
+            assert not any(p.marks is not None for p in c.parts)
+            assert sum(p.rows for p in runs) * 4 < sum(p.rows for p in base)
+        want: Counter[tuple[int, int]] = Counter()
+        for k, v, _, d in [*load, *updates[0], *updates[1]]:
+            want[(k, v)] += d
+        got: Counter[tuple[int, int]] = Counter()
+        for (k, v), _, d in r.snapshot(2).to_python():
+            got[(k, v)] += d
+        assert got == Counter({kv: d for kv, d in want.items() if d})

@@ -197,8 +197,12 @@ def forked(src: CollectionMeta, *, name: str, cid: int, as_of: int | None, src_s
         InvalidUsage: ``as_of`` is not a readable time of ``src``.
     """
     t = fork_time(src, as_of)
-    parts = () if t is None else tuple(_borrowed(src, p, t, root)
-                                       for p in src.parts if p.rows and p.min_time <= t)
+    kept_parts = [] if t is None else [p for p in src.parts if p.rows and p.min_time <= t]
+    # NB: each part gets an id of its own in the fork; a marked part's marks name their delta
+    # by id (Marks.delta), so they are renamed with it, or the fork's read would not pair
+    # the delta with the marked base (exact, but summed as a run)
+    ids = {p.id: uuid.uuid4().hex for p in kept_parts}
+    parts = () if t is None else tuple(_borrowed(src, p, t, root, ids) for p in kept_parts)
     upper = 0 if t is None else t + 1
     old = src.history if src.history is not msgspec.UNSET else ()
     kept = tuple(e for e in old if e.upper <= upper)
@@ -214,9 +218,11 @@ def forked(src: CollectionMeta, *, name: str, cid: int, as_of: int | None, src_s
         lineage=Lineage(source=src.name, location=location, as_of=t, seq=src_seq))
 
 
-def _borrowed(src: CollectionMeta, p: PartMeta, t: int, root: str | None) -> PartMeta:
-    """``p`` (a part of ``src``) as a part of its fork as of ``t``."""
-    pid = uuid.uuid4().hex
+def _borrowed(src: CollectionMeta, p: PartMeta, t: int, root: str | None,
+              ids: Mapping[str, str]) -> PartMeta:
+    """``p`` (a part of ``src``) as a part of its fork as of ``t``, with id ``ids[p.id]``
+    (``ids``: the fork's id of each part of ``src`` it holds)."""
+    pid = ids[p.id]
     if p.inline is not None:
         if p.max_time <= t:
             return replace(p, id=pid)
@@ -238,10 +244,13 @@ def _borrowed(src: CollectionMeta, p: PartMeta, t: int, root: str | None) -> Par
                   blob_key=layout.ref_key(key, root=ref_root if ref_root is not None else root,
                                           upto=cut))
     m = p.marks
-    if m is not None and m.count and root is not None:
-        # NB: a marked part's marks blob is read from the same location as its data blob.
-        m_root, m_key, _ = layout.parse_ref(m.key)
-        m = replace(m, key=layout.ref_key(m_key, root=m_root if m_root is not None else root))
+    if m is not None:
+        if m.count and root is not None:
+            # NB: a marked part's marks blob is read from the same location as its data blob.
+            m_root, m_key, _ = layout.parse_ref(m.key)
+            m = replace(m, key=layout.ref_key(m_key,
+                                              root=m_root if m_root is not None else root))
+        m = replace(m, delta=ids.get(m.delta, m.delta))
         assert not isinstance(out.stats, msgspec.UnsetType)
         out = replace(out, stats=replace(out.stats, marks=m))
     return out
