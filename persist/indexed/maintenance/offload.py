@@ -366,6 +366,7 @@ def serve(open_blob: Callable[[bytes], Blob]) -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     parent = int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the writer decides when its worker ends
+    _lower_priority()
     threading.Thread(target=_watch_parent, args=(parent,), name="persist-merge-watch",
                      daemon=True).start()
     try:
@@ -386,6 +387,21 @@ def serve(open_blob: Callable[[bytes], Blob]) -> None:
             return
         reply = _answer(blob, reader, data)
         _send(out, _ENC.encode(reply))
+
+
+#: How much the worker lowers its CPU priority (``os.nice``): a merge is background work, and
+#: at the same priority a merge on one core of a busy machine delayed the writer's appends.
+WORKER_NICE = 10
+
+
+def _lower_priority() -> None:
+    """Lowers this process's CPU priority by :data:`WORKER_NICE` where the OS has niceness
+    (a merge then takes the cores the writer leaves; its result is the same)."""
+    nice = getattr(os, "nice", None)
+    if nice is None:  # pragma: no cover - Windows
+        return
+    with contextlib.suppress(OSError):
+        nice(WORKER_NICE)
 
 
 def _answer(blob: Blob, reader: PartReader, data: bytes) -> _Reply:
