@@ -46,6 +46,9 @@ told by the Java exception classes of the failure (:func:`persist.distributed.s3
 Files on ``s3a://`` are handed to Spark with their lengths (the engine knows them: a part is
 never rewritten), so Spark's driver lists and checks none of them (it spent three requests per
 named path); one HEAD per read checks that S3A reaches the store with the read's settings.
+Before the metadata is read, ``forPath`` asks whether anything listens at the read's endpoint
+(one TCP connection, no S3 request, :class:`_EarlyProbe`), so that a dead or mistyped endpoint
+is persist's error within the time Spark's own read takes to fail.
 
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
@@ -559,7 +562,9 @@ class _Plan:
         The first file is probed first (one HEAD through S3A with this read's Hadoop
         settings), so that settings S3A cannot reach the store with fail here, as persist's
         error (see :meth:`_files`), rather than in the query; a first file gone or of
-        another length is ``PartMissing`` / ``ChecksumMismatch``.
+        another length is ``PartMissing`` / ``ChecksumMismatch``. Before it, the table's
+        probe of the endpoint (:class:`_EarlyProbe`), if it found nothing there with these
+        settings, is raised instead.
         """
         from pyspark.sql import DataFrame
 
