@@ -386,7 +386,8 @@ class _EarlyProbe:
         settings = cls.settings(spark, target, options)
         used, direct = dict(settings[1]), settings[2]
         endpoint = used.get("fs.s3a.endpoint", "")
-        if not direct or not endpoint or used.get("fs.s3a.path.style.access") != "true":
+        if not direct or not endpoint \
+                or used.get("fs.s3a.path.style.access", "").strip().lower() != "true":
             return None
         secure = used.get("fs.s3a.connection.ssl.enabled", "true").lower() != "false"
         parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint
