@@ -149,6 +149,16 @@ def test_a_wrong_endpoint_is_a_typed_error_naming_it(spark: Any, s3a: None,
     assert _objects(s3_client, bucket) == before
 
 
+def _probes_end() -> None:
+    """Every thread of forPath's probe ends (each with its one connection)."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "persist-s3a-probe":
+            t.join(timeout=30)
+            assert not t.is_alive()
+
+
 def _closed_port() -> str:
     import socket
 
@@ -190,6 +200,7 @@ def test_a_dead_endpoint_is_told_by_the_tables_probe_with_s3as_retries_on(
     assert "endpoint_url" in first
     assert "the probe of the endpoint" not in first  # S3A's own failure
     assert _objects(s3_client, bucket) == before
+    _probes_end()
 
 
 def test_a_session_setting_changed_after_forpath_is_the_one_a_read_uses(
@@ -234,3 +245,4 @@ def test_a_session_setting_changed_after_forpath_is_the_one_a_read_uses(
     assert closed in first
     assert "the probe of the endpoint" not in first  # S3A's own failure
     assert _objects(s3_client, other) == before
+    _probes_end()
