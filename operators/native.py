@@ -46,6 +46,9 @@ told by the Java exception classes of the failure (:func:`persist.distributed.s3
 Files on ``s3a://`` are handed to Spark with their lengths (the engine knows them: a part is
 never rewritten), so Spark's driver lists and checks none of them (it spent three requests per
 named path); one HEAD per read checks that S3A reaches the store with the read's settings.
+Before the metadata is read, ``forPath`` asks whether anything listens at the read's endpoint
+(one TCP connection, no S3 request, :class:`_EarlyProbe`), so that a dead or mistyped endpoint
+is persist's error within the time Spark's own read takes to fail.
 
 What falls back to the Python path: inline parts, parts of formats 1-3, parts written under
 another schema version (migrated exactly by the engine), parts with a time beyond 2**63 - 1,
@@ -62,7 +65,12 @@ are gone, never Spark's message); one removed after fails the query (Spark's
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import socket
+import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -109,6 +117,9 @@ class PersistTable:
         self._spark = spark
         self._target = target
         self._reader_options = reader_options
+        # NB: started before the metadata read, so that settings S3A cannot reach the store
+        # with fail within the time Spark's own read takes to (_EarlyProbe)
+        self._early = _EarlyProbe.start(spark, target, reader_options)
         # NB: the collection's metadata, held for the table's life and brought up to date by
         # each toDF (one GET of the next log key when nothing changed) instead of read anew
         # (a LIST of the rollups and a GET per log entry since the newest: 8 requests in the
@@ -218,9 +229,9 @@ class PersistTable:
 
         def build(plan: persist.distributed.NativePlan) -> Any:
             types = CollectionTypes.of(plan.info)
-            options = {**_unset(self._spark, persist.distributed.hadoop_options(
-                t.url, t.storage_options)), **self._reader_options}
-            return _Plan(self._spark, types, options).read(plan)
+            options = _read_options(self._spark, t, self._reader_options)
+            early, self._early = self._early, None  # NB: its answer is used once
+            return _Plan(self._spark, types, options, early).read(plan)
 
         t = self._target
         return persist.distributed.read_native(
@@ -313,13 +324,149 @@ def _spark_url(url: str) -> str:
     return "s3a://" + url[len("s3://"):] if url.startswith("s3://") else url
 
 
+def _read_options(spark: Any, target: Target, reader_options: Mapping[str, str]
+                  ) -> dict[str, str]:
+    """The Hadoop options of a native read of ``target`` (before :data:`READER_OPTIONS`):
+    its ``storage_options`` as ``fs.s3a.*`` keys the session does not set, then
+    ``reader_options``."""
+    return {**_unset(spark, persist.distributed.hadoop_options(
+        target.url, target.storage_options)), **reader_options}
+
+
+class _EarlyProbe:
+    """Whether S3A can reach a table's store at all, asked by :meth:`PersistTable.forPath`
+    before it reads the metadata, so that a mistyped or dead endpoint is persist's error
+    within the time Spark's own read takes to fail (S3A's failure to connect, even to a
+    closed port on loopback with its retries off, takes ~0.24 s in the AWS SDK, each time,
+    and its probe (:meth:`_Plan._known`) could start only once the metadata named a file).
+
+    No S3 request: one TCP connection to the endpoint S3A would connect to (the read's
+    ``fs.s3a.endpoint``, its scheme's port; ``fs.s3a.connection.ssl.enabled`` for an
+    endpoint without one), closed at once, in a thread of its own that ends with it (within
+    the read's connect timeout, 5 s at most). Only a refusal (nothing listens there) or an
+    unknown host (the name does not resolve) is an answer, S3A's endpoint error; anything
+    else (connected, timed out, a transient resolver failure) is none, and the read's own
+    probe decides as before. Asked only where that endpoint is where S3A's requests go:
+    path-style addressing (a virtual-hosted request goes to ``<bucket>.<host>``), no proxy
+    (``fs.s3a.proxy.host``, the JVM's ``http(s).proxyHost``, ``HTTP(S)_PROXY``), no
+    per-bucket ``fs.s3a.bucket.<bucket>.*`` setting; else there is no probe.
+
+    The answer is for the settings it was asked with (the read's options and the session's
+    values of the S3A keys persist maps): :meth:`failure` says nothing for other ones (a
+    session setting changed between ``forPath`` and ``toDF``), nor before the connection
+    has its answer (the read does not wait for it), and a table uses it once.
+    """
+
+    #: The longest the probe's connection may take (the read's connect timeout, if shorter).
+    CONNECT_SECONDS = 5.0
+
+    def __init__(self, target: Target, address: tuple[str, int], timeout: float,
+                 settings: tuple[Any, ...], used: dict[str, str]) -> None:
+        self._target = target
+        self._url = _spark_url(target.url)
+        self._address = address
+        self._timeout = timeout
+        self._settings = settings
+        self._used = used
+        self._done = threading.Event()
+        self._failure: persist.PersistError | None = None
+        self.thread = threading.Thread(target=self._run, name="persist-s3a-probe",
+                                       daemon=True)
+
+    @classmethod
+    def start(cls, spark: Any, target: Target, reader_options: Mapping[str, str]
+              ) -> _EarlyProbe | None:
+        """The probe of ``target``'s store with a read's settings (``reader_options`` over
+        its ``storage_options``), started; None off S3, without a JVM here (a Spark Connect
+        session), or where the endpoint is not where S3A connects (see the class)."""
+        if not target.url.startswith("s3://") \
+                or getattr(spark, "_jsparkSession", None) is None:
+            return None
+        options = _read_options(spark, target, reader_options)
+        settings = cls.settings(spark, target, options)
+        used, direct = dict(settings[1]), settings[2]
+        endpoint = used.get("fs.s3a.endpoint", "")
+        if not direct or not endpoint \
+                or used.get("fs.s3a.path.style.access", "").strip().lower() != "true":
+            return None
+        secure = used.get("fs.s3a.connection.ssl.enabled", "true").lower() != "false"
+        parsed = urllib.parse.urlsplit(endpoint if "://" in endpoint
+                                       else f"{'https' if secure else 'http'}://{endpoint}")
+        try:
+            port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        except ValueError:  # not a port: S3A's own probe says what is wrong
+            return None
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            return None
+        timeout = cls.CONNECT_SECONDS
+        with contextlib.suppress(ValueError):
+            timeout = min(timeout, int(used.get("fs.s3a.connection.establish.timeout",
+                                                "")) / 1000)
+        probe = cls(target, (parsed.hostname, port), max(timeout, 0.001),
+                    settings, used)
+        probe.thread.start()
+        return probe
+
+    @staticmethod
+    def settings(spark: Any, target: Target, options: dict[str, str]) -> tuple[Any, ...]:
+        """What an answer is for: the read's options, the S3A settings it used, and whether
+        its requests go straight to the endpoint (no proxy, no per-bucket setting)."""
+        used = _effective(spark, options)
+        bucket = target.url[len("s3://"):].split("/", 1)[0]
+        per_bucket = f"fs.s3a.bucket.{bucket}."
+        hadoop = spark._jsc.hadoopConfiguration()
+        system = spark._jvm.java.lang.System
+        direct = (not any(k.startswith(per_bucket) or k == "fs.s3a.proxy.host"
+                          for k in options)
+                  and hadoop.get("fs.s3a.proxy.host") is None
+                  and hadoop.getPropsWithPrefix(per_bucket).isEmpty()
+                  and not any(system.getProperty(f"{p}.proxyHost") for p in ("http", "https"))
+                  and not any(os.environ.get(v) for v in ("HTTP_PROXY", "HTTPS_PROXY",
+                                                          "http_proxy", "https_proxy")))
+        return (tuple(sorted(options.items())), tuple(sorted(used.items())), direct)
+
+    def _run(self) -> None:
+        host, port = self._address
+        try:
+            with socket.create_connection((host, port), timeout=self._timeout):
+                pass
+        except ConnectionRefusedError as e:
+            self._failure = self._error("java.net.ConnectException", f"{host}:{port}: {e}")
+        except socket.gaierror as e:
+            if e.errno == socket.EAI_NONAME:
+                self._failure = self._error("java.net.UnknownHostException", f"{host}: {e}")
+        except OSError:  # timed out, unreachable for now: no answer
+            pass
+        finally:
+            self._done.set()
+
+    def _error(self, java_class: str, detail: str) -> persist.PersistError | None:
+        # NB: S3A's error for the same failure (the Java class its SDK raises for it), told
+        # as the probe's own finding rather than as S3A's words
+        error = persist.distributed.s3a_failure(self._url, [java_class], self._used)
+        return None if error is None else type(error)(
+            f"{error} (the probe of the endpoint before the read: {detail})")
+
+    def failure(self, spark: Any, options: dict[str, str]) -> persist.PersistError | None:
+        """persist's error for S3A's endpoint with ``options`` (a read's, before
+        :data:`READER_OPTIONS`), if the probe has answered that nothing is there; None: no
+        answer (yet), or asked with other settings."""
+        if not self._done.is_set() or self._failure is None:
+            return None
+        return self._failure if self.settings(spark, self._target, options) \
+            == self._settings else None
+
+
 class _Plan:
     """One read of one snapshot scan, as DataFrames."""
 
-    def __init__(self, spark: Any, types: CollectionTypes, options: dict[str, str]) -> None:
+    def __init__(self, spark: Any, types: CollectionTypes, options: dict[str, str],
+                 early: _EarlyProbe | None = None) -> None:
         self.spark = spark
         self.types = types
         self.schema = types.spark_schema
+        self._given = options
+        self._early = early  # the table's probe of S3A's endpoint, asked before its metadata
         self.options = {**options, **READER_OPTIONS}
         self.sql_sum = sql_groups(types)
         self.times = True  # whether a file may hold rows after as_of (read() says)
@@ -416,7 +563,9 @@ class _Plan:
         The first file is probed first (one HEAD through S3A with this read's Hadoop
         settings), so that settings S3A cannot reach the store with fail here, as persist's
         error (see :meth:`_files`), rather than in the query; a first file gone or of
-        another length is ``PartMissing`` / ``ChecksumMismatch``.
+        another length is ``PartMissing`` / ``ChecksumMismatch``. Before it, the table's
+        probe of the endpoint (:class:`_EarlyProbe`), if it found nothing there with these
+        settings, is raised instead.
         """
         from pyspark.sql import DataFrame
 
@@ -426,6 +575,11 @@ class _Plan:
         hadoop_fs = jvm.org.apache.hadoop.fs
         utils = jvm.org.apache.spark.api.python.PythonUtils
         options = utils.toScalaMap(dict(self.options))
+        if not self._probed and self._early is not None:
+            early, self._early = self._early, None
+            failure = early.failure(self.spark, self._given)
+            if failure is not None:
+                raise failure from None
         if not self._probed:
             conf = session.sessionState().newHadoopConfWithOptions(options)
             first = hadoop_fs.Path(paths[0])

@@ -147,3 +147,102 @@ def test_a_wrong_endpoint_is_a_typed_error_naming_it(spark: Any, s3a: None,
     assert first.startswith("S3A could not reach the store")
     assert "endpoint_url" in first
     assert _objects(s3_client, bucket) == before
+
+
+def _probes_end() -> None:
+    """Every thread of forPath's probe ends (each with its one connection)."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "persist-s3a-probe":
+            t.join(timeout=30)
+            assert not t.is_alive()
+
+
+def _closed_port() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_dead_endpoint_is_told_by_the_tables_probe_with_s3as_retries_on(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    """forPath asks whether anything listens at the read's endpoint before it reads the
+    metadata: nothing does, and toDF says so (persist's error naming the setting), with
+    S3A's retries as they are (no S3A request is made)."""
+    url = f"s3://{bucket}/loc"
+    _fill(url, s3_connection)
+    before = _objects(s3_client, bucket)
+    closed = _closed_port()
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection),
+                                 reader_options={"fs.s3a.endpoint": closed})
+    with pytest.raises(persist.Determinate) as got:
+        table.toDF(consolidated=False)
+    first = str(got.value).splitlines()[0]
+    assert first.startswith("S3A could not reach the store")
+    assert "endpoint_url" in first
+    assert closed in first
+    assert "the probe of the endpoint" in first
+    assert _objects(s3_client, bucket) == before
+    # the probe's answer is used once: the next read asks S3A itself (its retries off here)
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection),
+                                 reader_options={"fs.s3a.endpoint": closed,
+                                                 "fs.s3a.retry.limit": "0",
+                                                 "fs.s3a.attempts.maximum": "0"})
+    with pytest.raises(persist.Determinate):
+        table.toDF(consolidated=False)
+    with pytest.raises(persist.Determinate) as again:
+        table.toDF(consolidated=False)
+    first = str(again.value).splitlines()[0]
+    assert "endpoint_url" in first
+    assert "the probe of the endpoint" not in first  # S3A's own failure
+    assert _objects(s3_client, bucket) == before
+    _probes_end()
+
+
+def test_a_session_setting_changed_after_forpath_is_the_one_a_read_uses(
+        spark: Any, s3a: None, s3_connection: dict[str, str], bucket: str,
+        s3_client: Any) -> None:
+    """The probe's answer is for the settings it was asked with: the session's endpoint,
+    dead at forPath and fixed before toDF, reads the collection; live at forPath and broken
+    before toDF, fails as S3A fails."""
+    url = f"s3://{bucket}/loc"
+    _fill(url, s3_connection)
+    before = _objects(s3_client, bucket)
+    hadoop = spark._jsc.hadoopConfiguration()
+    keys = ("fs.s3a.endpoint", "fs.s3a.retry.limit", "fs.s3a.attempts.maximum")
+    for k, v in zip(keys, (_closed_port(), "0", "0"), strict=True):
+        hadoop.set(k, v)
+    try:
+        table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+        hadoop.set("fs.s3a.endpoint", s3_connection["endpoint_url"])
+        (rows,), = table.toDF(consolidated=False).selectExpr("count(*)").collect()
+        assert rows == 2000
+    finally:
+        for k in keys:
+            hadoop.unset(k)
+    # a fresh bucket (S3A keeps the file system of a bucket's first read)
+    other = f"{bucket}-b"
+    s3_client.create_bucket(Bucket=other)
+    url = f"s3://{other}/loc"
+    _fill(url, s3_connection)
+    before = _objects(s3_client, other)
+    table = PersistTable.forPath(spark, url, "c", storage_options=dict(s3_connection))
+    closed = _closed_port()
+    for k, v in zip(keys, (closed, "0", "0"), strict=True):
+        hadoop.set(k, v)
+    try:
+        with pytest.raises(persist.Determinate) as got:
+            table.toDF(consolidated=False)
+    finally:
+        for k in keys:
+            hadoop.unset(k)
+    first = str(got.value).splitlines()[0]
+    assert "endpoint_url" in first
+    assert closed in first
+    assert "the probe of the endpoint" not in first  # S3A's own failure
+    assert _objects(s3_client, other) == before
+    _probes_end()
