@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -578,22 +579,21 @@ steps = st.lists(st.one_of(
 ), min_size=1, max_size=25).map(lambda s: [*s, ("since", 1 << 20), ("maintain", 0)])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(steps=steps, target=st.sampled_from([128, 512, 1 << 20]),
-       flush=st.sampled_from([0, 512, 1 << 20]), ratio=st.sampled_from([1, 4]),
-       stats_bytes=st.sampled_from([0, 1024]), batch_rows=st.sampled_from([4, 1 << 16]),
-       marks_rows=st.sampled_from([1, 1 << 40]))
-def test_compaction_never_changes_the_contents_at_any_readable_time(
-        steps: list[tuple[str, Any]], target: int, flush: int, ratio: int,
-        stats_bytes: int, batch_rows: int, marks_rows: int) -> None:
-    # NB: 4-row record batches make runs a base merge reads batch by batch (compact._Lazy);
-    # marks_rows 1: the marks step wherever ready runs do not call for a merge
-    ix = engine(stats_bytes=stats_bytes, inline_threshold=256, batch_rows=batch_rows,
-                compaction={"part_target_bytes": target, "inline_flush_bytes": flush,
-                            "base_ratio": ratio, "final_rows": 64, "fanin": 2,
-                            "marks_rows": marks_rows})
-    ix.register("c", pa.int64(), pa.int64())
-    model: list[tuple[int, int, int, int]] = []  # key, value, time, diff
+def _model_contents(model: list[tuple[int, int, int, int]], at: int) -> Counter[tuple[int, int]]:
+    """The contents as of ``at`` of the updates ``model`` (key, value, time, diff)."""
+    want: Counter[tuple[int, int]] = Counter()
+    for k, v, t, d in model:
+        if t <= at:
+            want[(k, v)] += d
+    return Counter({k: d for k, d in want.items() if d})
+
+
+def _play(ix: Engine, steps: list[tuple[str, Any]],
+          compacted: Callable[[], None]) -> list[tuple[int, int, int, int]]:
+    """Plays ``steps`` (writes, since advances, compactions) on collection ``c`` of ``ix``;
+    each compaction step calls ``compacted`` and checks that the contents as of every time
+    in ``[since, upper)`` stayed as they were. Returns the model (key, value, time, diff)."""
+    model: list[tuple[int, int, int, int]] = []
     t = 0
     for op, arg in steps:
         c = ix.state.collections["c"]
@@ -609,20 +609,40 @@ def test_compaction_never_changes_the_contents_at_any_readable_time(
             ix.allow_compaction("c", max(c.since, min(c.since + arg, c.upper - 1)))
         else:
             before = {a: contents(ix, "c", a) for a in range(c.since, c.upper)}
-            while ix.maintain():
-                pass
+            compacted()
             c = ix.state.collections["c"]
-            base, runs = check_base(c, ix.reader)
-            marked = sum(1 for p in base if p.marks is not None)
-            event(f"base parts: {min(len(base), 3)}, runs: {min(len(runs), 3)}, "
-                  f"marked: {min(marked, 2)}")
             assert {a: contents(ix, "c", a) for a in range(c.since, c.upper)} == before
-            for a in range(c.since, c.upper):
-                want: Counter[tuple[int, int]] = Counter()
-                for k, v, at, d in model:
-                    if at <= a:
-                        want[(k, v)] += d
-                assert contents(ix, "c", a) == Counter({k: d for k, d in want.items() if d})
+    return model
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=steps, target=st.sampled_from([128, 512, 1 << 20]),
+       flush=st.sampled_from([0, 512, 1 << 20]), ratio=st.sampled_from([1, 4]),
+       stats_bytes=st.sampled_from([0, 1024]), batch_rows=st.sampled_from([4, 1 << 16]),
+       marks_rows=st.sampled_from([1, 1 << 40]))
+def test_compaction_never_changes_the_contents_at_any_readable_time(
+        steps: list[tuple[str, Any]], target: int, flush: int, ratio: int,
+        stats_bytes: int, batch_rows: int, marks_rows: int) -> None:
+    # NB: 4-row record batches make runs a base merge reads batch by batch (compact._Lazy);
+    # marks_rows 1: the marks step wherever ready runs do not call for a merge
+    ix = engine(stats_bytes=stats_bytes, inline_threshold=256, batch_rows=batch_rows,
+                compaction={"part_target_bytes": target, "inline_flush_bytes": flush,
+                            "base_ratio": ratio, "final_rows": 64, "fanin": 2,
+                            "marks_rows": marks_rows})
+    ix.register("c", pa.int64(), pa.int64())
+
+    def compacted() -> None:
+        while ix.maintain():
+            pass
+        base, runs = check_base(ix.state.collections["c"], ix.reader)
+        marked = sum(1 for p in base if p.marks is not None)
+        event(f"base parts: {min(len(base), 3)}, runs: {min(len(runs), 3)}, "
+              f"marked: {min(marked, 2)}")
+
+    model = _play(ix, steps, compacted)
+    c = ix.state.collections["c"]
+    for a in range(c.since, c.upper):
+        assert contents(ix, "c", a) == _model_contents(model, a)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -639,46 +659,25 @@ def test_merges_meanwhile_a_held_back_base_merge_change_nothing(
                             "base_ratio": ratio, "final_rows": 64, "fanin": 2,
                             "rewrite_share": 0.0, "marks_rows": marks})
     ix.register("c", pa.int64(), pa.int64())
-    model: list[tuple[int, int, int, int]] = []
-    t = 0
 
     def held_back() -> None:
         # NB: every merge of 8 rows or more counts as big (its budget: none, share 0)
+        parts = ix.state.collections["c"].parts
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(compact, "BUDGETED_ROWS", 8)
             ix.compact(lambda: ix.state, lambda ops, at: ix.commit_ops(ops, at), budgeted=True)
-
-    for op, arg in steps:
+        event(f"held back, parts changed: {ix.state.collections['c'].parts != parts}")
         c = ix.state.collections["c"]
-        if op == "write":
-            rows = [(k, v, t, d) for k, v, d in arg]
-            if rows:
-                ix.write({"c": table([r[0] for r in rows], [r[1] for r in rows], t,
-                                     [r[3] for r in rows])})
-            model.extend(rows)
-            t += 1
-            ix.seal("c", t)
-        elif op == "since" and c.upper > 0:
-            ix.allow_compaction("c", max(c.since, min(c.since + arg, c.upper - 1)))
-        else:
-            before = {a: contents(ix, "c", a) for a in range(c.since, c.upper)}
-            parts = c.parts
-            held_back()
-            event(f"held back, parts changed: {ix.state.collections['c'].parts != parts}")
-            c = ix.state.collections["c"]
-            f = effective_since(c)
-            _, runs = compact.layout(c, f)
-            if compact.plan(c, ix.options.compaction):
-                assert not [p for p in runs if p.inline is not None and p.max_time <= f
-                            and p.rows < 64]
-            check_base(c, ix.reader)
-            assert {a: contents(ix, "c", a) for a in range(c.since, c.upper)} == before
+        f = effective_since(c)
+        _, runs = compact.layout(c, f)
+        if compact.plan(c, ix.options.compaction):
+            assert not [p for p in runs if p.inline is not None and p.max_time <= f
+                        and p.rows < 64]
+        check_base(c, ix.reader)
+
+    model = _play(ix, steps, held_back)
     maintain(ix)
     c = ix.state.collections["c"]
     check_base(c, ix.reader)
     for a in range(c.since, c.upper):
-        want: Counter[tuple[int, int]] = Counter()
-        for k, v, at, d in model:
-            if at <= a:
-                want[(k, v)] += d
-        assert contents(ix, "c", a) == Counter({k: d for k, d in want.items() if d})
+        assert contents(ix, "c", a) == _model_contents(model, a)
