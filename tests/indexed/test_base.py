@@ -339,10 +339,11 @@ MARKS = {"marks_rows": 1}
 def check_goal(c: CollectionMeta, reader: PartReader) -> tuple[PartMeta, ...]:
     """The goal layout of ``c`` under :data:`MARKS` (every ready run of the current schema
     version is merged or marked), with or without a marks step's output (:func:`check_base`),
-    once maintenance is idle: nothing waits at or before the since but,
-    if the base is marked, the one delta its marks name (a consolidated blob part at one
-    time, which the read plan pairs with the marked base; a base part itself when no base
-    part's key range overlaps it). Returns the marked base parts."""
+    once maintenance is idle: nothing waits at or before the since but, if the base is
+    marked, the one delta its marks name (a consolidated blob part at one time, which the
+    read plan pairs with the marked base; a run in compaction's layout) and runs of fewer
+    than ``1 / delta_ratio`` of its rows (the next step waits for more). Returns the marked
+    base parts."""
     f = effective_since(c)
     base, runs = check_base(c, reader)
     ready = [p for p in runs if p.rows and p.min_time <= f]
@@ -351,8 +352,11 @@ def check_goal(c: CollectionMeta, reader: PartReader) -> tuple[PartMeta, ...]:
         assert ready == []
         return ()
     [named] = {b.marks.delta for b in marked}  # type: ignore[union-attr]
-    assert [p.id for p in ready] in ([], [named])
+    waiting = [p for p in ready if p.id != named]
     [delta] = [p for p in (*base, *ready) if p.id == named]
+    # runs wait beside the delta until they hold 1 / delta_ratio of its rows (the next step)
+    ratio = compact.CompactionPolicy().delta_ratio
+    assert sum(p.rows for p in waiting) * ratio < delta.rows
     assert delta.blob_key is not None
     assert delta.consolidated
     assert delta.min_time == delta.max_time <= f
@@ -362,11 +366,13 @@ def check_goal(c: CollectionMeta, reader: PartReader) -> tuple[PartMeta, ...]:
 
 
 def paired(info: Any, as_of: int) -> None:
-    """The read plan takes the marked base and its delta as one settled base (no sum)."""
+    """The read plan takes the marked base and its delta as one base (nothing summed but the
+    runs that wait for the next step: fewer than ``1 / delta_ratio`` of the delta's rows)."""
     lay = info.snapshot(as_of).layers
-    assert lay.settled
     assert lay.delta is not None
     assert lay.delta in lay.base
+    ratio = compact.CompactionPolicy().delta_ratio
+    assert sum(p.rows for p in lay.runs) * ratio < lay.delta.rows
 
 
 def marked_engine(blob: Any = None, n: int = 6000, **kw: Any) -> Engine:

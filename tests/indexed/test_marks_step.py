@@ -465,7 +465,8 @@ def test_the_delta_ratio_is_checked() -> None:
 def test_the_delta_stays_a_run_however_large() -> None:
     """A delta larger than every base part (here: base parts of ~1 KiB, a run of new keys
     across the whole key range) stays a run in compaction's layout: the marked parts are
-    the base, so the next run does not set off a merge of the whole base."""
+    the base, so the next run does not set off a merge of the whole base; and a read takes
+    the marked parts as its base and pairs the delta with them (it summed every row)."""
     ix = engine(inline_threshold=0, batch_rows=64,
                 compaction={**MARKS, "part_target_bytes": 1 << 10, "final_rows": 1 << 20})
     ix.register("c", I64, I64)
@@ -489,3 +490,9 @@ def test_the_delta_stays_a_run_however_large() -> None:
     assert delta in {p.id for p in runs}
     policy = compact.CompactionPolicy(**MARKS, part_target_bytes=1 << 10, final_rows=1 << 20)
     assert compact.plan(c, policy) == ()  # nothing waits: no merge of the whole base
+    # the read pairs it with the marked base too: nothing to sum
+    lay = ix.info("c").snapshot(1).layers
+    assert lay.delta is not None
+    assert lay.delta.id == delta
+    assert lay.settled
+    assert {p.id for p in lay.base} == marked | {delta}

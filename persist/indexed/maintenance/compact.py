@@ -362,6 +362,11 @@ def _base_merge(c: CollectionMeta, policy: CompactionPolicy, f: int,
         return ()
     bounds = [key_bounds(p) for p in ready]
     hit = {b.id for b in base if any(overlap(x, key_bounds(b)) for x in bounds)}
+    # NB: a delta's keys came from the base parts whose marks name it: it is merged with all
+    # of them (their marks then go), never alone (the parts would name a delta gone, and
+    # hide rows a new base part holds: exact, but no read could pair them again)
+    ids = {p.id for p in ready}
+    hit |= {b.id for b in base if b.marks is not None and b.marks.delta in ids}
     rows = sum(p.rows for p in ready)
     big = sum(1 for p in ready if p.full is True or p.rows >= policy.final_rows)
     if (base or any(p.blob_key is not None for p in ready)

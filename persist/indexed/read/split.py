@@ -745,8 +745,8 @@ def base(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> tuple[
     contents already. Every other part with rows is a *run* on top of the base.
 
     Taken greedily, the largest part first (ties by id): a part qualifies when it is
-    consolidated, holds a single time at or before ``as_of`` and has known part-level key
-    stats; it joins the base when its key bounds are strictly apart from every part taken
+    consolidated, holds a single time at or before ``as_of``, has known part-level key stats
+    and is no marks step's delta (which :func:`paired` may join to the base); it joins the base when its key bounds are strictly apart from every part taken
     (:func:`disjoint`'s rule: equal bounds on both sides are not apart) and, if it holds NaN
     or null keys, no part taken holds any (a part whose keys are all NaN or null has no
     bounds and conflicts only with such parts). Keys without an order (records) have a base
@@ -756,7 +756,13 @@ def base(parts: Sequence[PartMeta], as_of: int, key_type: pa.DataType) -> tuple[
     equal). What the base is for: DESIGN.md §11a, the read plan.
     """
     live = [p for p in parts if p.rows]
-    cands = [p for p in live if p.consolidated and p.min_time == p.max_time <= as_of]
+    # NB: a marks step's delta is never taken here (paired() decides whether it joins): its
+    # key bounds overlap the marked parts' (their stats bound their blobs' rows), so a delta
+    # larger than each of them, taken first, left them all out as runs, and the read summed
+    # the whole base
+    deltas = {p.marks.delta for p in live if p.marks is not None}
+    cands = [p for p in live if p.consolidated and p.min_time == p.max_time <= as_of
+             and p.id not in deltas]
     kind = _kind(key_type)
     if kind is None:
         return tuple(cands) if len(live) == 1 and len(cands) == 1 else ()
