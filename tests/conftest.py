@@ -5,7 +5,7 @@ matrix (tests/knobs.py): the core, runtime, replica and nemesis suites run under
 from __future__ import annotations
 
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,17 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None
         ks = None
     with knobs.using(ks):
         return (yield)
+
+
+@pytest.fixture(autouse=True)
+def _jvm_watch(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test, in any directory: is this worker's Spark JVM (if it has one) still
+    running? Two fresh-clone CI runs on 2026-11-29 lost one worker's JVM with no test named."""
+    yield
+    from tests.support import jvm_watch
+
+    if (lost := jvm_watch.check(request.node.nodeid, call=False)) is not None:
+        pytest.fail(lost, pytrace=False)
 
 
 @pytest.fixture

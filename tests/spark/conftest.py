@@ -66,23 +66,12 @@ def s3a(spark: Any) -> None:
         pytest.fail(f"Spark's S3A connector is not available: {why}")
 
 
-#: The test file after which the shared session's JVM was found gone (see _jvm_alive).
-JVM_LOST: list[str] = []
-
-
 @pytest.fixture(autouse=True, scope="module")
-def _jvm_alive(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Names the test file after which the shared session's JVM is gone: every later Spark
-    call of the worker is refused (py4j's ``Connection refused``), which names no culprit.
-    Twice on 2026-11-29 a fresh-clone CI run lost one worker's JVM this way."""
+def _jvm_answers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each Spark test file, one py4j call: names the file after which the JVM is alive
+    but no longer answers (tests/conftest.py's per-test watch sees only a process that ended)."""
     yield
-    pyspark_sql = sys.modules.get("pyspark.sql")
-    session = getattr(getattr(pyspark_sql, "SparkSession", None), "_instantiatedSession", None)
-    if session is None or JVM_LOST:
-        return
-    try:
-        session._jvm.java.lang.System.currentTimeMillis()
-    except Exception as e:  # any failure to reach the JVM is the finding
-        JVM_LOST.append(request.node.nodeid)
-        pytest.fail(f"the shared Spark session's JVM is gone after {request.node.nodeid}: "
-                    f"{type(e).__name__}: {e}", pytrace=False)
+    from tests.support import jvm_watch
+
+    if (lost := jvm_watch.check(request.node.nodeid, call=True)) is not None:
+        pytest.fail(lost, pytrace=False)
