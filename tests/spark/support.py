@@ -38,13 +38,6 @@ def session_builder(app: str, *, jars: tuple[str, ...] = ()) -> Any:
         builder.master("local[2]")
         .appName(app)
         .config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
-        # NB: one session serves every Spark test file of a pytest worker; on 2026-11-29 two
-        # fresh-clone CI runs lost one worker's JVM at the same point of the suite (every later
-        # py4j call refused), with no kernel OOM kill and no hs_err file: heap exhaustion
-        # (Spark's handler exits the JVM on an uncaught OutOfMemoryError) is the suspect, not
-        # proven. More heap than the 1 GiB default, and fewer finished queries' plans kept.
-        .config("spark.driver.memory", "2g")
-        .config("spark.sql.ui.retainedExecutions", "50")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
