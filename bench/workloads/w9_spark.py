@@ -155,7 +155,8 @@ def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> It
     ``conf``: more Spark settings.
 
     Raises:
-        RuntimeError: the JVM did not start (the message says why).
+        RuntimeError: the JVM did not start (the message says why), or a Spark session
+            already runs in this process.
     """
     saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
                                             "PYTHONPATH", "SPARK_LOCAL_IP")}
@@ -168,10 +169,17 @@ def spark_session(*, fast_start: bool, conf: dict[str, str] | None = None) -> It
     # loopback only (as spark.driver.host), and no warning that the hostname resolves to it
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     try:
+        from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
         import operators
 
+        # NB: getOrCreate would hand back a session already running in this process (with its
+        # settings, not these), and the exit below would end the JVM under its owner's feet
+        # (a test suite's shared session: every later Spark call refused).
+        if SparkContext._active_spark_context is not None:
+            raise RuntimeError("a Spark session already runs in this process: the bench starts "
+                               "and ends a JVM of its own, so run it in a process of its own")
         b = (SparkSession.builder.master("local[2]").appName("persist-bench")
              .config("spark.driver.memory", "4g")
              .config("spark.ui.enabled", "false")

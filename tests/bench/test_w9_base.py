@@ -2,7 +2,8 @@
 targets as ratios of the same run (cheap: the report only), and their quick mode does what
 each row says (behaviour, never timing): the write amplification counts merges and marks
 steps, the background brings the bulk load into the base through the merge worker while W2's
-appends run, and ``optimize()`` and ``maintain()`` leave the same key-disjoint base."""
+appends run (``optimize()`` and ``maintain()`` on Spark: tests/spark/test_bench_w9.py, on the
+suite's shared session)."""
 
 from __future__ import annotations
 
@@ -89,30 +90,3 @@ def test_quick_rows_without_spark(tmp_path: Path) -> None:
     assert {"W9.write-amplification", "W9.append-p50/no-merge"} <= ids
     head = render_workload(res, ["persist", "floor"]).splitlines()[1]
     assert f"p/{w9_base.NO_MERGE}" in head
-
-
-@pytest.mark.spark
-def test_quick_compaction_rows_on_spark(tmp_path: Path) -> None:
-    from bench.workloads import w9_spark
-
-    if w9_spark.unavailable() is not None:
-        pytest.skip(str(w9_spark.unavailable()))
-    res = WorkloadResult("W9", "Spark")
-    with w9_spark.spark_session(fast_start=True) as spark:
-        times, layouts = w9_base.compaction(_ctx(tmp_path), res, spark, tmp_path / "w9",
-                                            appends=2, part_rows=5_000, repeats=1, quick=True)
-    for case in ("maintain", "optimize", "optimize_warm", "spark"):
-        assert len(times[case]) == 1, case  # the warm-up round is not counted
-    # optimize() and maintain() each brought every row into one key-disjoint base
-    for case in ("maintain", "optimize"):
-        lay = layouts[case]
-        assert lay["base_rows"] == lay["rows"] == 10_000, (case, lay)
-        assert lay["runs"] == 0, (case, lay)
-        assert lay["base_disjoint"], (case, lay)
-        assert lay["base_consolidated"], (case, lay)
-    for metric in (w9_base.OPTIMIZE, w9_base.OPTIMIZE_WARM):
-        assert set(res.metrics[metric].samples) == {"persist", "floor", w9_base.MAINTAIN}
-    ids = {t.id for t in targets({"W9": res})}
-    assert {"W9.optimize/spark", "W9.optimize/maintain", "W9.optimize-warm/spark",
-            "W9.optimize-warm/maintain"} <= ids
-    assert not (tmp_path / "w9" / "compaction").exists()

@@ -10,13 +10,19 @@ from typing import Any
 
 #: What was found, once: later tests of the worker do not repeat it.
 LOST: list[str] = []
+#: The JVM process first seen, kept: code that ends a JVM may also drop pyspark's reference
+#: to it (bench/workloads/w9_spark.py's ``_end_jvm`` does), which must not hide its end.
+_SEEN: list[Any] = []
 
 
 def _gateway_proc() -> Any:
+    if _SEEN:
+        return _SEEN[0]
     for name in ("pyspark.core.context", "pyspark.context"):
         ctx = getattr(sys.modules.get(name), "SparkContext", None)
         proc = getattr(getattr(ctx, "_gateway", None), "proc", None)
         if proc is not None:
+            _SEEN.append(proc)
             return proc
     return None
 
