@@ -3,6 +3,7 @@
     python -m bench.compaction_base bulk [--appends 5] [--rows 1000000]
     python -m bench.compaction_base amplification [--appends 100] [--rows 10000] [--updates 0.01]
     python -m bench.compaction_base offgil [--appends 5] [--rows 1000000] [--rounds 2]
+        [--cases baseline,in-process,worker,cpu,io]
 
 ``bulk``: ``--appends`` appends of ``--rows`` random int64 keys (W9's shape: ``key, value``
 int64, one time per append) with background compaction off, since advanced to the upper, then
@@ -27,7 +28,10 @@ yet in the base, in three cases, each on a fresh location, interleaved over ``--
 appends), ``in-process`` and ``worker`` (the since is advanced and the background brings the
 bulk load into the base, with ``Options.merge_worker_rows`` None, every merge in the writer's
 process, or the default, in its merge worker process; appends run until the base is formed).
-Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
+Two more cases tell which of the merge worker's kinds of work costs the appends: ``cpu`` and
+``io`` run the baseline's appends beside a child process at the worker's niceness that only
+spins, or only writes and fsyncs files of ``--beside-part-mib`` into the location's file
+system. Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
 advancing the since to the bulk load being in the base (no call from the user), and the load
 average before and after each case (the machine is shared).
 """
@@ -39,7 +43,10 @@ import gc
 import itertools
 import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -54,7 +61,7 @@ import pyarrow as pa
 import persist
 from bench.common import RssSampler, make_batch, percentile
 from persist.indexed.format.meta import AddPart, ReplaceParts
-from persist.indexed.maintenance import compact
+from persist.indexed.maintenance import compact, offload
 
 
 def _table(keys: np.ndarray, values: np.ndarray, t: int, diffs: np.ndarray) -> pa.Table:
@@ -127,7 +134,8 @@ def bulk(args: argparse.Namespace) -> dict[str, Any]:
     opts = persist.Options(background_compaction=False, rollup_every=1 << 20,
                            gc_grace_seconds=3600.0,
                            merge_worker_rows=0 if args.worker else None)
-    with persist.open(tempfile.mkdtemp(), options=opts) as client:
+    client_dir = tempfile.mkdtemp()
+    with persist.open(client_dir, options=opts) as client:
         write, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
         for t in range(args.appends):
             keys = rng.integers(-(1 << 62), 1 << 62, args.rows, dtype=np.int64)
@@ -217,6 +225,36 @@ def _in_base(client: persist.Client, name: str) -> bool:
     return bool(base) and not any(p.max_time <= c.since for p in runs)
 
 
+#: The ``offgil`` cases that run the baseline's appends beside a child process doing one
+#: kind of the merge worker's work, at its niceness, to tell which kind costs the appends:
+#: ``cpu`` spins, ``io`` writes and fsyncs files of a merged part's size into the location's
+#: file system, at full speed.
+_BESIDE = {
+    "cpu": "while True: pass",
+    "io": ("import os, sys\n"
+           "buf = os.urandom(1 << 20)\n"
+           "i = 0\n"
+           "while True:\n"
+           "    path = os.path.join(sys.argv[1], f'part-{i % 4}')\n"
+           "    with open(path, 'wb') as f:\n"
+           "        for _ in range(int(sys.argv[2])):\n"
+           "            f.write(buf)\n"
+           "        f.flush()\n"
+           "        os.fsync(f.fileno())\n"
+           "    i += 1\n"),
+}
+
+
+def _beside(case: str, where: str, part_mib: int) -> subprocess.Popen[bytes] | None:
+    if case not in _BESIDE:
+        return None
+    os.makedirs(where)
+    # NB: niced by itself, as the worker is (a preexec_fn would run in a fork of this
+    # threaded process)
+    code = f"import os\nos.nice({offload.WORKER_NICE})\n{_BESIDE[case]}"
+    return subprocess.Popen([sys.executable, "-c", code, where, str(part_mib)])
+
+
 def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
     rng = np.random.default_rng(7)
     opts = persist.Options(background_compaction=True, rollup_every=1 << 20,
@@ -224,7 +262,8 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                            merge_worker_rows=None if case == "in-process" else
                            persist.Options().merge_worker_rows)
     load0 = os.getloadavg()[0]
-    with persist.open(tempfile.mkdtemp(), options=opts) as client:
+    client_dir = tempfile.mkdtemp()
+    with persist.open(client_dir, options=opts) as client:
         bulk_w, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
         # NB: at times 1.., the since at 0: no part is ready for the base until the since is
         # advanced (a run at the since would start a base during the load)
@@ -242,7 +281,8 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             t += 1
         gc.collect()
         lat: list[float] = []
-        merging = case != "baseline"
+        merging = case in ("in-process", "worker")
+        beside = _beside(case, client_dir + "-beside", args.beside_part_mib)
         w0 = time.perf_counter()
         if merging:
             bulk_w.allow_compaction(args.appends).result()
@@ -260,11 +300,16 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
             if not merging and len(lat) >= args.baseline_appends:
                 break
         elapsed = time.perf_counter() - w0
+        if beside is not None:
+            beside.kill()
+            beside.wait()
         merger = client._writer().ix.merger
         workers = merger.started if merger is not None else 0
         worker_start = merger.start_seconds if merger is not None else None
         worker_merge = merger.merge_seconds if merger is not None else None
         assert not merging or _in_base(client, "w9")
+    for d in (client_dir, client_dir + "-beside"):
+        shutil.rmtree(d, ignore_errors=True)
     return {"case": case, "appends": len(lat), "p50_ms": round(statistics.median(lat), 2),
             "p99_ms": round(percentile(lat, 99), 2), "mean_ms": round(statistics.mean(lat), 2),
             "appends_per_s": round(len(lat) / elapsed, 1),
@@ -293,9 +338,9 @@ def offgil(args: argparse.Namespace, log: Callable[[str], None] = _print) -> dic
         mine = [x for x in runs if x["case"] == case]
         out[case] = {k: statistics.median(x[k] for x in mine)
                      for k in ("p50_ms", "p99_ms", "mean_ms", "appends_per_s")}
-        if case != "baseline":
+        if case in ("in-process", "worker"):
             out[case]["into_base_s"] = statistics.median(x["into_base_s"] for x in mine)
-    for case in ("in-process", "worker"):
+    for case in ("in-process", "worker", *_BESIDE):
         if case in out and "baseline" in out:
             out[f"{case}_p50_over_baseline"] = round(
                 out[case]["p50_ms"] / out["baseline"]["p50_ms"], 2)
@@ -327,7 +372,9 @@ def main() -> None:
     o.add_argument("--baseline-appends", type=int, default=500)
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--cases", default="baseline,in-process,worker",
-                   help="comma-separated, of baseline, in-process, worker")
+                   help="comma-separated, of baseline, in-process, worker, cpu, io")
+    o.add_argument("--beside-part-mib", type=int, default=16,
+                   help="io: the size of each file written and fsynced (MiB)")
     args = ap.parse_args()
     what = {"bulk": bulk, "amplification": amplification, "offgil": offgil}[args.what]
     out = what(args)
