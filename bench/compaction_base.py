@@ -245,9 +245,10 @@ _BESIDE = {
 }
 
 
-def _beside(case: str, where: str, part_mib: int) -> subprocess.Popen[bytes] | None:
+def _beside(case: str, where: str, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
     if case not in _BESIDE:
-        return None
+        return None  # NB: before reading the io option, which callers of other cases lack
+    part_mib = args.beside_part_mib
     os.makedirs(where)
     # NB: niced by itself, as the worker is (a preexec_fn would run in a fork of this
     # threaded process)
@@ -282,7 +283,7 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
         gc.collect()
         lat: list[float] = []
         merging = case in ("in-process", "worker")
-        beside = _beside(case, client_dir + "-beside", args.beside_part_mib)
+        beside = _beside(case, client_dir + "-beside", args)
         w0 = time.perf_counter()
         if merging:
             bulk_w.allow_compaction(args.appends).result()

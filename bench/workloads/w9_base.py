@@ -23,7 +23,9 @@ them alone:
   advanced: the background merges it, in its merge worker by default, without any call) in
   the persist column, ``baseline`` (nothing to merge) in the :data:`NO_MERGE` column, and
   ``in-process`` (the merge in the writer's process) in rows of its own. Target: p50 <= 1.2x
-  (the default, the worker); the time to the base is reported.
+  (the default, the worker); the time to the base is reported. Two rows without a target say
+  what a miss is made of: the same appends beside a child at the worker's niceness that only
+  spins (``cpu``), or only writes and fsyncs 16 MiB files (``io``).
 
 ``--quick`` (``bench.run --quick``, :func:`main`): the same steps at small sizes, one round,
 ``optimize``'s fresh workers not waited for (its row then measures live workers too).
@@ -66,6 +68,13 @@ INTO_BASE = "bulk load into the base by background compaction, no call (s)"
 #: merge worker is weighed against (no target).
 APPEND_P50_IN_PROCESS = ("W2 append p50 while the background brings a bulk load into the base, "
                          "merge in the writer's process (ms; no merge: as above)")
+#: W2's appends with nothing to merge beside a child at the merge worker's niceness doing one
+#: kind of its work (:data:`bench.compaction_base._BESIDE`): what a miss of the p50 target is
+#: made of, in the same run (no target).
+APPEND_P50_CPU = ("W2 append p50 beside a niced process that only spins (ms; no merge: the "
+                  "same appends alone)")
+APPEND_P50_IO = ("W2 append p50 beside a niced process that only writes and fsyncs 16 MiB "
+                 "files (ms; no merge: the same appends alone)")
 INTO_BASE_IN_PROCESS = ("bulk load into the base by background compaction, no call, merge in "
                         "the writer's process (s)")
 #: The issue's size of an append for the amplification target, and the one W9 runs at.
@@ -173,19 +182,22 @@ def appends(ctx: Context, res: WorkloadResult, *, bulk_appends: int, part_rows: 
     args = argparse.Namespace(
         appends=2 if quick else bulk_appends, rows=150_000 if quick else part_rows,
         w2_rows=100, baseline_appends=20 if quick else 500, rounds=repeats,
-        cases="baseline,worker,in-process")
+        cases="baseline,worker,in-process,cpu,io", beside_part_mib=16)
     ctx.log(f"W9: W2's appends while a bulk load of {args.appends} x {args.rows:,} rows is "
             f"brought into the base, {repeats} round(s)")
     out = compaction_base.offgil(args, log=ctx.log)
     for run in out["runs"]:
         if run["case"] == "baseline":
-            for metric in (APPEND_P50, APPEND_P50_IN_PROCESS):
+            for metric in (APPEND_P50, APPEND_P50_IN_PROCESS, APPEND_P50_CPU, APPEND_P50_IO):
                 res.add(metric, "ms", "lower", NO_MERGE, run["p50_ms"])
             res.add(APPEND_P99, "ms", "lower", NO_MERGE, run["p99_ms"])
         elif run["case"] == "worker":
             res.add(APPEND_P50, "ms", "lower", "persist", run["p50_ms"])
             res.add(APPEND_P99, "ms", "lower", "persist", run["p99_ms"])
             res.add(INTO_BASE, "s", "lower", "persist", run["into_base_s"])
+        elif run["case"] in ("cpu", "io"):
+            res.add(APPEND_P50_CPU if run["case"] == "cpu" else APPEND_P50_IO, "ms", "lower",
+                    "persist", run["p50_ms"])
         else:
             res.add(APPEND_P50_IN_PROCESS, "ms", "lower", "persist", run["p50_ms"])
             res.add(INTO_BASE_IN_PROCESS, "s", "lower", "persist", run["into_base_s"])
@@ -197,7 +209,9 @@ def appends(ctx: Context, res: WorkloadResult, *, bulk_appends: int, part_rows: 
         f"appends until the background (no call) has brought them into the base, latencies of "
         f"those appends, the merge in its merge worker (the default) or, in the rows so named, "
         f"in the writer's process; no merge: the since left behind, {args.baseline_appends} "
-        f"appends; "
+        f"appends; the rows 'beside a niced process': the no-merge appends beside a child at "
+        f"the merge worker's niceness that only spins, or only writes and fsyncs 16 MiB files "
+        f"into the same file system (what a p50 miss is made of: CPU or disk); "
         f"each case on a fresh location, {repeats} round(s) rotated; merge worker processes "
         f"started per worker case: {[r['workers_started'] for r in worker]}, its start "
         f"{[r['worker_start_s'] for r in worker]} s and merge {[r['worker_merge_s'] for r in worker]} "
