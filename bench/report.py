@@ -314,12 +314,12 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
             w12r(w12_scale.OPEN_SESSIONS))
         add("W12.open-ms", f"W12 writer open after {p.get('sessions', 100)} sessions (ms, "
             f"median)", "<=", 50.0, med("W12", w12_scale.OPEN_SESSIONS, "persist"))
-        n = f"{p.get('collections', 10_000):,}"
-        add("W12.collections-p50", f"W12 append p50, {n} collections / 1", "<=", 1.2,
+        many = f"{p.get('collections', 10_000):,}"
+        add("W12.collections-p50", f"W12 append p50, {many} collections / 1", "<=", 1.2,
             w12r(w12_scale.COLLECTIONS_P50))
-        add("W12.collections-open", f"W12 writer open right after the setup, {n} collections "
+        add("W12.collections-open", f"W12 writer open right after the setup, {many} collections "
             f"/ 1 (medians, fresh processes)", "<=", 3.0, w12r(w12_scale.COLLECTIONS_OPEN))
-        add("W12.retained-mb", f"W12 metadata retained at {n} collections from "
+        add("W12.retained-mb", f"W12 metadata retained at {many} collections from "
             f"{p.get('retained_from', 40):g} s into the appends on (MB, most at once)", "<=",
             200.0, med("W12", w12_scale.RETAINED, "persist"))
     return out

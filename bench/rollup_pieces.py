@@ -66,7 +66,7 @@ def _counting_writes() -> Iterator[None]:
             _written.setdefault(prefix, []).append(len(data))  # type: ignore[arg-type]
         plain(self, key, data)  # type: ignore[arg-type]
 
-    FileBlob._set = counted  # type: ignore[method-assign,assignment]
+    FileBlob._set = counted  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -210,7 +210,7 @@ def _open_once(loc: Path, grace: float) -> None:
 
 
 def alternate(locs: Sequence[Path], grace: float, rounds: int, block: int,
-              opens: int) -> list[dict[str, float]]:
+              opens: int) -> list[dict[str, Any]]:
     """Append latency and writer open at each location, measured alternating: ``rounds``
     blocks of ``block`` appends each, then ``opens`` opens each."""
     lat: list[list[float]] = [[] for _ in locs]
@@ -256,8 +256,8 @@ def measure(root: Path, counts: Sequence[int], *, seconds: float, grace: float, 
     results: list[dict[str, Any]] = []
     for n in counts:
         log(f"rollup_pieces: setting up {n:,} collections")
-        _, res = setup(n, grace, root)
-        results.append(res)
+        _, made = setup(n, grace, root)
+        results.append(made)
     locs = [root / f"loc-{n}" for n in counts]
     log(f"rollup_pieces: {opens} alternating writer opens each, in fresh processes")
     # right after the setup: what the collections cost

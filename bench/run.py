@@ -67,7 +67,7 @@ QUICK: dict[str, Any] = {
     "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
     "w10_consolidate_rows": 20_000, "w10_python_rows": 20_000,
     "w11_rows": 20_000, "w11_appends": 4, "w11_forks": 2,
-    "w12_steady_seconds": 6.0, "w12_bin": 1.0, "w12_grace": 1.0, "w12_sessions": 4,
+    "w12_steady_seconds": 6.0, "w12_bin": 1.0, "w12_grace": 1.5, "w12_sessions": 4,
     "w12_commits": 100, "w12_opens": 2, "w12_collections": 200, "w12_seconds": 4.0,
     "w12_retained_from": 2.0, "w12_blocks": 2, "w12_block": 30,
 }
