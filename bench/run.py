@@ -1,10 +1,11 @@
 """The one command: ``python -m bench.run [--quick] [--out DIR] [--workloads W10] [sizes...]``.
 
-Runs W1..W10 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
+Runs W1..W12 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
 table of median [min-max] over the repeats with the ratios persist/peer measured in this run,
 the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
 A system whose package is missing is skipped, with the reason recorded in every workload; so is
 W8 (S3 on a moto server) without boto3/moto, and W9 (the Spark source) without pyspark or Java.
+W12 (issue 29's metadata at scale) measures persist against itself; the peers' columns say so.
 """
 
 from __future__ import annotations
