@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.results import Metric, WorkloadResult
-from bench.workloads import w9_base, w9_s3
+from bench.workloads import w9_base, w9_s3, w12_scale
 from bench.workloads import w9_spark as w9s
 
 PEER_ORDER = ("floor", "delta", "iceberg")
@@ -141,6 +141,11 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
         add("W2.median/floor", "W2 median append latency, persist/floor", "<=", 1.5,
             _div(med("W2", "median latency (ms)", "persist"),
                  med("W2", "median latency (ms)", "floor")))
+        # NB: issue 29 (metadata that scales) asks 1.3x; the 1.5x above is the older issue's,
+        # kept so that its row stays comparable across runs
+        add("W2.median/floor-29", "W2 median append latency, persist/floor (issue 29)", "<=",
+            1.3, _div(med("W2", "median latency (ms)", "persist"),
+                      med("W2", "median latency (ms)", "floor")))
         add("W2.delta/median", "W2 median append latency, delta/persist (times lower)", ">=", 20,
             _div(med("W2", "median latency (ms)", "delta"),
                  med("W2", "median latency (ms)", "persist")))
@@ -293,6 +298,30 @@ def targets(ws: dict[str, WorkloadResult]) -> list[Target]:
                                           "persist"))
             add(f"W11.blobs-{which}", f"W11 data files a persist fork wrote ({which})", "<=",
                 0.0, med("W11", f"data files written by a fork ({which})", "persist"))
+    w12 = ws.get("W12")
+    if w12 is not None:
+        p = w12.params
+        base = w12_scale.BASELINE
+
+        def w12r(metric: str) -> float | None:
+            return _div(med("W12", metric, "persist"), med("W12", metric, base))
+
+        add("W12.trim-window", f"W12 appends/s: lowest {p.get('bin_s', 10):g} s window after "
+            f"the first metadata trim / the window before it", ">=", 0.8,
+            w12r(w12_scale.TRIM_RATE))
+        add("W12.open-100/1", f"W12 writer open after {p.get('sessions', 100)} sessions of "
+            f"{p.get('commits', 1000):,} commits / after one (medians, alternating)", "<=", 1.5,
+            w12r(w12_scale.OPEN_SESSIONS))
+        add("W12.open-ms", f"W12 writer open after {p.get('sessions', 100)} sessions (ms, "
+            f"median)", "<=", 50.0, med("W12", w12_scale.OPEN_SESSIONS, "persist"))
+        many = f"{p.get('collections', 10_000):,}"
+        add("W12.collections-p50", f"W12 append p50, {many} collections / 1", "<=", 1.2,
+            w12r(w12_scale.COLLECTIONS_P50))
+        add("W12.collections-open", f"W12 writer open right after the setup, {many} collections "
+            f"/ 1 (medians, fresh processes)", "<=", 3.0, w12r(w12_scale.COLLECTIONS_OPEN))
+        add("W12.retained-mb", f"W12 metadata retained at {many} collections from "
+            f"{p.get('retained_from', 40):g} s into the appends on (MB, most at once)", "<=",
+            200.0, med("W12", w12_scale.RETAINED, "persist"))
     return out
 
 

@@ -19,8 +19,9 @@ names), the bytes and pieces written per rollup during the run, the metadata kep
 medians, and the ratios. ``--whole`` writes whole-state rollups, as every persist before
 incremental ones did: the baseline.
 
-Counting written bytes patches :class:`persist.blob.file.FileBlob` in this process (a
-measurement, not a behaviour).
+:func:`measure` is the whole bench (W12 runs it: ``bench/workloads/w12_scale.py``). Counting
+written bytes patches :class:`persist.blob.file.FileBlob` in this process while :func:`run`
+runs (a measurement, not a behaviour).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -44,11 +47,17 @@ from persist import layout
 from persist.blob.file import FileBlob
 from persist.indexed.format import meta
 
+#: The repository root: a child open imports this bench (and persist) from here.
+_REPO = Path(__file__).resolve().parents[1]
+
 _written: dict[str, list[int]] = {}
 _lock = threading.Lock()
 
 
-def _count_writes() -> None:
+@contextlib.contextmanager
+def _counting_writes() -> Iterator[None]:
+    """Counts the bytes written under ``meta/`` by prefix (:data:`_written`) while open;
+    restores :class:`FileBlob` after."""
     plain = FileBlob._set
 
     def counted(self: FileBlob, key: str, data: object) -> None:
@@ -57,7 +66,11 @@ def _count_writes() -> None:
             _written.setdefault(prefix, []).append(len(data))  # type: ignore[arg-type]
         plain(self, key, data)  # type: ignore[arg-type]
 
-    FileBlob._set = counted  # type: ignore[method-assign,assignment]
+    FileBlob._set = counted  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FileBlob._set = plain  # type: ignore[method-assign]
 
 
 def _du(path: Path) -> int:
@@ -130,11 +143,13 @@ def setup(n: int, grace: float, root: Path) -> tuple[Path, dict[str, float]]:
                  "whole_rollup_bytes": whole}
 
 
-def run(loc: Path, seconds: float, grace: float) -> dict[str, float]:
+def run(loc: Path, seconds: float, grace: float, retained_from: float | None = None
+        ) -> dict[str, float]:
     """``seconds`` of appends to one collection of ``loc`` with background maintenance,
-    sampling the metadata kept every second."""
-    with persist.open(loc, reentrance_id="bench", options=_opts(grace),
-                      storage_options=_SO) as client:
+    sampling the metadata kept every second; ``steady_*`` is the most at once from
+    ``retained_from`` seconds into the run on (``grace + 10`` by default)."""
+    with _counting_writes(), persist.open(loc, reentrance_id="bench", options=_opts(grace),
+                                          storage_options=_SO) as client:
         with _lock:
             _written.clear()
         w, r = client.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
@@ -145,7 +160,7 @@ def run(loc: Path, seconds: float, grace: float) -> dict[str, float]:
         # NB: the setup's own metadata (a commit per registration and per first append, and
         # its rollups) is trimmed a grace period after the setup's last rollup: what is kept
         # from then on is what the appends keep.
-        steady_from = started + grace + 10.0
+        steady_from = started + (grace + 10.0 if retained_from is None else retained_from)
         next_sample = time.monotonic()
         latencies: list[float] = []
         while time.monotonic() < end:
@@ -178,8 +193,11 @@ def run(loc: Path, seconds: float, grace: float) -> dict[str, float]:
 def _open_in_child(loc: Path, grace: float) -> float:
     """Seconds a writer open of ``loc`` takes in a fresh process (timed there: the process's
     start and imports not counted, nor the garbage of the other location's state)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH")) if p)
     out = subprocess.run([sys.executable, "-m", "bench.rollup_pieces", "--open", str(loc),
-                          "--grace", str(grace)], check=True, capture_output=True, text=True)
+                          "--grace", str(grace)], check=True, capture_output=True, text=True,
+                         env=env, cwd=_REPO)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -191,8 +209,8 @@ def _open_once(loc: Path, grace: float) -> None:
     print(took)
 
 
-def alternate(locs: list[Path], grace: float, rounds: int, block: int,
-              opens: int) -> list[dict[str, float]]:
+def alternate(locs: Sequence[Path], grace: float, rounds: int, block: int,
+              opens: int) -> list[dict[str, Any]]:
     """Append latency and writer open at each location, measured alternating: ``rounds``
     blocks of ``block`` appends each, then ``opens`` opens each."""
     lat: list[list[float]] = [[] for _ in locs]
@@ -210,14 +228,52 @@ def alternate(locs: list[Path], grace: float, rounds: int, block: int,
     finally:
         for c in clients:
             c.stop()
+    took = fresh_opens(locs, grace, opens)
+    return [{"append_p50_ms": 1000 * statistics.median(lt),
+             "append_p99_ms": 1000 * statistics.quantiles(lt, n=100)[98],
+             "open_ms": [1000 * x for x in op],
+             "open_ms_median": 1000 * statistics.median(op), "open_ms_min": 1000 * min(op)}
+            for lt, op in zip(lat, took, strict=True)]
+
+
+def fresh_opens(locs: Sequence[Path], grace: float, opens: int) -> list[list[float]]:
+    """Writer opens (s) of each of ``locs`` in a fresh process each, alternating, ``opens``
+    rounds."""
     took: list[list[float]] = [[] for _ in locs]
     for _ in range(opens):
         for i, loc in enumerate(locs):
             took[i].append(_open_in_child(loc, grace))
-    return [{"append_p50_ms": 1000 * statistics.median(lt),
-             "append_p99_ms": 1000 * statistics.quantiles(lt, n=100)[98],
-             "open_ms_median": 1000 * statistics.median(op), "open_ms_min": 1000 * min(op)}
-            for lt, op in zip(lat, took, strict=True)]
+    return took
+
+
+def measure(root: Path, counts: Sequence[int], *, seconds: float, grace: float, rounds: int,
+            block: int, opens: int, retained_from: float | None = None,
+            log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The whole bench (the module docstring) at locations ``root/loc-<n>`` for each of
+    ``counts``: one dict per count, with ``open_fresh_ms`` and ``open_ms`` (the opens right
+    after the setup and after the run, each in a fresh process), the medians and the rest
+    :func:`setup`, :func:`run` and :func:`alternate` report."""
+    results: list[dict[str, Any]] = []
+    for n in counts:
+        log(f"rollup_pieces: setting up {n:,} collections")
+        _, made = setup(n, grace, root)
+        results.append(made)
+    locs = [root / f"loc-{n}" for n in counts]
+    log(f"rollup_pieces: {opens} alternating writer opens each, in fresh processes")
+    # right after the setup: what the collections cost
+    fresh = fresh_opens(locs, grace, opens)
+    for res, loc, took in zip(results, locs, fresh, strict=True):
+        res["open_fresh_ms"] = [1000 * x for x in took]
+        res["open_fresh_ms_median"] = 1000 * statistics.median(took)
+        res["open_fresh_ms_min"] = 1000 * min(took)
+        res["load_before_run"] = os.getloadavg()[0]
+        log(f"rollup_pieces: {seconds:g} s of appends at {res['collections']:,} collections")
+        res.update(run(loc, seconds, grace, retained_from))
+        res["load_after_run"] = os.getloadavg()[0]
+    log(f"rollup_pieces: {rounds} alternating blocks of {block} appends, {opens} opens each")
+    for res, alt in zip(results, alternate(locs, grace, rounds, block, opens), strict=True):
+        res.update(alt)
+    return results
 
 
 def main() -> None:
@@ -241,26 +297,11 @@ def main() -> None:
         from persist.indexed.state import pieces
 
         pieces.COLLECTIONS_PER_PIECE = 1 << 30
-    _count_writes()
     d = tempfile.mkdtemp(dir=args.dir)
     try:
-        results = []
-        for n in args.collections:
-            _, res = setup(n, args.grace, Path(d))
-            results.append(res)
-        locs = [Path(d) / f"loc-{n}" for n in args.collections]
-        fresh: list[list[float]] = [[] for _ in locs]
-        for _ in range(args.opens):  # right after the setup: what the collections cost
-            for i, loc in enumerate(locs):
-                fresh[i].append(_open_in_child(loc, args.grace))
-        for res, loc, took in zip(results, locs, fresh, strict=True):
-            res["open_fresh_ms_median"] = 1000 * statistics.median(took)
-            res["open_fresh_ms_min"] = 1000 * min(took)
-            res["load_before_run"] = os.getloadavg()[0]
-            res.update(run(loc, args.seconds, args.grace))
-        for res, alt in zip(results, alternate(locs, args.grace, args.rounds, args.block,
-                                                args.opens), strict=True):
-            res.update(alt)
+        results = measure(Path(d), args.collections, seconds=args.seconds, grace=args.grace,
+                          rounds=args.rounds, block=args.block, opens=args.opens,
+                          log=lambda line: print(line, file=sys.stderr, flush=True))
     finally:
         if args.keep:
             print(f"locations kept under {d}")
@@ -269,7 +310,7 @@ def main() -> None:
     print(f"load average at the end: {os.getloadavg()}")
     for res in results:
         print("  ".join(f"{k}={v:,.1f}" if isinstance(v, float) else f"{k}={v:,}"
-                        for k, v in res.items()))
+                        for k, v in res.items() if not isinstance(v, list)))
     if len(results) >= 2:
         a, b = results[0], results[-1]
         n0, n1 = a["collections"], b["collections"]

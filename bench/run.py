@@ -1,10 +1,11 @@
 """The one command: ``python -m bench.run [--quick] [--out DIR] [--workloads W10] [sizes...]``.
 
-Runs W1..W10 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
+Runs W1..W12 through every available system (persist, the floor, delta-rs, pyiceberg), prints a
 table of median [min-max] over the repeats with the ratios persist/peer measured in this run,
 the targets, and writes ``results.json``, ``table.txt`` and ``w2_latency.png`` into ``--out``.
 A system whose package is missing is skipped, with the reason recorded in every workload; so is
 W8 (S3 on a moto server) without boto3/moto, and W9 (the Spark source) without pyspark or Java.
+W12 (issue 29's metadata at scale) measures persist against itself; the peers' columns say so.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ DEFAULTS: dict[str, Any] = {
     "w10_rows": 5_000_000, "w10_chunk_rows": 1_000_000, "w10_lookups": 5,
     "w10_consolidate_rows": 1_000_000, "w10_python_rows": 1_000_000,
     "w11_rows": 10_000_000, "w11_appends": 10, "w11_forks": 5,
+    "w12_steady_seconds": 150.0, "w12_bin": 10.0, "w12_grace": 30.0, "w12_sessions": 100,
+    "w12_commits": 1000, "w12_opens": 7, "w12_collections": 10_000, "w12_seconds": 60.0,
+    "w12_retained_from": 40.0, "w12_blocks": 6, "w12_block": 300,
 }
 QUICK: dict[str, Any] = {
     "repeats": 1, "peer_repeats": 1,
@@ -64,6 +68,9 @@ QUICK: dict[str, Any] = {
     "w10_rows": 20_000, "w10_chunk_rows": 5_000, "w10_lookups": 2,
     "w10_consolidate_rows": 20_000, "w10_python_rows": 20_000,
     "w11_rows": 20_000, "w11_appends": 4, "w11_forks": 2,
+    "w12_steady_seconds": 6.0, "w12_bin": 1.0, "w12_grace": 1.5, "w12_sessions": 4,
+    "w12_commits": 100, "w12_opens": 2, "w12_collections": 200, "w12_seconds": 4.0,
+    "w12_retained_from": 2.0, "w12_blocks": 2, "w12_block": 30,
 }
 
 
@@ -84,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma-separated subset of: " + ", ".join(SYSTEMS))
     p.add_argument("--workloads", default=",".join(ALL_IDS),
-                   help="comma-separated subset of W1..W11 (W2 and W3 run together); "
+                   help="comma-separated subset of W1..W12 (W2 and W3 run together); "
                         "e.g. --workloads W10 runs that one alone")
     g = p.add_argument_group("sizes (defaults in brackets: full run / --quick)")
 
@@ -136,6 +143,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opt("--w11-rows", int, "W11 records in the forked table")
     opt("--w11-appends", int, "W11 appends making it")
     opt("--w11-forks", int, "W11 forks per version (median)")
+    opt("--w12-steady-seconds", float, "W12 (metadata at scale) seconds of one-row appends "
+        "through trims")
+    opt("--w12-bin", float, "W12 seconds per window of that run")
+    opt("--w12-grace", float, "W12 GC grace of that run and of the collections' runs (s)")
+    opt("--w12-sessions", int, "W12 short writer sessions before the writer open")
+    opt("--w12-commits", int, "W12 one-row commits per session")
+    opt("--w12-opens", int, "W12 writer opens of each location, alternating")
+    opt("--w12-collections", int, "W12 collections measured against one")
+    opt("--w12-seconds", float, "W12 seconds of 100-row appends at each collection count")
+    opt("--w12-retained-from", float, "W12 metadata retained: the most from this many "
+        "seconds into those appends on")
+    opt("--w12-blocks", int, "W12 alternating blocks of appends per collection count")
+    opt("--w12-block", int, "W12 appends per block")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
     for k, v in preset.items():
