@@ -3,7 +3,7 @@
     python -m bench.compaction_base bulk [--appends 5] [--rows 1000000]
     python -m bench.compaction_base amplification [--appends 100] [--rows 10000] [--updates 0.01]
     python -m bench.compaction_base offgil [--appends 5] [--rows 1000000] [--rounds 2]
-        [--cases baseline,in-process,worker,cpu,io]
+        [--cases baseline,in-process,worker,cpu,io,io-chunked]
 
 ``bulk``: ``--appends`` appends of ``--rows`` random int64 keys (W9's shape: ``key, value``
 int64, one time per append) with background compaction off, since advanced to the upper, then
@@ -31,7 +31,9 @@ process, or the default, in its merge worker process; appends run until the base
 Two more cases tell which of the merge worker's kinds of work costs the appends: ``cpu`` and
 ``io`` run the baseline's appends beside a child process at the worker's niceness that only
 spins, or only writes and fsyncs files of ``--beside-part-mib`` into the location's file
-system. Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
+system; ``io-chunked`` writes the same files but also flushes each every ``--beside-flush-mib``
+as it is written (``fdatasync``), as persist's file store writes a part. ``--flush-bytes`` sets
+the locations' ``flush_bytes`` storage option (0: off). Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
 advancing the since to the bulk load being in the base (no call from the user), and the load
 average before and after each case (the machine is shared).
 """
@@ -242,6 +244,23 @@ _BESIDE = {
            "        f.flush()\n"
            "        os.fsync(f.fileno())\n"
            "    i += 1\n"),
+    # NB: the same files, flushed to disk every --beside-flush-mib as they are written
+    # (fdatasync), not once at the end: what a merge writing its parts that way would cost
+    "io-chunked": ("import os, sys\n"
+                   "buf = os.urandom(1 << 20)\n"
+                   "every = int(sys.argv[3])\n"
+                   "i = 0\n"
+                   "while True:\n"
+                   "    path = os.path.join(sys.argv[1], f'part-{i % 4}')\n"
+                   "    with open(path, 'wb') as f:\n"
+                   "        for n in range(1, int(sys.argv[2]) + 1):\n"
+                   "            f.write(buf)\n"
+                   "            if n % every == 0:\n"
+                   "                f.flush()\n"
+                   "                os.fdatasync(f.fileno())\n"
+                   "        f.flush()\n"
+                   "        os.fsync(f.fileno())\n"
+                   "    i += 1\n"),
 }
 
 
@@ -253,7 +272,8 @@ def _beside(case: str, where: str, args: argparse.Namespace) -> subprocess.Popen
     # NB: niced by itself, as the worker is (a preexec_fn would run in a fork of this
     # threaded process)
     code = f"import os\nos.nice({offload.WORKER_NICE})\n{_BESIDE[case]}"
-    return subprocess.Popen([sys.executable, "-c", code, where, str(part_mib)])
+    return subprocess.Popen([sys.executable, "-c", code, where, str(part_mib),
+                             str(args.beside_flush_mib)])
 
 
 def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -264,7 +284,9 @@ def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                            persist.Options().merge_worker_rows)
     load0 = os.getloadavg()[0]
     client_dir = tempfile.mkdtemp()
-    with persist.open(client_dir, options=opts) as client:
+    flush = getattr(args, "flush_bytes", None)
+    storage = None if flush is None else {"flush_bytes": flush}
+    with persist.open(client_dir, options=opts, storage_options=storage) as client:
         bulk_w, _ = client.create_or_load("w9", key_type=pa.int64(), value_type=pa.int64())
         # NB: at times 1.., the since at 0: no part is ready for the base until the since is
         # advanced (a run at the since would start a base during the load)
@@ -373,9 +395,14 @@ def main() -> None:
     o.add_argument("--baseline-appends", type=int, default=500)
     o.add_argument("--rounds", type=int, default=2)
     o.add_argument("--cases", default="baseline,in-process,worker",
-                   help="comma-separated, of baseline, in-process, worker, cpu, io")
+                   help="comma-separated, of baseline, in-process, worker, cpu, io, io-chunked")
     o.add_argument("--beside-part-mib", type=int, default=16,
                    help="io: the size of each file written and fsynced (MiB)")
+    o.add_argument("--flush-bytes", type=int, default=None,
+                   help="the location's flush_bytes storage option (0: off; default: "
+                        "persist's)")
+    o.add_argument("--beside-flush-mib", type=int, default=1,
+                   help="io-chunked: fdatasync after each this many MiB written")
     args = ap.parse_args()
     what = {"bulk": bulk, "amplification": amplification, "offgil": offgil}[args.what]
     out = what(args)

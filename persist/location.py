@@ -25,7 +25,7 @@ import msgspec
 
 from persist import layout
 from persist.blob.base import Blob, BlobRead
-from persist.blob.file import MAP_MIN_BYTES, FileBlob
+from persist.blob.file import FLUSH_BYTES, MAP_MIN_BYTES, FileBlob
 from persist.blob.memory import MemoryBlob
 from persist.blob.metered import metered
 from persist.blob.options import option_bool, option_size_or_off
@@ -72,9 +72,9 @@ def resolve(
 
     Args:
         url: ``mem://name``, ``file:///abs/path``, a path, or ``s3://bucket/prefix``.
-        storage_options: per scheme: ``fsync`` and ``map_min_bytes`` for files; boto3's
-            connection options and the persist S3 options (:class:`persist.blob.s3.S3Config`)
-            for S3. Unknown options are refused.
+        storage_options: per scheme: ``fsync``, ``map_min_bytes`` and ``flush_bytes`` for
+            files; boto3's connection options and the persist S3 options
+            (:class:`persist.blob.s3.S3Config`) for S3. Unknown options are refused.
         lease_seconds: the writer lock's lease.
 
     Raises:
@@ -102,9 +102,11 @@ def resolve(
             raise InvalidUsage(f"location {text!r} is not a directory: {root} is a file")
         fsync = option_bool("fsync", opts.pop("fsync", True))
         map_min_bytes = option_size_or_off("map_min_bytes", opts.pop("map_min_bytes", MAP_MIN_BYTES))
+        flush_bytes = option_size_or_off("flush_bytes", opts.pop("flush_bytes", FLUSH_BYTES))
         if opts:
             raise InvalidUsage(f"unknown storage_options for a file location: {sorted(opts)}")
-        return Location(text, FileBlob(root, fsync=fsync, map_min_bytes=map_min_bytes),
+        return Location(text, FileBlob(root, fsync=fsync, map_min_bytes=map_min_bytes,
+                                       flush_bytes=flush_bytes),
                         lambda: FileLock(root, lease_seconds=lease_seconds))
     if parsed.scheme == "s3":
         return _s3(text, opts, lease_seconds=lease_seconds)

@@ -25,7 +25,9 @@ them alone:
   ``in-process`` (the merge in the writer's process) in rows of its own. Target: p50 <= 1.2x
   (the default, the worker); the time to the base is reported. Two rows without a target say
   what a miss is made of: the same appends beside a child at the worker's niceness that only
-  spins (``cpu``), or only writes and fsyncs 16 MiB files (``io``).
+  spins (``cpu``), or only writes and fsyncs 16 MiB files (``io``); a third, the same files
+  also flushed every 1 MiB as they are written (``io-chunked``), as persist's file store
+  writes a part (``FileBlob.flush_bytes``).
 
 ``--quick`` (``bench.run --quick``, :func:`main`): the same steps at small sizes, one round,
 ``optimize``'s fresh workers not waited for (its row then measures live workers too).
@@ -75,8 +77,12 @@ APPEND_P50_CPU = ("W2 append p50 beside a niced process that only spins (ms; no 
                   "same appends alone)")
 APPEND_P50_IO = ("W2 append p50 beside a niced process that only writes and fsyncs 16 MiB "
                  "files (ms; no merge: the same appends alone)")
+APPEND_P50_IO_CHUNKED = ("W2 append p50 beside a niced process that writes the same files, "
+                         "flushed every 1 MiB as persist writes parts (ms; no merge: the same "
+                         "appends alone)")
 INTO_BASE_IN_PROCESS = ("bulk load into the base by background compaction, no call, merge in "
                         "the writer's process (s)")
+_BESIDE_ROWS = {"cpu": APPEND_P50_CPU, "io": APPEND_P50_IO, "io-chunked": APPEND_P50_IO_CHUNKED}
 #: The issue's size of an append for the amplification target, and the one W9 runs at.
 AMPLIFICATION_ISSUE_ROWS = 1_000_000
 AMPLIFICATION_ROWS = 10_000
@@ -182,22 +188,23 @@ def appends(ctx: Context, res: WorkloadResult, *, bulk_appends: int, part_rows: 
     args = argparse.Namespace(
         appends=2 if quick else bulk_appends, rows=150_000 if quick else part_rows,
         w2_rows=100, baseline_appends=20 if quick else 500, rounds=repeats,
-        cases="baseline,worker,in-process,cpu,io", beside_part_mib=16)
+        cases="baseline,worker,in-process,cpu,io,io-chunked", beside_part_mib=16,
+        beside_flush_mib=1)
     ctx.log(f"W9: W2's appends while a bulk load of {args.appends} x {args.rows:,} rows is "
             f"brought into the base, {repeats} round(s)")
     out = compaction_base.offgil(args, log=ctx.log)
     for run in out["runs"]:
         if run["case"] == "baseline":
-            for metric in (APPEND_P50, APPEND_P50_IN_PROCESS, APPEND_P50_CPU, APPEND_P50_IO):
+            for metric in (APPEND_P50, APPEND_P50_IN_PROCESS, APPEND_P50_CPU, APPEND_P50_IO,
+                           APPEND_P50_IO_CHUNKED):
                 res.add(metric, "ms", "lower", NO_MERGE, run["p50_ms"])
             res.add(APPEND_P99, "ms", "lower", NO_MERGE, run["p99_ms"])
         elif run["case"] == "worker":
             res.add(APPEND_P50, "ms", "lower", "persist", run["p50_ms"])
             res.add(APPEND_P99, "ms", "lower", "persist", run["p99_ms"])
             res.add(INTO_BASE, "s", "lower", "persist", run["into_base_s"])
-        elif run["case"] in ("cpu", "io"):
-            res.add(APPEND_P50_CPU if run["case"] == "cpu" else APPEND_P50_IO, "ms", "lower",
-                    "persist", run["p50_ms"])
+        elif run["case"] in _BESIDE_ROWS:
+            res.add(_BESIDE_ROWS[run["case"]], "ms", "lower", "persist", run["p50_ms"])
         else:
             res.add(APPEND_P50_IN_PROCESS, "ms", "lower", "persist", run["p50_ms"])
             res.add(INTO_BASE_IN_PROCESS, "s", "lower", "persist", run["into_base_s"])
@@ -211,7 +218,8 @@ def appends(ctx: Context, res: WorkloadResult, *, bulk_appends: int, part_rows: 
         f"in the writer's process; no merge: the since left behind, {args.baseline_appends} "
         f"appends; the rows 'beside a niced process': the no-merge appends beside a child at "
         f"the merge worker's niceness that only spins, or only writes and fsyncs 16 MiB files "
-        f"into the same file system (what a p50 miss is made of: CPU or disk); "
+        f"into the same file system, once at each file's end or also every 1 MiB as persist's "
+        f"file store writes a part (what a p50 miss is made of: CPU or disk); "
         f"each case on a fresh location, {repeats} round(s) rotated; merge worker processes "
         f"started per worker case: {[r['workers_started'] for r in worker]}, its start "
         f"{[r['worker_start_s'] for r in worker]} s and merge {[r['worker_merge_s'] for r in worker]} "

@@ -36,15 +36,21 @@ from persist.errors import Determinate, Indeterminate, InvalidUsage
 _TMP = ".tmp-"
 #: Values at least this large are memory-mapped when read (see the module docstring).
 MAP_MIN_BYTES = 1 << 20
+#: A value is flushed to disk every this many bytes as it is written (``fdatasync``), so
+#: that a big part's flush never makes a concurrent commit's fsync wait for all of it
+#: (:meth:`FileBlob._write_durably`; measured in bench/README.md, "Appends beside a merge").
+FLUSH_BYTES = 1 << 20
 
 
 class FileBlob(Blob):
     """A directory of files. Safe to share between processes on one machine."""
 
     def __init__(self, root: str | os.PathLike[str], *, fsync: bool = True,
-                 map_min_bytes: int | None = MAP_MIN_BYTES) -> None:
+                 map_min_bytes: int | None = MAP_MIN_BYTES,
+                 flush_bytes: int | None = FLUSH_BYTES) -> None:
         self.root = os.path.abspath(os.fspath(root))
         self.map_min_bytes = map_min_bytes
+        self.flush_bytes = flush_bytes
         # NB: fsync=False exists only for throwaway benchmarks of the engine's CPU cost; it
         # voids the durability guarantee and is never the default.
         self._fsync = fsync
@@ -62,7 +68,8 @@ class FileBlob(Blob):
 
     @override
     def sibling(self, root: str) -> Blob:
-        return FileBlob(root, fsync=self._fsync, map_min_bytes=self.map_min_bytes)
+        return FileBlob(root, fsync=self._fsync, map_min_bytes=self.map_min_bytes,
+                        flush_bytes=self.flush_bytes)
 
     def _path(self, key: str) -> str:
         if not key or key.startswith("/") or ".." in key.split("/") or "\\" in key:
@@ -198,13 +205,24 @@ class FileBlob(Blob):
         except OSError as e:
             raise Determinate(f"writing {key!r}: {e}") from e
         linked = False
+        # NB: a big value is flushed to disk as it is written, every flush_bytes, not all at
+        # once by the fsync below: on a journaling file system a small commit's fsync
+        # (another thread's or process's) waits for the dirty data the journal commit must
+        # order before it, so one flush of tens of MiB stalls every commit beside it
+        step = (self.flush_bytes or 0) if self._fsync else 0
+        next_flush = step
+        written = 0
         try:
             try:
                 for buf in data.buffers if isinstance(data, Framed) else (data,):
                     view = memoryview(buf)
                     while view:
-                        n = os.write(fd, view)
+                        n = os.write(fd, view[:next_flush - written] if step else view)
                         view = view[n:]
+                        written += n
+                        if step and written >= next_flush:
+                            os.fdatasync(fd)
+                            next_flush = written + step
                 crashpoints.hit("file.tmp_written")
                 if self._fsync:
                     os.fsync(fd)

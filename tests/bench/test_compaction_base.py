@@ -21,13 +21,14 @@ def test_offgil_runs_every_case_and_the_worker_case_uses_the_worker() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "bench.compaction_base", "offgil", "--rows", "150000",
          "--appends", "2", "--rounds", "1", "--baseline-appends", "20",
-         "--cases", "baseline,in-process,worker,cpu,io", "--beside-part-mib", "1"],
+         "--cases", "baseline,in-process,worker,cpu,io,io-chunked",
+         "--beside-part-mib", "2", "--beside-flush-mib", "1"],
         cwd=ROOT, env=env, check=True, capture_output=True, text=True, timeout=600).stdout
     result = json.loads(out[out.index("{\n"):])
     runs = {r["case"]: r for r in result["runs"]}
-    assert set(runs) == {"baseline", "in-process", "worker", "cpu", "io"}
+    assert set(runs) == {"baseline", "in-process", "worker", "cpu", "io", "io-chunked"}
     # the baseline's appends, alone or beside a child doing one kind of the worker's work
-    for case in ("baseline", "cpu", "io"):
+    for case in ("baseline", "cpu", "io", "io-chunked"):
         assert runs[case]["appends"] == 20
         assert runs[case]["into_base_s"] is None
         assert runs[case]["workers_started"] == 0

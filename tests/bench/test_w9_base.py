@@ -72,8 +72,8 @@ def test_quick_rows_without_spark(tmp_path: Path) -> None:
 
     out = w9_base.appends(ctx, res, bulk_appends=2, part_rows=150_000, repeats=1, quick=True)
     runs = {r["case"]: r for r in out["runs"]}
-    assert set(runs) == {"baseline", "worker", "in-process", "cpu", "io"}
-    for case in ("baseline", "cpu", "io"):  # the appends alone or beside a busy child
+    assert set(runs) == {"baseline", "worker", "in-process", "cpu", "io", "io-chunked"}
+    for case in ("baseline", "cpu", "io", "io-chunked"):  # the appends alone or beside a busy child
         assert runs[case]["into_base_s"] is None
         assert runs[case]["appends"] == 20
     # the background brought the bulk load into the base, in its merge worker or in the
@@ -84,7 +84,7 @@ def test_quick_rows_without_spark(tmp_path: Path) -> None:
     assert runs["worker"]["workers_started"] >= 1
     assert runs["in-process"]["workers_started"] == 0
     for metric in (w9_base.APPEND_P50, w9_base.APPEND_P50_IN_PROCESS, w9_base.APPEND_P50_CPU,
-                   w9_base.APPEND_P50_IO):
+                   w9_base.APPEND_P50_IO, w9_base.APPEND_P50_IO_CHUNKED):
         assert set(res.metrics[metric].samples) == {"persist", w9_base.NO_MERGE}
     for metric in (w9_base.INTO_BASE, w9_base.INTO_BASE_IN_PROCESS):
         assert len(res.metrics[metric].samples["persist"]) == 1

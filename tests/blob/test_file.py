@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import persist
-from persist.blob.file import MAP_MIN_BYTES, FileBlob
+from persist.blob.file import FLUSH_BYTES, MAP_MIN_BYTES, FileBlob
 from persist.blob.metered import MeteredBlob
 from persist.errors import InvalidUsage, MissingResource, UnknownCollection
 from persist.location import resolve
@@ -34,6 +34,61 @@ class TestFileBlobMappingNothing(BlobConformance):
     @pytest.fixture
     def blob(self, tmp_path: Path) -> FileBlob:
         return FileBlob(tmp_path / "blob", map_min_bytes=None)
+
+
+class TestFileBlobFlushingInOddPieces(BlobConformance):
+    """Every value of more than 64 KiB written in pieces of an odd size, each flushed before
+    the next (framed values and their checksums included): the pieces join up to exactly the
+    value."""
+
+    @pytest.fixture
+    def blob(self, tmp_path: Path) -> FileBlob:
+        return FileBlob(tmp_path / "blob", flush_bytes=(1 << 16) + 7)
+
+
+def test_a_big_value_is_flushed_as_it_is_written(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value of several flush_bytes is flushed after each of them (a commit beside it then
+    never waits for all of it, bench/README.md); a smaller one only by the final fsync; with
+    fsync off, never."""
+    synced: list[int] = []
+    real = os.fdatasync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", spy)
+    blob = FileBlob(tmp_path / "b", flush_bytes=1000)
+    value = os.urandom(3500)
+    blob.set("data/a", value)
+    assert synced == [1000, 2000, 3000]
+    assert blob.get("data/a") == value
+    synced.clear()
+    # NB: stored framed (a header, then the value): the pieces cross the buffers' edge
+    assert blob.set_if_absent("data/b", value[:2500]) is True
+    assert synced == [1000, 2000]
+    assert blob.get("data/b") == value[:2500]
+    synced.clear()
+    blob.set("data/c", value[:900])
+    assert synced == []
+    FileBlob(tmp_path / "c", flush_bytes=1000, fsync=False).set("data/a", value)
+    assert synced == []
+
+
+def test_flushing_is_a_storage_option(tmp_path: Path) -> None:
+    """``storage_options={"flush_bytes": ...}`` sets the piece or turns flushing as a value is
+    written off (the final fsync stays); anything else is refused by name."""
+    assert resolve(tmp_path).blob.flush_bytes == FLUSH_BYTES  # type: ignore[attr-defined]
+    for off in (None, False, 0, "0"):
+        loc = resolve(tmp_path, storage_options={"flush_bytes": off})
+        assert loc.blob.flush_bytes is None  # type: ignore[attr-defined]
+    loc = resolve(tmp_path, storage_options={"flush_bytes": 1 << 22})
+    assert loc.blob.flush_bytes == 1 << 22  # type: ignore[attr-defined]
+    assert loc.blob.sibling(str(tmp_path / "s")).flush_bytes == 1 << 22  # type: ignore[attr-defined]
+    for bad in (-1, "big", True):
+        with pytest.raises(InvalidUsage, match="flush_bytes"):
+            resolve(tmp_path, storage_options={"flush_bytes": bad})
 
 
 def test_a_mapped_value_outlives_its_file_and_holds_no_descriptor(tmp_path: Path) -> None:
