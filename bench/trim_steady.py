@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -81,9 +82,11 @@ def counting() -> Iterator[None]:
 
 
 def _log_entries(root: Path) -> int:
-    # NB: recursive: a sharded log (format 7) keeps its entries in a directory per shard
-    d = root / layout.LOG_PREFIX
-    return sum(1 for f in d.rglob("*") if f.is_file()) if d.exists() else 0
+    # NB: recursive: a sharded log (format 7) keeps its entries in a directory per shard.
+    # os.walk, not Path.rglob: the writer's trim removes whole shard directories while this
+    # counts (rglob raised FileNotFoundError on one in a W12 run); a shard gone meanwhile
+    # holds no entry any more
+    return sum(len(files) for _, _, files in os.walk(root / layout.LOG_PREFIX))
 
 
 def steady(root: Path, seconds: float, grace: float, *, bin_s: float = 10.0,
