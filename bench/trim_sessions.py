@@ -23,7 +23,6 @@ run (a measurement, not a behaviour).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import statistics
@@ -31,51 +30,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 import persist
+from bench import trim_steady
 from persist import layout
-from persist.blob.file import FileBlob
 
 #: The GC grace of the sessions (persist's default): nothing is due for trimming inside a run
 #: of 100 sessions here, so every session's metadata is still there.
 GRACE = 300.0
-
-_lists: list[tuple[str, bool, int]] = []
-
-
-@contextlib.contextmanager
-def counting_lists() -> Iterator[None]:
-    """Counts every LIST (:data:`_lists`: prefix, whether after a key, keys returned) while
-    open; restores :class:`FileBlob` after."""
-    plain = FileBlob._list
-    after = getattr(FileBlob, "_list_after", None)
-
-    def counted(self: FileBlob, prefix: str) -> list[str]:
-        keys = plain(self, prefix)
-        _lists.append((prefix, False, len(keys)))
-        return keys
-
-    def counted_after(self: FileBlob, prefix: str, start_after: str) -> list[str]:
-        assert after is not None
-        keys: list[str] = after(self, prefix, start_after)
-        _lists.append((prefix, True, len(keys)))
-        return keys
-
-    FileBlob._list = counted  # type: ignore[method-assign]
-    if after is not None:
-        FileBlob._list_after = counted_after  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        FileBlob._list = plain  # type: ignore[method-assign]
-        if after is not None:
-            FileBlob._list_after = after  # type: ignore[method-assign]
-
 
 def _open(loc: str, grace: float) -> persist.Client:
     return persist.open(loc, reentrance_id="svc", options=persist.Options(gc_grace_seconds=grace),
@@ -113,14 +80,13 @@ def sessions(root: Path, count: int, commits: int, grace: float, *,
     rows: list[dict[str, float]] = []
     one = root.parent / "after-one"
     started = time.monotonic()
-    with counting_lists():
+    with trim_steady.counting():
         for s in range(1, count + 1):
-            _lists.clear()
+            trim_steady.listed.clear()
             t0 = time.perf_counter()
             client = _open(loc, grace)
             open_ms = (time.perf_counter() - t0) * 1000
-            log_lists = [(after, n) for prefix, after, n in _lists
-                         if layout.LOG_PREFIX.startswith(prefix)]
+            log_lists = trim_steady.log_lists(trim_steady.listed)
             w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
             for i in range(commits):
                 t = r.upper

@@ -30,29 +30,33 @@ import persist
 from persist import layout
 from persist.blob.file import FileBlob
 
-_lists: list[int] = []
+#: Every LIST while :func:`counting`: its prefix, whether it started after a key, keys returned.
+listed: list[tuple[str, bool, int]] = []
 #: Monotonic times of the deletes of ``meta/log/`` keys (one per entry or per shard).
 _log_deletes: list[float] = []
 
 
+def log_lists(lists: Sequence[tuple[str, bool, int]]) -> list[tuple[bool, int]]:
+    """The LISTs of ``lists`` that read ``meta/log/``: whether after a key, keys returned."""
+    return [(after, n) for prefix, after, n in lists if layout.LOG_PREFIX.startswith(prefix)]
+
+
 @contextlib.contextmanager
 def counting() -> Iterator[None]:
-    """Counts the LISTs of ``meta/log/`` (:data:`_lists`) and times the deletes of its keys
+    """Records every LIST (:data:`listed`) and times the deletes of ``meta/log/`` keys
     (:data:`_log_deletes`) while open; restores :class:`FileBlob` after."""
     plain, after = FileBlob._list, getattr(FileBlob, "_list_after", None)
     delete, delete_shard = FileBlob._delete, FileBlob._delete_shard
 
     def counted(self: FileBlob, prefix: str) -> list[str]:
         keys = plain(self, prefix)
-        if layout.LOG_PREFIX.startswith(prefix):
-            _lists.append(len(keys))
+        listed.append((prefix, False, len(keys)))
         return keys
 
     def counted_after(self: FileBlob, prefix: str, start_after: str) -> list[str]:
         assert after is not None
         keys: list[str] = after(self, prefix, start_after)
-        if layout.LOG_PREFIX.startswith(prefix):
-            _lists.append(len(keys))
+        listed.append((prefix, True, len(keys)))
         return keys
 
     def timed_delete(self: FileBlob, key: str) -> None:
@@ -64,7 +68,7 @@ def counting() -> Iterator[None]:
         _log_deletes.append(time.monotonic())
         delete_shard(self, shard, keys)
 
-    _lists.clear()
+    listed.clear()
     _log_deletes.clear()
     FileBlob._list = counted  # type: ignore[method-assign]
     if after is not None:
@@ -113,8 +117,8 @@ def steady(root: Path, seconds: float, grace: float, *, bin_s: float = 10.0,
             while True:
                 now = time.monotonic()
                 if now - bin_start >= bin_s:
-                    lists = list(_lists)
-                    _lists.clear()
+                    lists = [keys for _, keys in log_lists(listed)]
+                    listed.clear()
                     bins.append({"start_s": bin_start - started, "end_s": now - started,
                                  "rate": n / (now - bin_start), "lists": len(lists),
                                  "keys_listed": sum(lists), "log_entries": _log_entries(root)})
