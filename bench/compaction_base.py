@@ -31,11 +31,12 @@ process, or the default, in its merge worker process; appends run until the base
 Two more cases tell which of the merge worker's kinds of work costs the appends: ``cpu`` and
 ``io`` run the baseline's appends beside a child process at the worker's niceness that only
 spins, or only writes and fsyncs files of ``--beside-part-mib`` into the location's file
-system; ``io-chunked`` writes the same files but also flushes each every ``--beside-flush-mib``
-as it is written (``fdatasync``), as persist's file store writes a part. ``--flush-bytes`` sets
-the locations' ``flush_bytes`` storage option (0: off). Reports the append latency p50/p99 while the base is rewritten (baseline: all), the time from
-advancing the since to the bulk load being in the base (no call from the user), and the load
-average before and after each case (the machine is shared).
+system; ``io-chunked`` writes the same files but also flushes each every
+``--beside-flush-mib`` as it is written (``fdatasync``), as persist's file store writes a part.
+``--flush-bytes`` sets the locations' ``flush_bytes`` storage option (0: off). Reports the
+append latency p50/p99 while the base is rewritten (baseline: all), the time from advancing
+the since to the bulk load being in the base (no call from the user), and the load average
+before and after each case (the machine is shared).
 """
 
 from __future__ import annotations
@@ -233,47 +234,37 @@ def _in_base(client: persist.Client, name: str) -> bool:
 #: file system, at full speed.
 _BESIDE = {
     "cpu": "while True: pass",
+    # NB: io-chunked also flushes each file every --beside-flush-mib as it is written
+    # (fdatasync), as persist's file store writes a part; io (every 0) only at its end
     "io": ("import os, sys\n"
            "buf = os.urandom(1 << 20)\n"
+           "every = int(sys.argv[3])\n"
            "i = 0\n"
            "while True:\n"
            "    path = os.path.join(sys.argv[1], f'part-{i % 4}')\n"
            "    with open(path, 'wb') as f:\n"
-           "        for _ in range(int(sys.argv[2])):\n"
+           "        for n in range(1, int(sys.argv[2]) + 1):\n"
            "            f.write(buf)\n"
+           "            if every and n % every == 0:\n"
+           "                f.flush()\n"
+           "                os.fdatasync(f.fileno())\n"
            "        f.flush()\n"
            "        os.fsync(f.fileno())\n"
            "    i += 1\n"),
-    # NB: the same files, flushed to disk every --beside-flush-mib as they are written
-    # (fdatasync), not once at the end: what a merge writing its parts that way would cost
-    "io-chunked": ("import os, sys\n"
-                   "buf = os.urandom(1 << 20)\n"
-                   "every = int(sys.argv[3])\n"
-                   "i = 0\n"
-                   "while True:\n"
-                   "    path = os.path.join(sys.argv[1], f'part-{i % 4}')\n"
-                   "    with open(path, 'wb') as f:\n"
-                   "        for n in range(1, int(sys.argv[2]) + 1):\n"
-                   "            f.write(buf)\n"
-                   "            if n % every == 0:\n"
-                   "                f.flush()\n"
-                   "                os.fdatasync(f.fileno())\n"
-                   "        f.flush()\n"
-                   "        os.fsync(f.fileno())\n"
-                   "    i += 1\n"),
 }
 
 
 def _beside(case: str, where: str, args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
-    if case not in _BESIDE:
-        return None  # NB: before reading the io option, which callers of other cases lack
-    part_mib = args.beside_part_mib
+    script = _BESIDE.get("io" if case == "io-chunked" else case)
+    if script is None:
+        return None  # NB: before reading the io options, which callers of other cases lack
+    every = args.beside_flush_mib if case == "io-chunked" else 0
     os.makedirs(where)
     # NB: niced by itself, as the worker is (a preexec_fn would run in a fork of this
     # threaded process)
-    code = f"import os\nos.nice({offload.WORKER_NICE})\n{_BESIDE[case]}"
-    return subprocess.Popen([sys.executable, "-c", code, where, str(part_mib),
-                             str(args.beside_flush_mib)])
+    code = f"import os\nos.nice({offload.WORKER_NICE})\n{script}"
+    return subprocess.Popen([sys.executable, "-c", code, where, str(args.beside_part_mib),
+                             str(every)])
 
 
 def _offgil_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -363,7 +354,7 @@ def offgil(args: argparse.Namespace, log: Callable[[str], None] = _print) -> dic
                      for k in ("p50_ms", "p99_ms", "mean_ms", "appends_per_s")}
         if case in ("in-process", "worker"):
             out[case]["into_base_s"] = statistics.median(x["into_base_s"] for x in mine)
-    for case in ("in-process", "worker", *_BESIDE):
+    for case in ("in-process", "worker", *_BESIDE, "io-chunked"):
         if case in out and "baseline" in out:
             out[f"{case}_p50_over_baseline"] = round(
                 out[case]["p50_ms"] / out["baseline"]["p50_ms"], 2)
