@@ -10,7 +10,8 @@ Points (see DESIGN.md, failure model): ``file.tmp_written``, ``file.tmp_synced``
 ``compact.marks_written`` (a marks step's delta and marks blobs written, not committed),
 ``gc.before_delete``, ``gc.after_delete``, ``rollup.pieces_written`` (an incremental
 rollup's pieces are stored, its manifest not yet), ``rollup.written``, ``trim.log_deleted`` (a
-metadata trim deleted a log entry, or a whole shard of them, more to go), ``file.shard_emptied``
+metadata trim deleted a log entry, or a whole shard of them, more to go),
+``trim.rollup_thinned`` (a superseded rollup deleted before its trim, more to go), ``file.shard_emptied``
 (a file store deleted the last entry of a shard of a sharded log, or all of them, not yet its
 directory), ``fork.pinned`` (a fork across
 locations pinned the source's blobs, not yet committed), ``fork.committed``, ``adopt.adopted``

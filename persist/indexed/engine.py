@@ -1064,7 +1064,8 @@ class Indexed:
 
     def trim_metadata(self) -> int:
         """Deletes, by seq, the log entries up to the newest rollup that is at least ``grace``
-        old and the rollups before it (:class:`~persist.indexed.maintenance.gc.MetaTrim`);
+        old and the rollups before it (:class:`~persist.indexed.maintenance.gc.MetaTrim`),
+        then the superseded rollups younger than that which nothing needs (``MetaTrim.thin``);
         returns how many keys it deleted. Lists nothing, except once on a location whose trim
         progress no rollup records (an older persist's): then it LISTs the log once.
 
@@ -1074,14 +1075,17 @@ class Indexed:
         if self._trim.trimmed is None:
             self._trim.survey(self.blob)
             self._surveyed = True
-        upto = self._trim.ripe(self.options.gc_grace_seconds)
-        if upto is None:
-            return 0
-        n = self._trim.trim(self.blob, upto, log_from(self.state))
-        if (self._trim.trimmed or 0) >= upto:
-            # NB: the rollups below ``upto`` are deleted now: so go the pieces only they named.
-            n += self.machine.pieces.collect(self.blob, upto)
-        return n
+        grace = self.options.gc_grace_seconds
+        upto = self._trim.ripe(grace)
+        n = 0
+        if upto is not None:
+            n = self._trim.trim(self.blob, upto, log_from(self.state))
+            if (self._trim.trimmed or 0) >= upto:
+                # NB: the rollups below ``upto`` are deleted now: so go the pieces only they
+                # named.
+                n += self.machine.pieces.collect(self.blob, upto)
+        # NB: after the trim, so it never thins what the trim deletes anyway
+        return n + self._trim.thin(self.blob, grace)
 
     def reclaim_leaked(self, state: Callable[[], State]) -> bool:
         """Sweeps for leaked data blobs (:class:`~persist.indexed.maintenance.gc.LeakSweeper`)

@@ -11,6 +11,7 @@ never reached (the parent treats that as a failure of the test's setup).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -48,10 +49,16 @@ def main() -> None:
         # NB: a test of the sharded log's trim (tests/runtime/test_trim.py) shrinks the shards
         # so this short workload empties some; the parent reads the location with the same.
         layout.LOG_SHARD = int(os.environ["SEAM_LOG_SHARD"])
+    options = OPTIONS
+    if os.environ.get("SEAM_GRACE"):
+        # NB: a test of the rollups' thinning (tests/runtime/test_trim.py) needs a grace to
+        # thin inside: with none, each trim deletes every rollup but the newest.
+        options = dataclasses.replace(OPTIONS, gc_grace_seconds=float(os.environ["SEAM_GRACE"]))
+    writes = int(os.environ.get("SEAM_WRITES", WRITES))
     out = sys.stdout
-    with persist.open(location, reentrance_id=RID, options=OPTIONS) as client:
+    with persist.open(location, reentrance_id=RID, options=options) as client:
         write, read = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        for i in range(WRITES):
+        for i in range(writes):
             t = read.upper
             # Every third write is big enough for its own data blob; the rest ride inline.
             rows = 400 if i % 3 == 0 else 1 + i % 7

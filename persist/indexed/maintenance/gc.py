@@ -7,7 +7,8 @@ Three kinds of garbage, each with its own rule:
   state has that long to finish; after it, it retries on a newer state), then forgotten by a
   ``Forget`` op.
 * Old metadata: log entries ``<= R`` and rollups ``< R`` once rollup ``R`` is ``grace`` old,
-  deleted by sequence number (:class:`MetaTrim`), never by listing the log.
+  deleted by sequence number (:class:`MetaTrim`), never by listing the log; before that, the
+  superseded rollups nothing needs (:meth:`MetaTrim.thin`).
 * Leaked blobs: data written by a commit that never landed (a crash between writing a part and
   committing it). A commit that fails definitely deletes its own blobs, so these are rare. They
   are found by listing (``leaked``) and deleted only once they stayed unreferenced for a grace
@@ -23,6 +24,7 @@ deletes, and the sweeps count a pinned blob as referenced.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -73,6 +75,12 @@ def delete_retired(blob: Blob, keys: tuple[str, ...]) -> Forget:
 #: left with a long log (or of a log no short-lived writer trimmed) goes on in later rounds
 #: instead of holding one round for minutes (one DELETE per entry on S3).
 TRIM_BATCH = 4096
+#: A superseded rollup is thinned (:meth:`MetaTrim.thin`) only once its successor is this old
+#: (or a quarter of the grace, if less): a reader that listed the rollups before the successor
+#: was written has that long to read the one it found newest.
+THIN_PROTECT_SECONDS = 5.0
+#: The thinning keeps the first rollup of each of this many windows of a grace period.
+THIN_WINDOWS = 8
 
 
 @dataclass
@@ -178,10 +186,60 @@ class MetaTrim:
         """The newest rollup at least ``grace_seconds`` old, if any (see the class doc)."""
         now, now_ms = time.monotonic(), _now_ms()
         with self._lock:
-            ripe = [s for s, r in self.rollups.items()
-                    if now - r.mono >= grace_seconds
-                    or (not r.own and now_ms - r.wall_ms >= grace_seconds * 1000)]
+            ripe = [s for s, r in self.rollups.items() if _age(r, now, now_ms) >= grace_seconds]
         return max(ripe, default=None)
+
+    def thinnable(self, grace_seconds: float) -> list[int]:
+        """The superseded rollups nothing needs any more, ascending (see :meth:`thin`)."""
+        now, now_ms = time.monotonic(), _now_ms()
+        protect = min(THIN_PROTECT_SECONDS, grace_seconds / 4)
+        width_ms = max(1, int(grace_seconds * 1000 / THIN_WINDOWS))
+        with self._lock:
+            seqs = sorted(self.rollups)
+            shards: set[int] = set()
+            windows: set[int] = set()
+            out: list[int] = []
+            for s, succ in itertools.pairwise(seqs):
+                shard, window = s // layout.LOG_SHARD, self.rollups[s].wall_ms // width_ms
+                # NB: the first rollup of a shard's worth of seqs, or of a window of the
+                # grace, stays: a restore replays at most two shards of log from one, and
+                # the trim always has one ripening (so the log it keeps lags a grace by a
+                # window at most).
+                first = shard not in shards or window not in windows
+                shards.add(shard)
+                windows.add(window)
+                if not first and _age(self.rollups[succ], now, now_ms) >= protect:
+                    out.append(s)
+        return out
+
+    def thin(self, blob: Blob, grace_seconds: float) -> int:
+        """Deletes the superseded rollups nothing needs before their trim; returns how many.
+
+        A rollup older than the newest is needed by (a) a reader that listed the rollups
+        while it was the newest and is about to read it: so one goes only once its successor
+        is :data:`THIN_PROTECT_SECONDS` old (a quarter of the grace, if less; a reader that
+        finds it gone lists again, as after a trim), (b) a restore, which replays from the
+        newest rollup at or below its seq: so the first of each :data:`persist.layout.
+        LOG_SHARD` seqs stays, and (c) the trim, which trims to a rollup a grace old: so the
+        first of each eighth of the grace stays. Everything else is a copy of what the log
+        and the rollups kept already hold, and 100 short sessions inside one grace left 1,200
+        of them for every open to list (DESIGN.md §9). The log is not touched, nor are the
+        pieces: a piece only thinned manifests named goes with the trim that passes its
+        ``dropped`` seq, as before.
+
+        Raises:
+            ExternalError: a delete failed; what was deleted stays deleted.
+        """
+        from persist import crashpoints
+
+        n = 0
+        for seq in self.thinnable(grace_seconds):
+            blob.delete(layout.rollup_key(seq))
+            with self._lock:
+                self.rollups.pop(seq, None)
+            n += 1
+            crashpoints.hit("trim.rollup_thinned")
+        return n
 
     def trim(self, blob: Blob, upto: int, log_from: int | None = None) -> int:
         """Deletes the log entries ``trimmed+1 .. upto`` (at most :data:`TRIM_BATCH`, in
@@ -244,6 +302,12 @@ class MetaTrim:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _age(r: _Rollup, now: float, now_ms: int) -> float:
+    """How long ago rollup ``r`` was written at least, in seconds (see :class:`MetaTrim`)."""
+    age = now - r.mono
+    return age if r.own else max(age, (now_ms - r.wall_ms) / 1000)
 
 
 def referenced(state: State) -> set[str]:
