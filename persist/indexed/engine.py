@@ -1084,8 +1084,11 @@ class Indexed:
                 # NB: the rollups below ``upto`` are deleted now: so go the pieces only they
                 # named.
                 n += self.machine.pieces.collect(self.blob, upto)
-        # NB: after the trim, so it never thins what the trim deletes anyway
-        return n + self._trim.thin(self.blob, grace)
+        # NB: after the trim, so it never thins what the trim deletes anyway; then the pieces
+        # only the thinned rollups named, half a grace after a newer rollup dropped them (a
+        # reader's load trusts what it listed for half a grace, Machine.load)
+        n += self._trim.thin(self.blob, grace)
+        return n + self.machine.pieces.thin(self.blob, self._trim.known(), grace / 2)
 
     def reclaim_leaked(self, state: Callable[[], State]) -> bool:
         """Sweeps for leaked data blobs (:class:`~persist.indexed.maintenance.gc.LeakSweeper`)

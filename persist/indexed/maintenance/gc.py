@@ -189,6 +189,12 @@ class MetaTrim:
             ripe = [s for s, r in self.rollups.items() if _age(r, now, now_ms) >= grace_seconds]
         return max(ripe, default=None)
 
+    def known(self) -> list[int]:
+        """The rollups this trim knows to be stored (listed by a load or written since), and
+        not deleted by it yet."""
+        with self._lock:
+            return sorted(self.rollups)
+
     def thinnable(self, grace_seconds: float) -> list[int]:
         """The superseded rollups nothing needs any more, ascending (see :meth:`thin`)."""
         now, now_ms = time.monotonic(), _now_ms()

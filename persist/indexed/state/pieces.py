@@ -20,8 +20,10 @@ GC: a manifest also lists the pieces an older rollup still references (``dropped
 with the first rollup seq that no longer does. The metadata trim deletes the rollups below a
 rollup ``R`` that is a grace period old; the pieces dropped at or below ``R`` go with them
 (:meth:`Pieces.collect`), and are forgotten by the next manifest. Until the trim, a reader of
-an older rollup finds every piece it names. Retained metadata is then the live pieces (one
-rollup's worth) plus the pieces rewritten within a grace period.
+an older rollup finds every piece it names. Before that, a piece this writer wrote that only
+rollups the trim thinned named goes half a grace after its drop (:meth:`Pieces.thin`).
+Retained metadata is then the live pieces (one rollup's worth), the pieces of the rollups kept
+within a grace, and the pieces rewritten within half a grace.
 
 A location with one bucket's worth of collections keeps writing whole ``State`` rollups (the
 bytes of every persist before this), until it first grows past it; from then on it writes
@@ -30,6 +32,7 @@ manifests (an older persist refuses them with ``IncompatibleFormat``).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import hashlib
@@ -586,6 +589,14 @@ class Pieces:
         #: Pieces older rollups reference and the newest does not: key -> the first rollup
         #: seq that does not.
         self.dropped: dict[str, int] = {}
+        #: Pieces this writer wrote that no rollup before the one that wrote them names: key
+        #: -> that rollup's seq (see :meth:`thin`).
+        self._born: dict[str, int] = {}
+        #: When each piece this writer dropped was dropped (``time.monotonic()``).
+        self._dropped_at: dict[str, float] = {}
+        #: A manifest write of this writer failed: it may be stored and name pieces this
+        #: writer does not know it names, so :meth:`thin` deletes nothing any more.
+        self._doubt = False
         self._first_seen: dict[str, float] = {}
         # NB: the maintenance thread writes and collects while the commit thread may reload
         # (which calls ``loaded``): they meet only under this lock.
@@ -598,6 +609,9 @@ class Pieces:
                 # NB: a reload that listed the rollups before this writer's newest one was
                 # written: what it holds is newer, and its ``dropped`` complete.
                 return
+            # NB: what this writer knew of its own pieces' lives goes with a reload (only
+            # :meth:`thin` uses it; the trim collects them as before)
+            self._born, self._dropped_at = {}, {}
             if rollup is None or rollup.manifest is None or rollup.held is None:
                 self.buckets, self.held, self.dropped = 0, {}, {}
                 self.seq = 0 if rollup is None else rollup.state.seq
@@ -660,6 +674,7 @@ class Pieces:
         _map(lambda kd: _store(blob, kd), fresh)
         crashpoints.hit("rollup.pieces_written")
         live = {h.ref.key for h in now.values()}
+        held_keys = {h.ref.key for h in held.values()}
         dropped = {k: s for k, s in dropped.items() if k not in live}
         for h in held.values():
             if h.ref.key not in live:
@@ -673,8 +688,19 @@ class Pieces:
             pieces=tuple(now[b].ref for b in sorted(now)),
             dropped=tuple(Dropped(k, s) for k, s in sorted(dropped.items())),
             trim=msgspec.UNSET if trim is None else trim, log_from=state.log_from)
-        blob.set(key, meta.encode_manifest(manifest))
+        try:
+            blob.set(key, meta.encode_manifest(manifest))
+        except BaseException:
+            with self._lock:
+                self._doubt = True
+            raise
+        at = time.monotonic()
         with self._lock:
+            for k, _ in fresh:
+                if k not in held_keys and k not in self.dropped:
+                    self._born.setdefault(k, state.seq)
+            for k in dropped.keys() - self.dropped.keys():
+                self._dropped_at[k] = at
             self.buckets, self.held, self.dropped = buckets, now, dropped
             self.seq = max(self.seq, state.seq)
         return key
@@ -692,6 +718,46 @@ class Pieces:
             blob.delete(key)
             with self._lock:
                 self.dropped.pop(key, None)
+                self._born.pop(key, None)
+                self._dropped_at.pop(key, None)
+        return len(ripe)
+
+    def thin(self, blob: Blob, rollups: Iterable[int], protect_seconds: float) -> int:
+        """Deletes the dropped pieces that no stored rollup names any more, before the trim
+        would (the rollups that named them were thinned, :meth:`persist.indexed.maintenance.
+        gc.MetaTrim.thin`); returns how many it deleted.
+
+        A piece qualifies when this writer wrote it first (so every rollup naming it lies from
+        the one that wrote it to the one that dropped it, all this writer's), none of
+        ``rollups`` (every rollup still stored from that first one on) lies in that range, and
+        it was dropped ``protect_seconds`` ago (a reader that loaded the manifest naming it
+        lazily reads its pieces within moments of the load; it has that long). A piece of a
+        bucket an append keeps rewriting lives one rollup interval, so without this the
+        pieces written within a grace made most of a busy location's retained metadata.
+
+        Raises:
+            ExternalError: a delete failed; what was deleted stays forgotten.
+        """
+        now = time.monotonic()
+        kept = sorted(rollups)
+        with self._lock:
+            if self._doubt:
+                return 0
+            ripe = []
+            for key, end in self.dropped.items():
+                start = self._born.get(key)
+                at = self._dropped_at.get(key)
+                if start is None or at is None or now - at < protect_seconds:
+                    continue
+                i = bisect.bisect_left(kept, start)
+                if i == len(kept) or kept[i] >= end:
+                    ripe.append(key)
+        for key in sorted(ripe):
+            blob.delete(key)
+            with self._lock:
+                self.dropped.pop(key, None)
+                self._born.pop(key, None)
+                self._dropped_at.pop(key, None)
         return len(ripe)
 
     def sweep(self, blob: Blob, grace_seconds: float, now: float | None = None) -> list[str]:
