@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -421,6 +422,10 @@ class Indexed:
         #: The trim's progress was found by a LIST (:meth:`MetaTrim.survey`) and is not yet
         #: recorded in a rollup: the next round writes one, so no later writer LISTs again.
         self._surveyed = False
+        #: Held by the rollups, the metadata trim and the orphan-piece sweep
+        #: (:meth:`metadata_lock`): a maintenance round runs them, and so does the runtime
+        #: beside a round that waits on a long merge.
+        self._meta_lock = threading.Lock()
         #: No budgeted rewrite of an old part starts before this (monotonic): see rewrite.
         self._next_rewrite = 0.0
         #: Which collections a maintenance round must look at (DESIGN.md §8).
@@ -1013,14 +1018,20 @@ class Indexed:
         # trim failed (a GC failing every delete must not stop rollups, which bound the log
         # an open replays), and the trim's error is raised after it.
         failed: ExternalError | None = None
-        try:
-            self.trim_metadata()
-        except ExternalError as e:
-            failed = e
-        did = self.maybe_rollup(state, force=self._surveyed)
+        with self._meta_lock:
+            try:
+                self.trim_metadata()
+            except ExternalError as e:
+                failed = e
+            did = self.maybe_rollup(state, force=self._surveyed)
         if failed is not None:
             raise failed
         return did
+
+    def metadata_lock(self) -> threading.Lock:
+        """The lock :meth:`rollup_and_trim` (and the orphan-piece sweep) holds: while it is
+        held, no rollup is written and nothing of the metadata is deleted."""
+        return self._meta_lock
 
     def unpinned(self, keys: tuple[str, ...]) -> tuple[str, ...]:
         """Of the retired ``keys`` the GC is about to delete, those no fork in another location
@@ -1111,8 +1122,9 @@ class Indexed:
         deleted = self._leaks.sweep(self.blob, state, now)
         # NB: never sooner than twice the metadata grace: a rollup whose manifest's write was
         # indeterminate (stored, but unknown to this writer) names its pieces until trimmed.
-        orphans = self.machine.pieces.sweep(
-            self.blob, max(grace, 2 * self.options.gc_grace_seconds), now)
+        with self._meta_lock:  # no rollup of ours in flight (``Pieces.sweep``)
+            orphans = self.machine.pieces.sweep(
+                self.blob, max(grace, 2 * self.options.gc_grace_seconds), now)
         if orphans:
             log.info("deleted %d orphan rollup pieces (named by no rollup for over %gs)",
                      len(orphans), grace)

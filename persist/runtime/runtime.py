@@ -25,11 +25,12 @@ the lock *heartbeat*.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from persist import layout, metrics
@@ -62,6 +63,10 @@ from persist.runtime import commands as cmd
 from persist.runtime.branches import HoldDesk
 
 log = logging.getLogger("persist.runtime")
+
+#: The side thread rolls up and trims the metadata once a maintenance round has been under way
+#: this long (:meth:`Runtime._metadata_beside`).
+METADATA_BESIDE_SECONDS = 1.0
 
 
 class Published:
@@ -180,15 +185,21 @@ class Runtime:
         self._stop_lock = threading.Lock()
         self._maint_wake = threading.Event()
         self._maint_lock = threading.Lock()
+        #: When the maintenance round under way started (``time.monotonic()``; None: none).
+        self._round_started: float | None = None
         self.stats = {"commits": 0, "commands": 0, "groups_max": 0}
         self._thread = threading.Thread(target=self._run, name="persist-runtime", daemon=True)
         self._thread.start()
         self._maint_thread: threading.Thread | None = None
+        self._meta_thread: threading.Thread | None = None
         if maintenance:
             self._maint_thread = threading.Thread(
                 target=self._maintain, name="persist-maintenance", daemon=True
             )
             self._maint_thread.start()
+            self._meta_thread = threading.Thread(
+                target=self._metadata_beside, name="persist-metadata", daemon=True)
+            self._meta_thread.start()
         self._hb_thread: threading.Thread | None = None
         if lock is not None and lease is not None:
             self._hb_thread = threading.Thread(
@@ -553,7 +564,31 @@ class Runtime:
         plan the same merge twice, and the second would be refused (its parts are gone).
         """
         with self._maint_lock:
-            return self._maintain_round(background)
+            self._round_started = time.monotonic()
+            try:
+                return self._maintain_round(background)
+            finally:
+                self._round_started = None
+
+    def _metadata_beside(self) -> None:
+        """Rolls up and trims the metadata while a maintenance round has been under way for
+        :data:`METADATA_BESIDE_SECONDS` (a merge, which the round waits on, can take seconds to
+        minutes): a round's rollup and trim come after its merges, and waiting for them let
+        the log grow by every commit the merge took (W12: merges of up to 3.4 s, the log kept
+        for 30 s of grace held up to 45 s of commits). The engine's metadata lock serializes
+        the two threads' rollups and trims."""
+        while not self._maint_stop.wait(METADATA_BESIDE_SECONDS / 2):
+            started = self._round_started
+            if started is None or time.monotonic() - started < METADATA_BESIDE_SECONDS:
+                continue
+            if self._poisoned is not None:
+                return
+            try:
+                self.ix.rollup_and_trim(self.published.state)
+            except (ExternalError, RuntimeShutdown) as e:
+                log.warning("metadata rollup or trim beside a merge failed (will retry): %s", e)
+            except Exception:
+                log.exception("metadata rollup or trim beside a merge failed")
 
     def _maintain_round(self, background: bool) -> bool:
         # NB: the engine's round (its steps independent; it raises the first error after all
@@ -587,10 +622,18 @@ class Runtime:
         return self._holds_desk.round(self.ix.blob, lambda: self.published.state,
                                       self.submit, self.ix.lapsing)
 
-    def exclusive(self) -> threading.Lock:
-        """The lock a maintenance round holds: while it is held no round runs, so the GC
-        deletes nothing (a restore un-retires blobs under it)."""
-        return self._maint_lock
+    @property
+    def maintaining(self) -> bool:
+        """Whether a maintenance round is under way (the background's or ``Client.maintain``)."""
+        return self._maint_lock.locked()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Holds the lock a maintenance round holds and the engine's metadata lock: meanwhile
+        no round runs, so the GC deletes nothing (a restore un-retires blobs under it), and no
+        rollup or trim runs beside one (a restore replays the log)."""
+        with self._maint_lock, self.ix.metadata_lock():
+            yield
 
     # -- the lock heartbeat --------------------------------------------------------------------
 
@@ -627,8 +670,9 @@ class Runtime:
             self._maint_stop.set()
             self._maint_wake.set()
         me = threading.current_thread()
-        if self._maint_thread is not None and self._maint_thread is not me:
-            self._maint_thread.join(timeout)
+        for t in (self._maint_thread, self._meta_thread):
+            if t is not None and t is not me:
+                t.join(timeout)
         if self._maint_lock.acquire(timeout=-1 if timeout is None else timeout):
             self._maint_lock.release()  # an explicit round (Client.maintain) ended too
         # NB: after maintenance, which merges in it: no merge is left under way (unless the
@@ -639,7 +683,7 @@ class Runtime:
                 self._queue.put(cmd.Stop())
                 self._stopping.set()
         self._thread.join(timeout)
-        for t in (self._maint_thread, self._hb_thread):
+        for t in (self._maint_thread, self._meta_thread, self._hb_thread):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)
         self.published.close(RuntimeShutdown("the runtime was stopped"))

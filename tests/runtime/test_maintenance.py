@@ -113,7 +113,7 @@ def test_a_clean_stop_leaves_no_leaked_blob(tmp_path: Path) -> None:
             k = np.arange(t * 20_000, t * 20_000 + 40_000)
             w.append(pa.table({"key": k, "value": k % 7, "time": np.full(len(k), t, np.uint64),
                                "diff": np.ones(len(k), np.int64)}), upper=t + 1).result()
-        busy += client._runtime.exclusive().locked()  # type: ignore[union-attr]
+        busy += client._runtime.maintaining  # type: ignore[union-attr]
         client.stop()
         assert client.lock_lost is None
         report = verify(resolve(url).read_half(), url=url)

@@ -444,9 +444,9 @@ def _known(trim: gc.MetaTrim, rollups: dict[int, tuple[int, float]]) -> None:
 
 def test_thinning_keeps_the_newest_the_protected_and_one_per_window_and_shard() -> None:
     """Of the superseded rollups, the thinning keeps those a reader may still be reading
-    (successor younger than the protection), the first of each eighth of the grace (the
+    (successor younger than the protection), the first of each window of the grace (the
     trim's ladder) and the first of each log shard (a restore's replay), and no other."""
-    grace = 80.0  # windows of 10 s, protection 5 s (the cap, a quarter being 20 s)
+    grace = 10.0 * gc.THIN_WINDOWS  # windows of 10 s, protection 5 s (the cap)
     now, now_ms = time.monotonic(), int(time.time() * 1000)
     trim = gc.MetaTrim()
     shard = layout.LOG_SHARD
@@ -484,7 +484,7 @@ def test_short_sessions_inside_a_grace_leave_few_rollups_and_every_seq_restorabl
     kept rollups is restored by replaying from the one below it."""
     name = uuid.uuid4().hex
     blob = RecordingBlob(MemoryBlob(name))
-    grace = 4.0  # windows of 0.5 s, protection 1 s
+    grace = 4.0  # protection 1 s
     opts = Options(rollup_every=4, gc_grace_seconds=grace)
     started = time.monotonic()
     mark = 0
@@ -535,3 +535,56 @@ def test_a_writer_killed_while_thinning_rollups_loses_nothing(
     acked, tried = _parse(out)
     assert acked
     _check_recovery(location, acked, tried)  # every acknowledged write, nothing else
+
+
+def test_rollups_and_trims_go_on_beside_a_long_merge(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    """A maintenance round waits on its merges before its rollup and trim; while one takes
+    long (here a compaction step held for 3 s), the runtime's side thread rolls up and trims
+    the log meanwhile, so the log an open replays and the metadata kept do not grow with it."""
+    import threading
+
+    from persist.indexed.engine import Indexed
+    from persist.runtime import runtime as rt
+
+    stall = threading.Event()
+    stalled = threading.Event()
+    compact = Indexed.compact
+
+    def slow_compact(self: Indexed, *args: object, **kw: object) -> bool:
+        if stall.is_set():
+            stall.clear()
+            stalled.set()
+            time.sleep(3.0)
+        return compact(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Indexed, "compact", slow_compact)
+    root = tmp_path / "loc"
+    opts = Options(rollup_every=8, gc_grace_seconds=0.0)
+    with persist.open(root, reentrance_id="w", options=opts,
+                      storage_options={"fsync": False}) as client:
+        w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        stall.set()
+        assert stalled.wait(10.0)
+        began = time.monotonic()
+        for i in range(40):
+            t = r.upper
+            w.append([((t, i), t, 1)], t + 1).result()
+        head = client.state.seq
+        blob = FileBlob(str(root))
+        deadline = began + 3.0 - 0.2  # still inside the stalled round
+
+        def caught_up() -> bool:
+            rolled = max(_seqs(blob, layout.ROLLUP_PREFIX), default=0)
+            return rolled >= head - opts.rollup_every and \
+                min(_all_log_seqs(root), default=head + 1) > head - 2 * opts.rollup_every
+
+        while time.monotonic() < deadline and not caught_up():
+            time.sleep(0.05)
+        assert time.monotonic() < began + 3.0, "the round ended before the check"
+        rollups = _seqs(blob, layout.ROLLUP_PREFIX)
+        assert max(rollups, default=0) >= head - opts.rollup_every, (rollups, head)
+        assert min(_all_log_seqs(root), default=head + 1) > head - 2 * opts.rollup_every
+        assert rt.METADATA_BESIDE_SECONDS < 3.0
+        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+        assert len(r.snapshot(r.upper - 1).to_arrow()) == 40

@@ -80,7 +80,7 @@ TRIM_BATCH = 4096
 #: was written has that long to read the one it found newest.
 THIN_PROTECT_SECONDS = 5.0
 #: The thinning keeps the first rollup of each of this many windows of a grace period.
-THIN_WINDOWS = 8
+THIN_WINDOWS = 16
 
 
 @dataclass
@@ -227,7 +227,7 @@ class MetaTrim:
         finds it gone lists again, as after a trim), (b) a restore, which replays from the
         newest rollup at or below its seq: so the first of each :data:`persist.layout.
         LOG_SHARD` seqs stays, and (c) the trim, which trims to a rollup a grace old: so the
-        first of each eighth of the grace stays. Everything else is a copy of what the log
+        first of each sixteenth of the grace stays. Everything else is a copy of what the log
         and the rollups kept already hold, and 100 short sessions inside one grace left 1,200
         of them for every open to list (DESIGN.md §9). The log is not touched, nor are the
         pieces: a piece only thinned manifests named goes with the trim that passes its
