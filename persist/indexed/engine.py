@@ -1028,6 +1028,13 @@ class Indexed:
             raise failed
         return did
 
+    def trim_beside(self) -> int:
+        """:meth:`trim_metadata` under the metadata lock, for the runtime's thread beside a
+        maintenance round that waits on a merge (it writes no rollup: one written then would
+        carry the inline parts pending meanwhile, which the round flushes after its merge)."""
+        with self._meta_lock:
+            return self.trim_metadata()
+
     def metadata_lock(self) -> threading.Lock:
         """The lock :meth:`rollup_and_trim` (and the orphan-piece sweep) holds: while it is
         held, no rollup is written and nothing of the metadata is deleted."""

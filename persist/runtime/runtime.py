@@ -64,8 +64,8 @@ from persist.runtime.branches import HoldDesk
 
 log = logging.getLogger("persist.runtime")
 
-#: The side thread rolls up and trims the metadata once a maintenance round has been under way
-#: this long (:meth:`Runtime._metadata_beside`).
+#: The side thread trims the metadata log once a maintenance round has been under way this
+#: long (:meth:`Runtime._metadata_beside`).
 METADATA_BESIDE_SECONDS = 1.0
 
 
@@ -571,12 +571,13 @@ class Runtime:
                 self._round_started = None
 
     def _metadata_beside(self) -> None:
-        """Rolls up and trims the metadata while a maintenance round has been under way for
+        """Trims the metadata log while a maintenance round has been under way for
         :data:`METADATA_BESIDE_SECONDS` (a merge, which the round waits on, can take seconds to
-        minutes): a round's rollup and trim come after its merges, and waiting for them let
-        the log grow by every commit the merge took (W12: merges of up to 3.4 s, the log kept
-        for 30 s of grace held up to 45 s of commits). The engine's metadata lock serializes
-        the two threads' rollups and trims."""
+        minutes): a round's trim comes after its merges, and waiting for them let the log kept
+        grow by every commit the merge took (W12: merges of up to 3.4 s at a 30 s grace). No
+        rollup: one written beside a merge carries every inline part pending meanwhile, which
+        the round flushes only after it (W12 then wrote pieces of 10 MB). The engine's metadata
+        lock serializes this trim with the round's rollup and trim."""
         while not self._maint_stop.wait(METADATA_BESIDE_SECONDS / 2):
             started = self._round_started
             if started is None or time.monotonic() - started < METADATA_BESIDE_SECONDS:
@@ -584,11 +585,11 @@ class Runtime:
             if self._poisoned is not None:
                 return
             try:
-                self.ix.rollup_and_trim(self.published.state)
-            except (ExternalError, RuntimeShutdown) as e:
-                log.warning("metadata rollup or trim beside a merge failed (will retry): %s", e)
+                self.ix.trim_beside()
+            except ExternalError as e:
+                log.warning("metadata trim beside a merge failed (will retry): %s", e)
             except Exception:
-                log.exception("metadata rollup or trim beside a merge failed")
+                log.exception("metadata trim beside a merge failed")
 
     def _maintain_round(self, background: bool) -> bool:
         # NB: the engine's round (its steps independent; it raises the first error after all
