@@ -50,6 +50,24 @@ def _commits(client: Client, n: int, *, maintain_every: int = 16) -> None:
     client.maintain()
 
 
+def _rows(client: Client) -> int:
+    """The rows of collection ``c`` as of its newest time, as ``client`` reads them."""
+    _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+    return len(r.snapshot(r.upper - 1).to_arrow())
+
+
+def _killed_at(location: Path, seam: str, n: int) -> None:
+    """Runs the seam writer at ``location`` until ``seam``'s ``n``-th hit kills it, then checks
+    every acknowledged write is there and nothing else (``_check_recovery``)."""
+    proc = _spawn(location, seam, n)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGKILL, (
+        f"{seam}:{n} was not reached (exit {proc.returncode}): {err.decode()[-2000:]}")
+    acked, tried = _parse(out)
+    assert acked
+    _check_recovery(location, acked, tried)
+
+
 def _seqs(blob: Blob, prefix: str) -> list[int]:
     return [layout.seq_of(k) for k in blob.list_keys(prefix)]
 
@@ -78,8 +96,7 @@ def test_trimming_and_opening_never_list_the_log() -> None:
         assert blob.full_log_lists() == 0
         assert blob.log_keys_listed() == tail < opts.rollup_every + 2
         assert [p for p, _, _ in blob.lists].count(layout.LOG_PREFIX) == 1  # no second for the fence
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 300
+        assert _rows(client) == 300
     finally:
         client.stop()
 
@@ -109,8 +126,7 @@ def test_short_lived_writers_leave_a_bounded_log() -> None:
     # and the next writer reads everything back
     client = _open(blob, name, opts)
     try:
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == sessions * per
+        assert _rows(client) == sessions * per
     finally:
         client.stop()
 
@@ -154,8 +170,7 @@ def test_a_location_an_older_persist_trimmed_is_listed_once() -> None:
         client.maintain()
         _commits(client, 40)
         assert blob.full_log_lists() == 0
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 140
+        assert _rows(client) == 140
     finally:
         client.stop()
 
@@ -165,13 +180,7 @@ def test_a_location_an_older_persist_trimmed_is_listed_once() -> None:
 def test_a_writer_killed_in_a_trim_loses_nothing_and_the_next_trims(
         n: int, tmp_path: Path) -> None:
     location = tmp_path / "loc"
-    proc = _spawn(location, "trim.log_deleted", n)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, (
-        f"trim.log_deleted:{n} was not reached (exit {proc.returncode}): {err.decode()[-2000:]}")
-    acked, tried = _parse(out)
-    assert acked
-    _check_recovery(location, acked, tried)  # every acknowledged write, nothing else
+    _killed_at(location, "trim.log_deleted", n)
     blob = FileBlob(str(location))
     with persist.open(location, reentrance_id=RID, options=OPTIONS) as client:
         client.maintain()
@@ -270,8 +279,7 @@ def test_a_writer_open_reads_only_the_newest_shards_of_the_log(
         w.lock.release(w.lease)
     # a reader reads the same state, through every shard
     with persist.open(root, read_only=True) as replica:
-        _, r = replica.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 400
+        assert _rows(replica) == 400
 
 
 def test_a_trim_empties_and_removes_whole_shards(monkeypatch: pytest.MonkeyPatch,
@@ -311,13 +319,7 @@ def test_a_writer_killed_in_a_trim_of_a_sharded_log_loses_nothing(
     monkeypatch.setattr(layout, "LOG_SHARD", 4)
     monkeypatch.setenv("SEAM_LOG_SHARD", "4")
     location = tmp_path / "loc"
-    proc = _spawn(location, seam, n)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, (
-        f"{seam}:{n} was not reached (exit {proc.returncode}): {err.decode()[-2000:]}")
-    acked, tried = _parse(out)
-    assert acked
-    _check_recovery(location, acked, tried)  # every acknowledged write, nothing else
+    _killed_at(location, seam, n)
     with persist.open(location, reentrance_id=RID, options=OPTIONS) as client:
         client.maintain()
         client.maintain()
@@ -507,14 +509,12 @@ def test_short_sessions_inside_a_grace_leave_few_rollups_and_every_seq_restorabl
         windows = int(elapsed / (grace / gc.THIN_WINDOWS)) + 1
         assert len(rollups) <= windows + 2, (rollups, elapsed)
         assert len(rollups) < len(written) // 2, (rollups, sorted(written))
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 400
+        assert _rows(client) == 400
         base = max(s for s in rollups if s <= mark)
         print(f"restoring {mark} from rollup {base}; thinned between: "
               f"{sorted(s for s in written if base < s <= mark)}")
         client.restore(mark)
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 300
+        assert _rows(client) == 300
     finally:
         client.stop()
 
@@ -528,14 +528,7 @@ def test_a_writer_killed_while_thinning_rollups_loses_nothing(
     monkeypatch.setenv("SEAM_GRACE", "8")  # windows of 1 s, protection 2 s
     monkeypatch.setenv("SEAM_WRITES", "300")
     location = tmp_path / "loc"
-    proc = _spawn(location, "trim.rollup_thinned", n)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == -signal.SIGKILL, (
-        f"trim.rollup_thinned:{n} was not reached (exit {proc.returncode}): "
-        f"{err.decode()[-2000:]}")
-    acked, tried = _parse(out)
-    assert acked
-    _check_recovery(location, acked, tried)  # every acknowledged write, nothing else
+    _killed_at(location, "trim.rollup_thinned", n)
 
 
 def test_the_log_is_trimmed_beside_a_long_merge(monkeypatch: pytest.MonkeyPatch,
@@ -590,5 +583,4 @@ def test_the_log_is_trimmed_beside_a_long_merge(monkeypatch: pytest.MonkeyPatch,
             time.sleep(0.05)
         assert time.monotonic() < began + 3.0, "the round ended before the check"
         assert oldest() > first  # trimmed beside the stalled round
-        _, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == n + 1
+        assert _rows(client) == n + 1
