@@ -229,9 +229,8 @@ class MetaTrim:
         LOG_SHARD` seqs stays, and (c) the trim, which trims to a rollup a grace old: so the
         first of each sixteenth of the grace stays. Everything else is a copy of what the log
         and the rollups kept already hold, and 100 short sessions inside one grace left 1,200
-        of them for every open to list (DESIGN.md §9). The log is not touched, nor are the
-        pieces: a piece only thinned manifests named goes with the trim that passes its
-        ``dropped`` seq, as before.
+        of them for every open to list (DESIGN.md §9). The log is not touched; the pieces only
+        thinned manifests named go by :meth:`persist.indexed.state.pieces.Pieces.thin`.
 
         Raises:
             ExternalError: a delete failed; what was deleted stays deleted.
