@@ -25,7 +25,7 @@ from persist import layout
 from persist.blob.base import Blob
 from persist.blob.file import FileBlob
 from persist.blob.memory import MemoryBlob
-from persist.errors import ChecksumMismatch, Corruption
+from persist.errors import ChecksumMismatch, Corruption, Indeterminate
 from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
@@ -60,6 +60,23 @@ def _touch(client: Client, name: str, commits: int) -> None:
     for _ in range(commits):
         t = r.upper
         w.append([((-t, t), t, 1)], t + 1).result()
+
+
+def _rows(client: Client, name: str) -> int:
+    """The rows of collection ``name`` as of its newest time."""
+    _, r = client.create_or_load(name, key_type=pa.int64(), value_type=pa.int64())
+    return len(r.snapshot(r.upper - 1).to_arrow())
+
+
+def _named(blob: Blob) -> set[str]:
+    """The pieces every stored manifest names."""
+    named: set[str] = set()
+    for key in blob.list_keys(layout.ROLLUP_PREFIX):
+        data = blob.get(key)
+        assert data is not None
+        if meta.is_manifest(key, data):
+            named |= {p.key for p in meta.decode_manifest(key, data).pieces}
+    return named
 
 
 def _rollup_bytes_one_changed(n: int) -> tuple[int, int, int]:
@@ -143,20 +160,15 @@ def test_retired_pieces_and_rollups_are_collected() -> None:
             _touch(client, f"c{i}", opts.rollup_every)
             client.maintain()
         client.maintain()
-        _, r = client.create_or_load("c5", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + opts.rollup_every
+        assert _rows(client, "c5") == 20 + opts.rollup_every
     finally:
         client.stop()
     rollups = blob.list_keys(layout.ROLLUP_PREFIX)
     stored = set(blob.list_keys(layout.PIECE_PREFIX))
     newest = meta.decode_manifest(rollups[-1], blob.get(rollups[-1]) or b"")
-    live = {p.key for p in newest.pieces}
     # 30 rollups wrote about 30 pieces beyond the first 4: all but those the retained
     # rollups name are gone
-    named = set(live)
-    for key in rollups:
-        m = meta.decode_manifest(key, blob.get(key) or b"")
-        named |= {p.key for p in m.pieces}
+    named = _named(blob)
     assert len(rollups) <= 2
     assert stored == named, (sorted(stored - named)[:3], sorted(named - stored)[:3])
     assert len(stored) <= 2 * newest.buckets
@@ -534,17 +546,6 @@ def test_a_lazy_map_reads_and_changes_as_the_eager_dict_does() -> None:
         k: list(v.items()) for k, v in want.items()}
 
 
-def _named(blob: Blob) -> set[str]:
-    """The pieces every stored manifest names."""
-    named: set[str] = set()
-    for key in blob.list_keys(layout.ROLLUP_PREFIX):
-        data = blob.get(key)
-        assert data is not None
-        if meta.is_manifest(key, data):
-            named |= {p.key for p in meta.decode_manifest(key, data).pieces}
-    return named
-
-
 def test_pieces_only_thinned_rollups_named_go_half_a_grace_after_their_drop() -> None:
     """Appends to one collection rewrite its bucket's piece at every rollup. Inside a grace,
     the rollups between the kept ones are thinned, and the pieces only they named go half a
@@ -572,11 +573,9 @@ def test_pieces_only_thinned_rollups_named_go_half_a_grace_after_their_drop() ->
         rollups = blob.inner.list_keys(layout.ROLLUP_PREFIX)
         assert len(stored) < len(written) // 2, (len(stored), len(written), len(rollups))
         assert verify(blob.inner.read_only()).problems == []
-        _, r = client.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + 40 * opts.rollup_every
+        assert _rows(client, "c0") == 20 + 40 * opts.rollup_every
         client.restore(mark)
-        _, r = client.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
-        assert len(r.snapshot(r.upper - 1).to_arrow()) == 20 + 31 * opts.rollup_every
+        assert _rows(client, "c0") == 20 + 31 * opts.rollup_every
     finally:
         client.stop()
     assert len(Machine(blob.inner.read_only()).load().collections) == 100
@@ -591,8 +590,6 @@ class _StoresThenFails(RecordingBlob):
     def _set(self, key: str, data: Any) -> None:
         super()._set(key, data)
         if self.fail and key.startswith(layout.ROLLUP_PREFIX):
-            from persist.errors import Indeterminate
-
             raise Indeterminate(f"{key}: the reply was lost")
 
 

@@ -494,9 +494,12 @@ def test_short_sessions_inside_a_grace_leave_few_rollups_and_every_seq_restorabl
     for session in range(4):
         client = _open(blob, name, opts)
         try:
-            _commits(client, 100, maintain_every=4)
-            if session == 2:
-                mark = client.state.seq  # 300 rows
+            _commits(client, 50, maintain_every=8)
+            if session == 3:
+                # NB: in the last session: a mark older than a grace at the restore (a slow
+                # machine) is trimmed past, whatever the thinning
+                mark = client.state.seq  # 350 rows
+            _commits(client, 50, maintain_every=8)
         finally:
             client.stop()
     written = {layout.seq_of(k) for k in blob.keys_written(layout.ROLLUP_PREFIX)}
@@ -510,11 +513,8 @@ def test_short_sessions_inside_a_grace_leave_few_rollups_and_every_seq_restorabl
         assert len(rollups) <= windows + 2, (rollups, elapsed)
         assert len(rollups) < len(written) // 2, (rollups, sorted(written))
         assert _rows(client) == 400
-        base = max(s for s in rollups if s <= mark)
-        print(f"restoring {mark} from rollup {base}; thinned between: "
-              f"{sorted(s for s in written if base < s <= mark)}")
-        client.restore(mark)
-        assert _rows(client) == 300
+        client.restore(mark)  # replayed from the newest rollup kept below it
+        assert _rows(client) == 350
     finally:
         client.stop()
 

@@ -239,9 +239,7 @@ class MetaTrim:
 
         n = 0
         for seq in self.thinnable(grace_seconds):
-            blob.delete(layout.rollup_key(seq))
-            with self._lock:
-                self.rollups.pop(seq, None)
+            self._delete_rollup(blob, seq)
             n += 1
             crashpoints.hit("trim.rollup_thinned")
         return n
@@ -298,11 +296,15 @@ class MetaTrim:
         with self._lock:
             older = sorted(s for s in self.rollups if s < upto)
         for seq in older:
-            blob.delete(layout.rollup_key(seq))
-            with self._lock:
-                self.rollups.pop(seq, None)
+            self._delete_rollup(blob, seq)
             n += 1
         return n
+
+    def _delete_rollup(self, blob: Blob, seq: int) -> None:
+        """Deletes rollup ``seq`` and forgets it (a trim's or a thinning's)."""
+        blob.delete(layout.rollup_key(seq))
+        with self._lock:
+            self.rollups.pop(seq, None)
 
 
 def _now_ms() -> int:

@@ -714,13 +714,17 @@ class Pieces:
         """
         with self._lock:
             ripe = sorted(k for k, s in self.dropped.items() if s <= upto)
-        for key in ripe:
+        return self._delete_dropped(blob, ripe)
+
+    def _delete_dropped(self, blob: Blob, keys: list[str]) -> int:
+        """Deletes the dropped pieces ``keys`` in order and forgets each; returns how many."""
+        for key in keys:
             blob.delete(key)
             with self._lock:
                 self.dropped.pop(key, None)
                 self._born.pop(key, None)
                 self._dropped_at.pop(key, None)
-        return len(ripe)
+        return len(keys)
 
     def thin(self, blob: Blob, rollups: Iterable[int], protect_seconds: float) -> int:
         """Deletes the dropped pieces that no stored rollup names any more, before the trim
@@ -743,7 +747,7 @@ class Pieces:
         with self._lock:
             if self._doubt:
                 return 0
-            ripe = []
+            ripe: list[str] = []
             for key, end in self.dropped.items():
                 start = self._born.get(key)
                 at = self._dropped_at.get(key)
@@ -752,13 +756,7 @@ class Pieces:
                 i = bisect.bisect_left(kept, start)
                 if i == len(kept) or kept[i] >= end:
                     ripe.append(key)
-        for key in sorted(ripe):
-            blob.delete(key)
-            with self._lock:
-                self.dropped.pop(key, None)
-                self._born.pop(key, None)
-                self._dropped_at.pop(key, None)
-        return len(ripe)
+        return self._delete_dropped(blob, sorted(ripe))
 
     def sweep(self, blob: Blob, grace_seconds: float, now: float | None = None) -> list[str]:
         """Deletes orphan pieces: listed, named by neither the newest rollup nor its
