@@ -524,3 +524,33 @@ def test_diff_sums_are_exact_short_or_long(diffs: list[int]) -> None:
     assert columnar.small_ints(long.column("diff"), pa.int64(), "q") is None
     assert diff_sums(short) == expect(diffs)
     assert diff_sums(long) == expect(diffs * (4097 // len(diffs) + 1))
+
+
+def _nbytes_cases() -> dict[str, pa.Table]:
+    ints = pa.table({"key": pa.array(range(1000), pa.int64()),
+                     "time": pa.array(range(1000), pa.uint64())})
+    nulls = pa.table({"a": pa.array([1, None, 3] * 50, pa.int64()),
+                      "b": pa.array([True, False, None] * 50),
+                      "d": pa.array([1, None] * 75, pa.decimal128(10, 2)),
+                      "ts": pa.array([1, None, 2] * 50, pa.timestamp("us", tz="UTC"))})
+    return {
+        "fixed-width": ints,
+        "a slice of a longer table": ints.slice(317, 100),
+        "a group commit's chunks, sliced": pa.concat_tables(
+            [ints.slice(0, 100), ints.slice(500, 7), ints.slice(990)]),
+        "nullable columns": nulls,
+        "strings": pa.table({"s": ["a", "bb", None], "k": [1, 2, 3]}),
+        "a list": pa.table({"l": [[1, 2], [], None]}),
+        "a struct": pa.table({"r": [{"x": 1}, None]}),
+        "a dictionary": pa.table({"d": pa.array(["x", "yy", "x"]).dictionary_encode()}),
+        "empty": ints.slice(0, 0),
+    }
+
+
+@pytest.mark.parametrize("case", list(_nbytes_cases()))
+def test_arrow_nbytes_is_the_tables_own_count(case: str) -> None:
+    """The size the commit path decides by (inline or not, compressed or not) is
+    ``Table.nbytes``, found without visiting the buffers where the columns are fixed-width:
+    sliced, chunked and nullable tables included, and the other types by ``nbytes`` itself."""
+    table = _nbytes_cases()[case]
+    assert columnar.arrow_nbytes(table) == table.nbytes

@@ -530,6 +530,46 @@ _COMBINE_MAX_BYTES = 16 << 20
 BATCH_ROWS = 1 << 16
 
 
+def arrow_nbytes(table: pa.Table) -> int:
+    """The bytes ``table``'s rows take in Arrow (``Table.nbytes``: a slice counts as sliced),
+    found from the schema, the row count and the null counts when every column is of a
+    fixed-width type (within a byte per chunk of a boolean column or a validity bitmap);
+    ``Table.nbytes`` otherwise.
+
+    NB: ``Table.nbytes`` visits every buffer of every chunk and collects them in a set (buffers
+    shared between columns count once): 11 µs for a 100-row table of four int64 columns, and
+    152 µs for a group commit of 11 such appends (11 chunks), which the commit path paid twice
+    (the inline probe and the encoder's choices) on the runtime thread, holding the GIL the
+    writers' threads wait for. Every use is a size threshold, which these bytes decide alike.
+    """
+    widths = _fixed_widths(table.schema)
+    if widths is None:
+        return int(table.nbytes)
+    rows = table.num_rows
+    total = 0
+    for i, width in enumerate(widths):
+        total += (rows * width + 7) // 8
+        if table.column(i).null_count:
+            total += (rows + 7) // 8
+    return total
+
+
+@functools.lru_cache(maxsize=256)
+def _fixed_widths(schema: pa.Schema) -> tuple[int, ...] | None:
+    """The bit width of each of ``schema``'s columns, or None if one is not of a fixed-width
+    type (strings, lists, structs, null), or is a dictionary or an extension type (whose
+    ``bit_width`` is their indices' or their storage's, not what their rows take)."""
+    widths = []
+    for t in schema.types:
+        if pa.types.is_dictionary(t) or isinstance(t, pa.ExtensionType):
+            return None
+        try:
+            widths.append(t.bit_width)
+        except ValueError:
+            return None
+    return tuple(widths)
+
+
 def encode_part(table: pa.Table) -> pa.Buffer:
     """The part's stored form: an Arrow IPC stream (zstd unless small) of record batches of
     at most :data:`BATCH_ROWS` rows (see :func:`encode_batches`)."""
@@ -545,7 +585,7 @@ def encode_batches(table: pa.Table, batch_rows: int = BATCH_ROWS
     cost more than the checksum.
     """
     sink = pa.BufferOutputStream()
-    nbytes = table.nbytes
+    nbytes = arrow_nbytes(table)
     if table.num_columns and table.column(0).num_chunks > 1 and nbytes <= _COMBINE_MAX_BYTES:
         table = table.combine_chunks()
     opts = _WRITE_OPTS if nbytes >= COMPRESS_MIN_BYTES else _PLAIN_OPTS

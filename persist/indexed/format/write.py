@@ -103,7 +103,7 @@ def new_part(
         columnar.time_range(table) if len(table) else (0, 0))
     flag: bool | msgspec.UnsetType = True if full else msgspec.UNSET
     inserted, retracted = diff_sums(table)
-    if table.nbytes <= INLINE_PROBE_FACTOR * inline_threshold:
+    if columnar.arrow_nbytes(table) <= INLINE_PROBE_FACTOR * inline_threshold:
         data, _ = columnar.encode_batches(table, batch_rows)
         if len(data) <= inline_threshold:
             # NB: no stats for an inline part: its bytes are already in the metadata every
