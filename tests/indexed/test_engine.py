@@ -543,6 +543,8 @@ def _nbytes_cases() -> dict[str, pa.Table]:
         "a list": pa.table({"l": [[1, 2], [], None]}),
         "a struct": pa.table({"r": [{"x": 1}, None]}),
         "a dictionary": pa.table({"d": pa.array(["x", "yy", "x"]).dictionary_encode()}),
+        "an extension type": pa.table({"u": pa.ExtensionArray.from_storage(
+            pa.uuid(), pa.array([b"0123456789abcdef", None], pa.binary(16)))}),
         "empty": ints.slice(0, 0),
     }
 

@@ -561,7 +561,7 @@ def _fixed_widths(schema: pa.Schema) -> tuple[int, ...] | None:
     ``bit_width`` is their indices' or their storage's, not what their rows take)."""
     widths = []
     for t in schema.types:
-        if pa.types.is_dictionary(t) or isinstance(t, pa.ExtensionType):
+        if pa.types.is_dictionary(t) or isinstance(t, pa.BaseExtensionType):
             return None
         try:
             widths.append(t.bit_width)
