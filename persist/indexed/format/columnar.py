@@ -557,8 +557,9 @@ def arrow_nbytes(table: pa.Table) -> int:
 @functools.lru_cache(maxsize=256)
 def _fixed_widths(schema: pa.Schema) -> tuple[int, ...] | None:
     """The bit width of each of ``schema``'s columns, or None if one is not of a fixed-width
-    type (strings, lists, structs, null), or is a dictionary or an extension type (whose
-    ``bit_width`` is their indices' or their storage's, not what their rows take)."""
+    type (strings, lists, structs, null), or is a dictionary (whose ``bit_width`` is its
+    indices', not what its rows take) or an extension type (what its storage takes, left to
+    ``Table.nbytes`` rather than reasoned about type by type)."""
     widths = []
     for t in schema.types:
         if pa.types.is_dictionary(t) or isinstance(t, pa.BaseExtensionType):
