@@ -69,8 +69,9 @@ from persist.indexed.state.transitions import effective_since
 
 log = logging.getLogger("persist.distributed")
 
-#: The format of a :class:`CompactionTask` record.
-TASK_VERSION = 1
+#: The format of a :class:`CompactionTask` record. 2: a part may be a compressed inline part
+#: (metadata format 9), which a persist that predates it cannot decode.
+TASK_VERSION = 2
 #: Output parts of a distributed compaction are cut at about this many Arrow bytes (the
 #: writer's default base part target).
 PART_TARGET_BYTES = 64 << 20

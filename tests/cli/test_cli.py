@@ -139,8 +139,9 @@ def test_missing_location_is_not_created(tmp_path: Path) -> None:
 
 def test_inspect(loc: Path) -> None:
     info = json.loads(run("inspect", str(loc), "--json").stdout)
-    # its log is sharded (format 7; it holds Parquet parts too, format 4)
-    assert info["format_version"] == meta.SHARDED_LOG_FORMAT_VERSION
+    # its log is sharded (format 7), it holds Parquet parts (format 4) and compressed inline
+    # parts (format 9)
+    assert info["format_version"] == meta.PACKED_FORMAT_VERSION
     assert info["seq"] > 0
     assert info["writer"] == "builder"
     assert info["lock"]["holder"] == "builder"
@@ -159,7 +160,7 @@ def test_inspect(loc: Path) -> None:
     assert events["rows"] > 0
     assert events["bytes"] == events["inline_bytes"] + events["blob_bytes"]
     text = run("inspect", f"file://{loc}").stdout
-    for needle in ("format:     metadata v7", "events", "points", "lock:       free",
+    for needle in ("format:     metadata v9", "events", "points", "lock:       free",
                    "reader-a at 1"):
         assert needle in text, text
 

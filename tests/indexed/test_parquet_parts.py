@@ -403,6 +403,7 @@ def test_parquet_bytes_that_pass_the_checksum_are_still_checked() -> None:
 def test_a_record_referencing_a_parquet_part_is_version_4(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
+    monkeypatch.setattr(columnar, "INLINE_PACK_SHARE", 0.0)  # plain streams: before format 9
     ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w",
                       options=Options(inline_threshold=1 << 20))
     ix.fence()

@@ -134,7 +134,9 @@ INLINE = persist.Options(inline_threshold=64 << 10,
                          compaction=persist.CompactionPolicy(inline_flush_bytes=1 << 20))
 
 
-def test_only_what_carries_records_is_version_2(tmp_path: Path) -> None:
+def test_only_what_carries_records_is_version_2(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(columnar, "INLINE_PACK_SHARE", 0.0)  # plain streams: before format 9
     ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w", options=INLINE)
     ix.fence()
     ix.register("plain", pa.string(), pa.int64())

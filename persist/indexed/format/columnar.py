@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Literal
 
+import crc32c
 import msgspec
 import numpy as np
 import numpy.typing as npt
@@ -571,6 +572,74 @@ def _fixed_widths(schema: pa.Schema) -> tuple[int, ...] | None:
     return tuple(widths)
 
 
+#: The frame of a compressed inline part (:func:`pack_inline`): these 4 bytes, the stream's
+#: length and its crc32c (uint32s, little-endian), then the stream as one LZ4 block. An Arrow
+#: IPC stream starts with its continuation marker ``ff ff ff ff`` (every persist writes one),
+#: so the two are told apart by their first bytes.
+INLINE_MAGIC = b"PLZ4"
+_INLINE_HEAD = struct.Struct("<4sII")
+_LZ4 = pa.Codec("lz4_raw")
+#: A compressed inline part is kept only if it is at most this share of the stream: a part
+#: that hardly compresses (random ids) keeps its plain stream, which every persist reads.
+INLINE_PACK_SHARE = 0.875
+#: LZ4's largest ratio is 255:1; a frame claiming more is damaged, refused before allocating.
+_LZ4_MAX_RATIO = 255
+
+
+def pack_inline(data: pa.Buffer) -> bytes:
+    """The stored bytes of an inline part whose Arrow IPC stream is ``data``: the stream
+    compressed into an :data:`INLINE_MAGIC` frame when that saves at least an eighth, else the
+    stream itself.
+
+    NB: LZ4 on the whole stream, not Arrow's per-buffer compression: that starts a fresh
+    codec per buffer (120 µs to encode and 119 µs to decode a 100-row part of four int64
+    columns, zstd 248/197 µs), where one LZ4 block of the stream takes 5 µs and 2 µs (3,784
+    bytes to 1,657 for the benchmarks' rows). Inline parts live in every log entry and rollup
+    until compaction moves them out, so they are most of the metadata's bytes. The crc32c
+    (~1 µs) is of the stream itself: pyarrow's LZ4 block decoder hands back as many bytes as it
+    is told to, so a frame whose length is damaged would otherwise decode with a tail of
+    whatever the buffer held, and an inline part that travelled in a task or a staged handle
+    is checked by nothing else (the store's envelope covers only what was read from it).
+    """
+    packed: bytes = _LZ4.compress(data, asbytes=True)
+    if _INLINE_HEAD.size + len(packed) > INLINE_PACK_SHARE * data.size:
+        plain: bytes = data.to_pybytes()
+        return plain
+    return _INLINE_HEAD.pack(INLINE_MAGIC, data.size, crc32c.crc32c(data)) + packed
+
+
+def is_packed(data: bytes) -> bool:
+    """Whether the inline part ``data`` is an :data:`INLINE_MAGIC` frame (a reader before
+    metadata format 9 cannot read it)."""
+    return data[:4] == INLINE_MAGIC
+
+
+def unpack_inline(key: str, data: bytes | memoryview) -> bytes | memoryview:
+    """The Arrow IPC stream of the stored part ``data``: decompressed from its frame and
+    verified if it is one (:func:`pack_inline`), else ``data`` itself.
+
+    Raises:
+        Corruption: a frame that does not decompress to the length and crc32c it gives.
+    """
+    if bytes(data[:4]) != INLINE_MAGIC:
+        return data
+    view = memoryview(data)
+    if len(view) < _INLINE_HEAD.size:
+        raise Corruption(key, f"compressed inline part of {len(view)} bytes lacks its header")
+    _, size, crc = _INLINE_HEAD.unpack_from(view)
+    body = view[_INLINE_HEAD.size:]
+    if size > _LZ4_MAX_RATIO * len(body) + 16:
+        raise Corruption(key, f"compressed inline part claims {size} bytes from {len(body)}")
+    try:
+        out: bytes = _LZ4.decompress(body, decompressed_size=size, asbytes=True)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise Corruption(key, f"compressed inline part does not decompress: {e}") from e
+    if len(out) != size or crc32c.crc32c(out) != crc:
+        raise Corruption(key, f"compressed inline part does not decompress to the {size} "
+                              f"bytes of crc32c {crc:#010x} its header gives")
+    return out
+
+
 def encode_part(table: pa.Table) -> pa.Buffer:
     """The part's stored form: an Arrow IPC stream (zstd unless small) of record batches of
     at most :data:`BATCH_ROWS` rows (see :func:`encode_batches`)."""
@@ -599,12 +668,14 @@ def encode_batches(table: pa.Table, batch_rows: int = BATCH_ROWS
 
 
 def decode_part(key: str, data: bytes | memoryview, schema: pa.Schema) -> pa.Table:
-    """Decodes a stored part, checking its format tag and schema.
+    """Decodes a stored part (an inline one possibly compressed, :func:`pack_inline`),
+    checking its format tag and schema.
 
     Raises:
         Corruption: not an Arrow stream, or columns other than ``schema``'s.
         IncompatibleFormat: a newer part format.
     """
+    data = unpack_inline(key, data)
     try:
         table = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
     except (pa.ArrowInvalid, pa.ArrowException, OSError) as e:
@@ -637,6 +708,7 @@ def decode_batches(key: str, data: bytes | memoryview, schema: pa.Schema,
         IncompatibleFormat: a newer part format.
     """
     out: list[pa.RecordBatch] = []
+    data = unpack_inline(key, data)
     try:
         reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(data))
         have = pa.ipc.read_schema(reader.read_next_message())

@@ -49,8 +49,10 @@ from persist.indexed.format.meta import (
 )
 from persist.indexed.format.write import diff_sums
 
-#: The newest staged-part record this persist decodes (and the one it encodes).
-STAGED_PART_VERSION = 1
+#: The newest staged-part record this persist decodes (and the one it encodes). 2: its part may
+#: be a compressed inline part (metadata format 9), which a persist that predates it cannot
+#: decode.
+STAGED_PART_VERSION = 2
 
 _ENC = msgspec.msgpack.Encoder()
 _T = TypeVar("_T", bound="Travelling")

@@ -111,8 +111,9 @@ def new_part(
             # cost every small write on the commit path a pass per field. Nor a sort: the
             # commit path of a small write is its whole latency, and a reader decodes an
             # inline part whole anyway.
-            return PartMeta(id=part_id, rows=len(table), nbytes=len(data), min_time=lo,
-                            max_time=hi, consolidated=consolidated, inline=data.to_pybytes(),
+            inline = columnar.pack_inline(data)
+            return PartMeta(id=part_id, rows=len(table), nbytes=len(inline), min_time=lo,
+                            max_time=hi, consolidated=consolidated, inline=inline,
                             full=flag, inserted=inserted, retracted=retracted)
     if not (consolidated or ordered):
         table = sorting.sort_updates(table)

@@ -142,13 +142,15 @@ def resolve_as_of(c: CollectionMeta, as_of: int | None) -> int:
 
 #: The newest encoding of a part handle this persist decodes (and the one it encodes,
 #: :meth:`PartHandle.to_bytes`). 2: its part may be a marked part (metadata format 8), whose
-#: hidden rows a persist that predates marks would read.
-READ_RECORD_VERSION = 2
+#: hidden rows a persist that predates marks would read. 3: its part may be a compressed inline
+#: part (metadata format 9), which a persist that predates it cannot decode.
+READ_RECORD_VERSION = 3
 #: The newest encoding of a read task this persist decodes (and the one it encodes,
 #: :meth:`ReadTask.to_bytes`). 2: a filter's int literal outside msgpack's ints (a
 #: ``decimal128(38, 0)`` field's, say) travels as a ``"bigint"`` literal; 1 could not carry it.
-#: 3: a part may be marked (as a handle's 2).
-READ_TASK_VERSION = 3
+#: 3: a part may be marked (as a handle's 2). 4: a part may be a compressed inline part (as a
+#: handle's 3).
+READ_TASK_VERSION = 4
 
 
 class Address(msgspec.Struct, frozen=True):

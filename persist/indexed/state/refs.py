@@ -230,10 +230,11 @@ def _borrowed(src: CollectionMeta, p: PartMeta, t: int, root: str | None,
         table = columnar.decode_part(f"inline part {p.id}", p.inline, schema)
         table = table.filter(pc.less_equal(table.column("time"), pa.scalar(t, pa.uint64())))
         data, _ = columnar.encode_batches(table, columnar.BATCH_ROWS)
+        inline = columnar.pack_inline(data)
         lo, hi = columnar.time_range(table)
         ins, ret = diff_sums(table)
-        return replace(p, id=pid, rows=len(table), nbytes=len(data), min_time=lo, max_time=hi,
-                       inline=data.to_pybytes(), inserted=ins, retracted=ret,
+        return replace(p, id=pid, rows=len(table), nbytes=len(inline), min_time=lo, max_time=hi,
+                       inline=inline, inserted=ins, retracted=ret,
                        stats=msgspec.UNSET)
     assert p.blob_key is not None
     ref_root, key, upto = layout.parse_ref(p.blob_key)
