@@ -4,22 +4,18 @@ written by the persist that introduced it (``make_golden_v9``)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
-import msgspec
 import pyarrow as pa
 import pytest
 
-import persist
 from persist import layout
 from persist.blob.file import FileBlob
 from persist.errors import IncompatibleFormat
 from persist.indexed.engine import Indexed
 from persist.indexed.format import columnar, meta
-from persist.indexed.maintenance.verify import verify
-from tests.golden.make_golden_v8 import expected_of
+from persist.indexed.format.meta import CollectionMeta
+from tests.golden.pinning import pinned_records, reads_identically
 from tests.golden.records_v9 import (
     PACKED,
     PACKED_ROWS,
@@ -31,14 +27,7 @@ HERE = Path(__file__).parent
 
 
 def test_records_are_pinned() -> None:
-    commit = (HERE / "v9-commit.bin").read_bytes()
-    state = (HERE / "v9-state.bin").read_bytes()
-    assert meta.encode(fixed_packed_append()) == commit
-    assert meta.encode(fixed_packed_state()) == state
-    assert meta.decode_commit(layout.log_key(9), commit) == msgspec.structs.replace(
-        fixed_packed_append(), version=9)
-    got = meta.decode_state(layout.rollup_key(9), state)
-    assert got == msgspec.structs.replace(fixed_packed_state(), version=9)
+    got = pinned_records(9, fixed_packed_append(), fixed_packed_state())
     part = got.collections["packed"].parts[0]
     assert part.packed
     assert part.inline == PACKED
@@ -48,23 +37,13 @@ def test_records_are_pinned() -> None:
     assert meta.PACKED_FORMAT_VERSION == meta.FORMAT_VERSION == 9
 
 
+def _packed(c: CollectionMeta) -> None:
+    assert c.parts
+    assert all(p.packed for p in c.parts)
+
+
 def test_v9_location_reads_identically(tmp_path: Path) -> None:
-    loc = tmp_path / "loc"
-    shutil.copytree(HERE / "v9-location", loc)
-    expected = json.loads((HERE / "v9-expected.json").read_text())
-    with persist.open(loc, read_only=True) as replica:
-        c = replica.state.collections["c0"]
-        assert c.parts
-        assert all(p.packed for p in c.parts)
-        assert expected_of(replica) == expected
-    assert verify(FileBlob(loc).read_only()).problems == []
-    with persist.open(loc, reentrance_id="golden") as client:
-        w, r = client.create_or_load("c0", key_type=pa.int64(), value_type=pa.int64())
-        w.append([((5000, 1), r.upper, 1)], upper=r.upper + 1).result()
-        w.allow_compaction(r.upper - 1).result()
-        client.maintain()
-        assert expected_of(client)["c0"]["snapshots"][str(r.upper - 1)][-1] == [5000, 1, 1]
-    assert verify(FileBlob(loc).read_only()).problems == []
+    reads_identically(9, tmp_path, _packed)
 
 
 def test_v9_location_logs_its_appends_as_version_9() -> None:
