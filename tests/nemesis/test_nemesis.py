@@ -85,6 +85,7 @@ def test_nemesis_without_faults() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3700)  # the run's own limit is max_seconds=3600, not pytest's default 600
 @pytest.mark.parametrize("knob", list(knobs.KNOB_SETS))
 @pytest.mark.parametrize("where", ["mem", "file"])
 def test_nemesis_slow(where: str, knob: str, tmp_path: Path, slow_ops: int) -> None:
@@ -98,6 +99,7 @@ def test_nemesis_slow(where: str, knob: str, tmp_path: Path, slow_ops: int) -> N
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3700)  # as test_nemesis_slow
 @pytest.mark.parametrize("where", ["mem", "file"])
 def test_nemesis_slow_agitated(where: str, tmp_path: Path, slow_ops: int) -> None:
     """The whole run with the agitator flipping knob sets every 100 ms."""
