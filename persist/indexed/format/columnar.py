@@ -596,7 +596,7 @@ def pack_inline(data: pa.Buffer) -> bytes:
     columns, zstd 248/197 µs), where one LZ4 block of the stream takes 5 µs and 2 µs (3,784
     bytes to 1,657 for the benchmarks' rows). Inline parts live in every log entry and rollup
     until compaction moves them out, so they are most of the metadata's bytes. The crc32c
-    (~1 µs) is of the stream itself: pyarrow's LZ4 block decoder hands back as many bytes as it
+    (0.3 µs) is of the stream itself: pyarrow's LZ4 block decoder hands back as many bytes as it
     is told to, so a frame whose length is damaged would otherwise decode with a tail of
     whatever the buffer held, and an inline part that travelled in a task or a staged handle
     is checked by nothing else (the store's envelope covers only what was read from it).

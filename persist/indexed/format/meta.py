@@ -625,10 +625,10 @@ def required_version(record: Commit | State) -> int:
     """The lowest format version that can carry ``record``: 9 if it adds (a commit) or holds
     (a rollup) a compressed inline part, else 8 if it adds or holds a marked part, else 5 if it
     restores a state (a commit) or registers or holds a collection referencing a blob it does
-    not own (a fork), else 4 if it adds (a commit) or holds (a rollup) a Parquet part, else 3 if it evolves a
-    schema (a commit) or registers or holds an evolved collection, else 2 if it registers (a
-    commit) or holds (a rollup) a collection of version-2 types, else 1; and at least 7 for
-    the commit that shards the log and every state of a sharded log."""
+    not own (a fork), else 4 if it adds or holds a Parquet part, else 3 if it evolves a schema
+    (a commit) or registers or holds an evolved collection, else 2 if it registers (a commit)
+    or holds (a rollup) a collection of version-2 types, else 1; and at least 7 for the commit
+    that shards the log and every state of a sharded log."""
     if record.log_from is not msgspec.UNSET:
         return max(SHARDED_LOG_FORMAT_VERSION, _required(record))
     return _required(record)
