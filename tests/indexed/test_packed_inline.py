@@ -136,7 +136,9 @@ def test_a_staged_inline_part_with_a_damaged_frame_is_refused_before_a_commit() 
         transfer.check_inline(part, SCHEMA)
 
 
-def test_a_packed_part_is_merged_out_of_the_metadata_by_compaction(tmp_path: Path) -> None:
+def test_compaction_merges_compressed_parts_exactly(tmp_path: Path) -> None:
+    """Six compressed inline appends are tiered (decoded from their frames, merged, written
+    again) and read as the sum of what was written."""
     ix = Engine.open(FileBlob(tmp_path), epoch=1, writer="w",
                      options=Options(gc_grace_seconds=0))
     ix.fence()
