@@ -6,6 +6,13 @@ file, then rename (``set``) or hard-link (``set_if_absent``) into place, then fs
 ``link(2)`` fails with EEXIST when the target exists, which makes conditional create atomic
 against every other process on the machine (the kernel arbitrates, no lock file needed).
 
+A conditional create's temp file has no name where the file system allows it (``O_TMPFILE``,
+linked into place with ``linkat`` through ``/proc/self/fd``): no temp name to create and unlink,
+so the directory changes once per commit, not three times (0.375-0.384 ms against 0.453-0.458
+for a 2 KB create + fsync + directory fsync on ext4 here, 1,200 each, alternating), and a
+process killed before the link leaves nothing behind (the unnamed inode is freed with it).
+Where ``O_TMPFILE`` or ``/proc`` is missing, the named temp file does the same job.
+
 Values of ``map_min_bytes`` or more (data parts) are read by mapping the file, not copying it:
 reading a 10 MB part into fresh memory cost ~20% of decoding it. Files are never changed in
 place (a new value is a new inode; GC unlinks, which leaves a live mapping intact), so a mapping
@@ -34,6 +41,10 @@ from persist.blob.envelope import Framed
 from persist.errors import Determinate, Indeterminate, InvalidUsage
 
 _TMP = ".tmp-"
+#: ``open(2)``'s flag for an unnamed file in a directory (Linux only).
+_O_TMPFILE: int | None = getattr(os, "O_TMPFILE", None)
+#: What ``open(2)`` answers with ``O_TMPFILE`` where the file system (or an old kernel) has none.
+_NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 #: Values at least this large are memory-mapped when read (see the module docstring).
 MAP_MIN_BYTES = 1 << 20
 #: A value is flushed to disk every this many bytes as it is written (``fdatasync``), so
@@ -55,6 +66,9 @@ class FileBlob(Blob):
         # voids the durability guarantee and is never the default.
         self._fsync = fsync
         self._known_dirs: set[str] = set()
+        #: Whether conditional creates use an unnamed temp file (see the module docstring);
+        #: turned off for good by the first file system that refuses one.
+        self._unnamed = _O_TMPFILE is not None and os.path.isdir("/proc/self/fd")
         # NB: the root is created by the first write (``_ensure_dir`` makes every missing
         # directory up to it, durably), not here: a read-only replica opened on a mistyped
         # path must not leave directories behind, and reads of a missing root are just empty.
@@ -198,34 +212,23 @@ class FileBlob(Blob):
         """The one place durability happens. Returns False if ``exclusive`` and the key exists."""
         path = self._path(key)
         directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f"{_TMP}{uuid.uuid4().hex}")
         try:
             self._ensure_dir(directory)
+        except OSError as e:
+            raise Determinate(f"writing {key!r}: {e}") from e
+        if exclusive and self._unnamed:
+            created = self._create_unnamed(key, path, directory, data)
+            if created is not None:
+                return created
+        tmp = os.path.join(directory, f"{_TMP}{uuid.uuid4().hex}")
+        try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as e:
             raise Determinate(f"writing {key!r}: {e}") from e
         linked = False
-        # NB: a big value is flushed to disk as it is written, every flush_bytes, not all at
-        # once by the fsync below: on a journaling file system a small commit's fsync
-        # (another thread's or process's) waits for the dirty data the journal commit must
-        # order before it, so one flush of tens of MiB stalls every commit beside it
-        step = (self.flush_bytes or 0) if self._fsync else 0
-        next_flush = step
-        written = 0
         try:
             try:
-                for buf in data.buffers if isinstance(data, Framed) else (data,):
-                    view = memoryview(buf)
-                    while view:
-                        n = os.write(fd, view[:next_flush - written] if step else view)
-                        view = view[n:]
-                        written += n
-                        if step and written >= next_flush:
-                            os.fdatasync(fd)
-                            next_flush = written + step
-                crashpoints.hit("file.tmp_written")
-                if self._fsync:
-                    os.fsync(fd)
+                self._write_synced(fd, data)
             finally:
                 os.close(fd)
             crashpoints.hit("file.tmp_synced")
@@ -249,6 +252,70 @@ class FileBlob(Blob):
             if exclusive or not linked:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
+
+    def _create_unnamed(self, key: str, path: str, directory: str,
+                        data: bytes | Framed) -> bool | None:
+        """``_write_durably``'s conditional create through an unnamed temp file (the module
+        docstring): True created, False the key exists, None this file system has no unnamed
+        files (nothing was written; the caller takes the named temp file)."""
+        assert _O_TMPFILE is not None
+        try:
+            fd = os.open(directory, os.O_WRONLY | _O_TMPFILE, 0o644)
+        except OSError as e:
+            if e.errno in _NO_TMPFILE:
+                self._unnamed = False
+                return None
+            raise Determinate(f"writing {key!r}: {e}") from e
+        linked = False
+        try:
+            try:
+                self._write_synced(fd, data)
+                crashpoints.hit("file.tmp_synced")
+                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+                try:
+                    # NB: linkat with AT_SYMLINK_FOLLOW (what a dir fd and follow_symlinks
+                    # make CPython call) on the descriptor's /proc name: the way open(2)
+                    # documents to give an O_TMPFILE file a name. EEXIST is the refusal.
+                    try:
+                        os.link(f"/proc/self/fd/{fd}", os.path.basename(path),
+                                dst_dir_fd=dfd, follow_symlinks=True)
+                    except FileExistsError:
+                        return False
+                    linked = True
+                    crashpoints.hit("file.linked")
+                    if self._fsync:
+                        os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            finally:
+                os.close(fd)
+            return True
+        except OSError as e:
+            if linked:
+                raise Indeterminate(f"syncing directory for {key!r}: {e}") from e
+            raise Determinate(f"writing {key!r}: {e}") from e
+
+    def _write_synced(self, fd: int, data: bytes | Framed) -> None:
+        """Writes ``data`` to ``fd`` and fsyncs it (unless fsync is off)."""
+        # NB: a big value is flushed to disk as it is written, every flush_bytes, not all at
+        # once by the fsync below: on a journaling file system a small commit's fsync
+        # (another thread's or process's) waits for the dirty data the journal commit must
+        # order before it, so one flush of tens of MiB stalls every commit beside it
+        step = (self.flush_bytes or 0) if self._fsync else 0
+        next_flush = step
+        written = 0
+        for buf in data.buffers if isinstance(data, Framed) else (data,):
+            view = memoryview(buf)
+            while view:
+                n = os.write(fd, view[:next_flush - written] if step else view)
+                view = view[n:]
+                written += n
+                if step and written >= next_flush:
+                    os.fdatasync(fd)
+                    next_flush = written + step
+        crashpoints.hit("file.tmp_written")
+        if self._fsync:
+            os.fsync(fd)
 
     @override
     def _set(self, key: str, data: bytes | Framed) -> None:

@@ -57,6 +57,11 @@ def test_a_marked_base_reads_as_the_client_and_the_python_source(
         spark: Any, tmp_path_factory: pytest.TempPathFactory,
         h: tuple[list[Any], list[list[Any]]]) -> None:
     base, batches = h
+    # NB: a marks step needs a run that touches the base: runs of only new keys past its last
+    # part (one row of key 600, drawn in a CI run) are appended to the base, nothing marked.
+    # A retraction of a base row in the first batch makes every history one that marks.
+    k, v, _ = base[0]
+    batches = [[(k, v, -1), *batches[0]], *batches[1:]]
     root = tmp_path_factory.mktemp("marks")
     since = len(batches) - 1 if len(batches) > 1 else 1
     ix = _marked(root, base, batches, since)
