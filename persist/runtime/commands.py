@@ -36,6 +36,12 @@ class PersistFuture(concurrent.futures.Future[Any]):
     ``cancel()`` returns False, as ``concurrent.futures`` does for a call already running.
     """
 
+    def __init__(self) -> None:
+        super().__init__()
+        #: Set by the runtime for a write: called by a thread about to block on this future,
+        #: it may run the write itself (``Runtime._help``; the runtime module's docstring).
+        self.helper: Callable[[PersistFuture], None] | None = None
+
     def cancel(self) -> bool:
         """Always False: the command is ordered and will commit (or be refused) regardless."""
         # NB: asyncio.wrap_future cancels the wrapped future when the awaiting task is
@@ -49,6 +55,9 @@ class PersistFuture(concurrent.futures.Future[Any]):
         loop raises InvalidUsage instead of freezing the loop."""
         if not self.done():
             forbid_in_event_loop("Future.result()")
+            helper = self.helper
+            if helper is not None and timeout is None:
+                helper(self)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

@@ -11,6 +11,17 @@ Loop::
 No timer: an idle runtime commits a lone write at once, and while a commit is in flight new
 commands queue up and become the next group. That is the whole group-commit mechanism.
 
+Who runs a group: whoever holds the *turn* (``Runtime._turn``), and commands leave the queue
+only under it, so groups are staged in queue order whoever runs them. Usually the runtime
+thread; but a thread that blocks on the future of its own write (``PersistFuture.result``)
+while that write is still queued takes the turn if it is free and runs the queue's head itself
+(``Runtime._help``): the writes at the head, up to and including its own. That saves the two
+thread handoffs of a lone acknowledged write (waking the runtime thread, then waking the
+caller: 60-70 µs each of a ~1.2 ms local append, measured), and changes nothing else: a caller
+that does not wait (pipelined writes, the asyncio face) leaves its writes to the runtime
+thread, which groups them as before, and only writes are run so (maintenance results, options,
+schema changes, restores and stops stay with the runtime thread).
+
 Failure handling:
 
 * Definite failure (nothing landed): the group's futures fail with the error; the state stays.
@@ -25,9 +36,9 @@ the lock *heartbeat*.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -175,7 +186,12 @@ class Runtime:
         self.maintenance_linger = maintenance_linger
         self.maintenance_interval = maintenance_interval
         self.lock_lost: Fenced | None = None
-        self._queue: queue.SimpleQueue[cmd.Command] = queue.SimpleQueue()
+        self._queue = _CommandQueue()
+        #: Held by whoever takes commands from the queue and runs them as a group (the module
+        #: docstring): the runtime thread, or a caller waiting on its own write.
+        self._turn = threading.Lock()
+        #: Set (under the turn) once the loop has seen a Stop or ended: nobody runs a group.
+        self._closed = False
         self._poisoned: BaseException | None = None
         self._stopping = threading.Event()
         #: Set by stop before ``_stopping``: no maintenance round starts, one under way ends
@@ -223,8 +239,34 @@ class Runtime:
             if self._stopping.is_set():
                 command.future.set_exception(RuntimeShutdown("the runtime was stopped"))
             else:
+                if isinstance(command, cmd.Apply):
+                    command.future.helper = self._help
                 self._queue.put(command)
         return command.future
+
+    def _help(self, future: cmd.PersistFuture) -> None:
+        """A caller about to block on ``future`` (its write's) runs the writes at the head of
+        the queue itself, up to its own, if nobody holds the turn (the module docstring).
+        Returns at once if somebody does: the runtime thread then commits them."""
+        if not self._turn.acquire(blocking=False):
+            return
+        try:
+            while not future.done() and not self._closed:
+                group = self._queue.take(self._group_size(), only=cmd.Apply)
+                if not group:
+                    return
+                try:
+                    self._step(group)
+                except BaseException as e:  # a bug: fail-stop, as the loop would
+                    self._poison(e)
+                    raise
+        finally:
+            self._turn.release()
+
+    def _group_size(self) -> int:
+        # NB: options are read at each use: Client.set_options may have replaced them since
+        # the last group. With group commit off, a group is one command.
+        return self.max_group if self.ix.options.group_commit else 1
 
     def _shutdown_error(self) -> RuntimeShutdown:
         why = self._poisoned
@@ -240,37 +282,29 @@ class Runtime:
     def _run(self) -> None:
         try:
             while True:
-                group = [self._queue.get()]
-                # NB: options are read here, at each use: Client.set_options may have replaced
-                # them since the last group. With group commit off, a group is one command.
-                grouping = self.ix.options.group_commit
-                if grouping:
-                    self._take_queued(group)
-                if grouping and self.maintenance_linger > 0 and all(
-                    isinstance(c, cmd.Maintenance) for c in group
-                ):
+                self._queue.wait()
+                with self._turn:
+                    size = self._group_size()
+                    group = self._queue.take(size)
+                    if not group:
+                        continue  # a caller waiting on its write ran them (``_help``)
                     # NB: compaction and GC results need not be durable soon. Holding a group
                     # of only those briefly lets them ride in the next user commit instead of
-                    # costing a commit (an fsync) of their own, which a write arriving a moment
-                    # later would have to wait behind. Any command (Stop too) ends the wait.
-                    try:
-                        group.append(self._queue.get(timeout=self.maintenance_linger))
-                    except queue.Empty:
-                        pass
-                    else:
-                        self._take_queued(group)
-                if self._step(group):
-                    break
+                    # costing a commit (an fsync) of their own, which a write arriving a
+                    # moment later would have to wait behind. Any command (Stop too) ends the
+                    # wait. The turn is held meanwhile: a caller waiting on that write leaves
+                    # it to this thread.
+                    if size > 1 and self.maintenance_linger > 0 and all(
+                        isinstance(c, cmd.Maintenance) for c in group
+                    ) and self._queue.wait(self.maintenance_linger):
+                        group += self._queue.take(size - len(group))
+                    if self._step(group):
+                        self._closed = True
+                        break
         finally:
-            self._drain_after_stop()
-
-    def _take_queued(self, group: list[cmd.Command]) -> None:
-        """Adds every command already queued to ``group`` (up to ``max_group``)."""
-        while len(group) < self.max_group:
-            try:
-                group.append(self._queue.get_nowait())
-            except queue.Empty:
-                return
+            with self._turn:
+                self._closed = True
+                self._drain_after_stop()
 
     def _step(self, group: list[cmd.Command]) -> bool:
         """Commits one group. Returns True when a Stop was seen."""
@@ -517,10 +551,10 @@ class Runtime:
 
     def _drain_after_stop(self) -> None:
         while True:
-            try:
-                c = self._queue.get_nowait()
-            except queue.Empty:
+            taken = self._queue.take(1)
+            if not taken:
                 return
+            c = taken[0]
             if isinstance(c, cmd.Stop):
                 c.future.set_result(None)
             else:
@@ -728,3 +762,35 @@ class Runtime:
     def describe(self) -> dict[str, Any]:
         """Counters of what the runtime did (commits, groups, maintenance), for diagnostics."""
         return dict(self.stats)
+
+
+class _CommandQueue:
+    """The runtime's queue of commands: FIFO, a put never blocks, and taking is separate from
+    waiting, so that commands leave it only under the runtime's turn (the module docstring)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[cmd.Command] = collections.deque()
+        self._ready = threading.Condition(threading.Lock())
+
+    def put(self, command: cmd.Command) -> None:
+        with self._ready:
+            self._items.append(command)
+            self._ready.notify()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until a command is queued (or ``timeout`` seconds passed: False)."""
+        with self._ready:
+            return self._ready.wait_for(lambda: bool(self._items), timeout)
+
+    def take(self, limit: int, *, only: type | None = None) -> list[cmd.Command]:
+        """Up to ``limit`` commands from the head (with ``only``, stopping at the first that
+        is not of that type)."""
+        out: list[cmd.Command] = []
+        with self._ready:
+            items = self._items
+            while items and len(out) < limit and (only is None or isinstance(items[0], only)):
+                out.append(items.popleft())
+        return out
+
+    def empty(self) -> bool:
+        return not self._items
