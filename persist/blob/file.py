@@ -53,6 +53,14 @@ MAP_MIN_BYTES = 1 << 20
 FLUSH_BYTES = 1 << 20
 
 
+def _failed(key: str, e: OSError, *, linked: bool) -> Determinate | Indeterminate:
+    """What a failed durable write of ``key`` raises: once the name is in place (``linked``)
+    its directory entry may not be durable yet, so it may or may not have landed."""
+    if linked:
+        return Indeterminate(f"syncing directory for {key!r}: {e}")
+    return Determinate(f"writing {key!r}: {e}")
+
+
 class FileBlob(Blob):
     """A directory of files. Safe to share between processes on one machine."""
 
@@ -244,10 +252,7 @@ class FileBlob(Blob):
             self._fsync_dir(directory)
             return True
         except OSError as e:
-            if linked:
-                # The name is in place but its directory entry may not be durable yet.
-                raise Indeterminate(f"syncing directory for {key!r}: {e}") from e
-            raise Determinate(f"writing {key!r}: {e}") from e
+            raise _failed(key, e, linked=linked) from e
         finally:
             if exclusive or not linked:
                 with contextlib.suppress(FileNotFoundError):
@@ -291,9 +296,7 @@ class FileBlob(Blob):
                 os.close(fd)
             return True
         except OSError as e:
-            if linked:
-                raise Indeterminate(f"syncing directory for {key!r}: {e}") from e
-            raise Determinate(f"writing {key!r}: {e}") from e
+            raise _failed(key, e, linked=linked) from e
 
     def _write_synced(self, fd: int, data: bytes | Framed) -> None:
         """Writes ``data`` to ``fd`` and fsyncs it (unless fsync is off)."""
