@@ -262,6 +262,8 @@ class Runtime:
                     raise
         finally:
             self._turn.release()
+            if not self._queue.empty():
+                self._queue.kick()  # the runtime thread left them to this caller (``_run``)
 
     def _group_size(self) -> int:
         # NB: options are read at each use: Client.set_options may have replaced them since
@@ -282,8 +284,14 @@ class Runtime:
     def _run(self) -> None:
         try:
             while True:
-                self._queue.wait()
-                with self._turn:
+                seen = self._queue.wait()
+                if not self._turn.acquire(blocking=False):
+                    # NB: a caller is running the queue's head (``_help``). Waiting for the
+                    # turn would wake this thread again when it ends, for nothing after a lone
+                    # write; the caller kicks the queue instead if it leaves commands behind.
+                    self._queue.wait_past(seen)
+                    continue
+                try:
                     size = self._group_size()
                     group = self._queue.take(size)
                     if not group:
@@ -296,11 +304,13 @@ class Runtime:
                     # it to this thread.
                     if size > 1 and self.maintenance_linger > 0 and all(
                         isinstance(c, cmd.Maintenance) for c in group
-                    ) and self._queue.wait(self.maintenance_linger):
+                    ) and self._queue.wait_for_more(self.maintenance_linger):
                         group += self._queue.take(size - len(group))
                     if self._step(group):
                         self._closed = True
                         break
+                finally:
+                    self._turn.release()
         finally:
             with self._turn:
                 self._closed = True
@@ -771,16 +781,36 @@ class _CommandQueue:
     def __init__(self) -> None:
         self._items: collections.deque[cmd.Command] = collections.deque()
         self._ready = threading.Condition(threading.Lock())
+        #: Counts puts and kicks: what ``wait_past`` waits to change.
+        self._events = 0
 
     def put(self, command: cmd.Command) -> None:
         with self._ready:
             self._items.append(command)
+            self._events += 1
             self._ready.notify()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        """Blocks until a command is queued (or ``timeout`` seconds passed: False)."""
+    def kick(self) -> None:
+        """Wakes a thread in ``wait_past`` (commands were left for it)."""
+        with self._ready:
+            self._events += 1
+            self._ready.notify()
+
+    def wait(self) -> int:
+        """Blocks until a command is queued; returns the count of events seen then."""
+        with self._ready:
+            self._ready.wait_for(lambda: bool(self._items))
+            return self._events
+
+    def wait_for_more(self, timeout: float) -> bool:
+        """Blocks until a command is queued or ``timeout`` seconds passed (False)."""
         with self._ready:
             return self._ready.wait_for(lambda: bool(self._items), timeout)
+
+    def wait_past(self, seen: int) -> None:
+        """Blocks until a put or a kick after the ``seen`` count of events."""
+        with self._ready:
+            self._ready.wait_for(lambda: self._events != seen)
 
     def take(self, limit: int, *, only: type | None = None) -> list[cmd.Command]:
         """Up to ``limit`` commands from the head (with ``only``, stopping at the first that

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -463,7 +464,17 @@ def test_int64_times_are_checked_and_kept_exactly() -> None:
         ix.write({"c": pa.concat_tables([whole.slice(0, 1),
                                          whole.slice(1, 1).set_column(
                                              2, "time", pa.array([-2], pa.int64()))])})
+    # one chunk, sliced (the path of a small append): only the slice's own times count
+    signed = whole.set_column(2, "time", pa.array([-7, 12, 11, 10, -8] * 2, pa.int64()))
+    with pytest.raises(InvalidUsage, match="negative time -8"):
+        ix.write({"c": signed.slice(1, 4)})
     assert ix.state == before
+    ix.write({"c": signed.slice(1, 3)})
+    last = ix.state.collections["c"].parts[-1]
+    assert (last.min_time, last.max_time) == (10, 12)  # times [12, 11, 10], viewed exactly
+    ix.seal("c", 13)
+    got = sorted(u for u in ix.snapshot("c", 12).to_python() if u[0][0] in (1, 2, 3))
+    assert got == [((1, 1), 12, 1), ((2, 2), 12, 2), ((3, 3), 12, 2)]
 
 
 def test_group_commit_part_times_follow_the_writes_kept() -> None:
@@ -567,3 +578,42 @@ def test_arrow_nbytes_of_nulls_across_chunks_is_within_a_byte_per_chunk() -> Non
     chunks = table.column(0).num_chunks
     assert columnar.arrow_nbytes(table) != table.nbytes  # the case is one that rounds
     assert abs(columnar.arrow_nbytes(table) - table.nbytes) <= chunks * table.num_columns
+
+
+def _ids_in_child(q: Any) -> None:
+    from persist import layout
+
+    q.put([layout.random_id() for _ in range(50)])
+
+
+def test_random_ids_are_distinct_across_threads_and_forks() -> None:
+    """Part ids (``layout.random_id``) are 32 lowercase hex digits drawn in batches from
+    ``os.urandom``: distinct across threads drawing at once, and a forked child never hands
+    out the ids its parent had drawn but not yet used."""
+    import multiprocessing as mp
+    import re
+    import threading
+
+    from persist import layout
+
+    layout.random_id()  # the pool now holds ids the child would inherit
+    seen: list[str] = []
+
+    def draw() -> None:
+        seen.extend(layout.random_id() for _ in range(400))
+
+    threads = [threading.Thread(target=draw) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_ids_in_child, args=(q,))
+    child.start()
+    theirs = q.get(timeout=30)
+    child.join(30)
+    mine = [layout.random_id() for _ in range(50)]
+    every = seen + theirs + mine
+    assert len(set(every)) == len(every) == 1700
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in every)

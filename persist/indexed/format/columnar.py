@@ -457,7 +457,7 @@ def _is_integer(x: Any) -> bool:
 
 
 def _from_arrow(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    have = table.column_names  # NB: builds a new list on every access
+    have = table.schema.names  # NB: a fifth of ``column_names``' cost (0.4 against 2.5 µs)
     missing = [n for n in ("key", "value", "time", "diff") if n not in have]
     if missing:
         raise SchemaMismatch(f"updates table lacks columns {missing}; has {have}")
@@ -495,6 +495,14 @@ def _int64_times(col: pa.ChunkedArray) -> pa.ChunkedArray:
     new 8 MB buffer per million rows; on the write path that memory is fresh pages more often
     than not, and the cast cost 2-45 ms where the minimum and the view cost ~0.4 ms.
     """
+    if col.num_chunks == 1 and 0 < len(col) <= _PY_MIN_ROWS and not col.null_count:
+        # NB: the usual small append, one chunk: its minimum through numpy (no compute call,
+        # and no Python list of the values as ``small_ints`` makes): 4.5 against 8-11 µs
+        chunk = col.chunk(0)
+        low = int(np.frombuffer(chunk.buffers()[1], np.int64, len(chunk), chunk.offset * 8).min())
+        if low < 0:
+            raise InvalidUsage(f"negative time {low} in updates")
+        return pa.chunked_array([chunk.view(pa.uint64())], type=pa.uint64())
     small = small_ints(col, pa.int64(), "q")  # see ``min_time``
     lo = min(small) if small is not None else pc.min(col).as_py()  # None: empty or all null
     if lo is not None and lo < 0:
@@ -502,11 +510,25 @@ def _int64_times(col: pa.ChunkedArray) -> pa.ChunkedArray:
     return pa.chunked_array([c.view(pa.uint64()) for c in col.chunks], type=pa.uint64())
 
 
-@functools.lru_cache(maxsize=256)
+#: ``_field_order``'s answers by the identity of the schema (held, so the id stays its own).
+_ORDERS: dict[int, tuple[pa.Schema, tuple[pa.Field, ...], tuple[str, ...]]] = {}
+
+
 def _field_order(schema: pa.Schema) -> tuple[tuple[pa.Field, ...], tuple[str, ...]]:
-    """``schema``'s fields with ``time`` first, and its column names in order."""
+    """``schema``'s fields with ``time`` first, and its column names in order.
+
+    NB: cached by identity: a collection's part schema is one object (``part_schema`` is
+    cached), and hashing a schema for ``lru_cache`` took 3.5 µs of every append."""
+    hit = _ORDERS.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1], hit[2]
     fields = list(schema)
-    return tuple(sorted(fields, key=lambda f: f.name != "time")), tuple(f.name for f in fields)
+    order = tuple(sorted(fields, key=lambda f: f.name != "time"))
+    names = tuple(f.name for f in fields)
+    if len(_ORDERS) >= 256:
+        _ORDERS.clear()
+    _ORDERS[id(schema)] = (schema, order, names)
+    return order, names
 
 
 # -- stored form ---------------------------------------------------------------------------

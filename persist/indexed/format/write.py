@@ -18,7 +18,6 @@ import concurrent.futures
 import itertools
 import logging
 import os
-import uuid
 
 import crc32c
 import msgspec
@@ -98,7 +97,7 @@ def new_part(
         if layout.lease_of(layout.data_key(c.id, part_id)) != lease_id:
             raise InvalidUsage(f"a staging lease id is 32 lowercase hex digits, not {lease_id!r}")
     else:
-        part_id = (layout.STAGED_PART_PREFIX if staged else "") + uuid.uuid4().hex
+        part_id = (layout.STAGED_PART_PREFIX if staged else "") + layout.random_id()
     lo, hi = times if times is not None else (
         columnar.time_range(table) if len(table) else (0, 0))
     flag: bool | msgspec.UnsetType = True if full else msgspec.UNSET
