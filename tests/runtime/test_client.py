@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import random
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -28,6 +31,26 @@ from tests.support.patience import PATIENCE
 
 def url() -> str:
     return f"mem://{uuid.uuid4().hex}"
+
+
+def _failures(futures: list[Any]) -> list[BaseException]:
+    """The errors of ``futures``, waited on in order (none: every one succeeded)."""
+    errors = []
+    for f in futures:
+        try:
+            f.result()
+        except BaseException as e:  # pragma: no cover - reported by the caller
+            errors.append(e)
+    return errors
+
+
+def _in_threads(n: int, run: Callable[[int], None]) -> None:
+    """``run(i)`` for ``i`` in ``range(n)``, each in its own thread, all joined."""
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 def test_quick_start(tmp_path: Path) -> None:
@@ -72,17 +95,9 @@ def test_ordering_holds_across_threads() -> None:
             for t in range(50):
                 futures.append(w.write([((t, i), t, 1)]))
                 futures.append(w.seal(t + 1))
-            for f in futures:
-                try:
-                    f.result()
-                except BaseException as e:  # pragma: no cover - reported below
-                    errors.append(e)
+            errors.extend(_failures(futures))
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(8, run)
         assert not errors
         for i, (_, r) in enumerate(handles):
             assert r.upper == 50
@@ -97,7 +112,7 @@ def test_waiting_callers_that_run_the_queue_keep_every_threads_order(
     queue's head itself when the turn is free (``Runtime._help``), the runtime thread the rest,
     with maintenance results (merges of the small parts, GC) in the queue between them. Every
     append lands, in order; the location reads as written after a reopen."""
-    rng = __import__("random").Random(7)
+    rng = random.Random(7)
     waits = {i: {rng.randrange(60) for _ in range(20)} for i in range(6)}
     with persist.open(tmp_path, options=persist.Options(group_commit=grouping)) as client:
         handles = [client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
@@ -113,17 +128,9 @@ def test_waiting_callers_that_run_the_queue_keep_every_threads_order(
                     futures.append(w.allow_compaction(t))
                 if t in waits[i]:
                     futures[-1].result()
-            for f in futures:
-                try:
-                    f.result()
-                except BaseException as e:  # pragma: no cover - reported below
-                    errors.append(e)
+            errors.extend(_failures(futures))
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _in_threads(6, run)
         assert not errors
     with persist.open(tmp_path, read_only=True) as replica:
         for i in range(6):
