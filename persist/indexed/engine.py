@@ -1035,6 +1035,22 @@ class Indexed:
         with self._meta_lock:
             return self.trim_metadata()
 
+    def rollup_at_stop(self) -> bool:
+        """Writes a rollup of the newest state if ``rollup_every`` commits passed since the
+        last one (the writer's commits have all ended); returns whether it did.
+
+        NB: a writer's rounds roll up at most once per round, so a writer stopped in a burst
+        of commits used to leave them all for the next open to replay: W12's writer at 10,000
+        collections left 1,767 commits after its last rollup, and the next open took 170 ms
+        against 33 ms right after one. Rolled up at the stop, a clean stop leaves the next
+        open fewer than ``rollup_every`` commits to replay.
+
+        Raises:
+            ExternalError: the write failed (the next writer replays the log instead).
+        """
+        with self._meta_lock:
+            return self.maybe_rollup(self.state)
+
     def metadata_lock(self) -> threading.Lock:
         """The lock :meth:`rollup_and_trim` (and the orphan-piece sweep) holds: while it is
         held, no rollup is written and nothing of the metadata is deleted."""

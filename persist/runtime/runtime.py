@@ -728,6 +728,14 @@ class Runtime:
                 self._queue.put(cmd.Stop())
                 self._stopping.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive() and self._poisoned is None:
+            # NB: every commit has ended (the loop drained the queue), and the lock is still
+            # held: the rollup is of the final state, and no other writer's can follow it yet
+            try:
+                self.ix.rollup_at_stop()
+            except PersistError as e:
+                log.warning("rolling up at the stop failed (the next open replays the log "
+                            "instead): %s", e)
         for t in (self._maint_thread, self._meta_thread, self._hb_thread):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)

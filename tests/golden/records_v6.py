@@ -3,6 +3,8 @@ for the golden files."""
 
 from __future__ import annotations
 
+import msgspec
+
 from persist import layout
 from persist.indexed.format import meta
 from persist.indexed.format.meta import CollectionMeta, Dropped, Manifest, PieceRef, Retired
@@ -27,6 +29,12 @@ def fixed_manifest() -> Manifest:
                          count=len(fixed_piece()), nbytes=len(data))),
         dropped=(Dropped(key=layout.piece_key("cd" * 16), seq=6),),
         trim=fixed_trim())
+
+
+def fixed_counted_manifest() -> Manifest:
+    """:func:`fixed_manifest` with its pieces' forks counted (``Manifest.forked``): two in
+    the first piece (bucket 1), none in the golden one."""
+    return msgspec.structs.replace(fixed_manifest(), forked={1: 2})
 
 
 def _digest(data: bytes) -> str:

@@ -29,7 +29,7 @@ from persist.errors import ChecksumMismatch, Corruption, Indeterminate
 from persist.indexed.engine import Options
 from persist.indexed.format import meta
 from persist.indexed.maintenance.verify import verify
-from persist.indexed.state import pieces
+from persist.indexed.state import pieces, refs
 from persist.indexed.state.machine import Machine
 from persist.indexed.state.transitions import Overlay
 from persist.location import resolve
@@ -395,6 +395,71 @@ def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
         assert "nope" not in client.state.collections
     finally:
         client.stop()
+
+
+@pytest.mark.parametrize("with_fork", [False, True])
+def test_an_open_replaying_a_retirement_decodes_only_the_pieces_holding_forks(
+        with_fork: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit that retires a blob looks for the forks that may still read it. The manifest
+    counts each piece's forks (``PieceRef.forks``), so an open replaying such a commit
+    decodes the pieces it touches and those holding forks, not every piece; and a fork's blob
+    is still kept (the piece holding the fork is decoded and asked)."""
+    name = uuid.uuid4().hex
+    blob = RecordingBlob(MemoryBlob(name))
+    opts = Options(rollup_every=8, gc_grace_seconds=3600.0, inline_threshold=0)
+    client = _open(blob, name, opts)
+    try:
+        _populate(client, 200)
+        fork = "f"
+        if with_fork:
+            # a fork of c1 as of now: it reads c1's first blob, which c1's merge retires
+            client.fork("c1", into=fork).result()
+        _touch(client, "c0", opts.rollup_every)
+        client.maintain()  # a manifest, counting the forks of every piece
+        m = _manifest(blob)
+        assert m.forked == ({pieces.bucket_of(fork, m.buckets): 1} if with_fork else {})
+        _touch(client, "c1", 4)  # then c1's 5 blob parts merge, retiring blobs
+        client.maintain()
+        retired = {r.key for r in client.state.retired}
+        assert any(r.seq > m.seq for r in client.state.retired), "nothing retired after it"
+        assert client.state.seq - m.seq < opts.rollup_every  # nor does the stop roll up
+        shared = ({p.blob_key for p in client.state.collections[fork].parts} if with_fork
+                  else set())
+    finally:
+        client.stop()
+    decoded = _counting_decodes(monkeypatch)
+    client = _open(blob, name, opts)
+    try:
+        want = {_piece_of(m, "c1")} | ({_piece_of(m, fork)} if with_fork else set())
+        assert set(decoded) == want, (decoded, want)
+        assert {r.key for r in client.state.retired} == retired
+        assert not shared & retired  # the fork still reads them
+        assert _rows(client, "c1") == 24  # 20 rows at 0, then 4 one-row appends
+    finally:
+        client.stop()
+
+
+def test_a_piece_whose_forks_disagree_with_its_manifest_is_refused() -> None:
+    """The count of forks a manifest gives a piece is checked when the piece is decoded, as
+    its count of collections and size are."""
+    members = {"c": meta.CollectionMeta(id=1, name="c", key_type=b"", value_type=b"")}
+    data = meta.encode_piece(members)
+    ref = meta.PieceRef(bucket=pieces.bucket_of("c", 1), key=layout.piece_key(pieces.digest(data)),
+                        count=1, nbytes=len(data))
+    held = pieces.Held(ref, 7, 1, fetch=lambda: data, forks=1)
+    with pytest.raises(Corruption, match=r"holds 0 forks; .* says 1"):
+        held.members("c")
+    honest = pieces.Held(ref, 7, 1, fetch=lambda: data, forks=0)
+    assert honest.where(refs.is_fork) == []
+    assert not honest.decoded  # the manifest's count answered it
+    assert list(honest.members()) == ["c"]
+    uncounted = pieces.Held(ref, 7, 1, fetch=lambda: data)
+    assert uncounted.where(refs.is_fork) == []
+    assert uncounted.decoded  # nothing to go by: decoded to find out
+    # a manifest that counts forks in a piece it does not name is refused as it is read
+    manifest = meta.Manifest(seq=7, buckets=1, pieces=(ref,), forked={3: 1})
+    with pytest.raises(Corruption, match="counts forks in pieces it does not name"):
+        pieces.read_rollup(MemoryBlob("m"), layout.rollup_key(7), meta.encode_manifest(manifest))
 
 
 def test_a_corrupt_piece_raises_at_the_first_use_of_its_collections(

@@ -135,6 +135,80 @@ def test_short_lived_writers_leave_a_bounded_log() -> None:
         client.stop()
 
 
+def _appends(client: Client, n: int) -> None:
+    """``n`` one-row appends to collection ``c``, no maintenance round among them."""
+    w, r = client.create_or_load("c", key_type=pa.int64(), value_type=pa.int64())
+    for i in range(n):
+        t = r.upper
+        w.append([((t, i), t, 1)], t + 1).result()
+
+
+def test_a_clean_stop_rolls_up_and_the_next_open_replays_nothing() -> None:
+    """A writer stopped with ``rollup_every`` commits or more since its last rollup writes one
+    of its final state, so the next open reads no log after it; with fewer, it writes none
+    (a session of a few commits does not cost a rollup each)."""
+    name = uuid.uuid4().hex
+    blob = RecordingBlob(MemoryBlob(name))
+    opts = Options(rollup_every=16)
+    client = _open(blob, name, opts)  # no maintenance round: nothing rolls up meanwhile
+    try:
+        _appends(client, 3 * opts.rollup_every)
+        final = client.state.seq
+        assert not blob.keys_written(layout.ROLLUP_PREFIX)
+    finally:
+        client.stop()
+    assert [layout.seq_of(k) for k in blob.keys_written(layout.ROLLUP_PREFIX)] == [final]
+
+    blob.reset()
+    client = _open(blob, name, opts)
+    try:
+        assert blob.log_keys_listed() == 0
+        assert not blob.keys_read(layout.LOG_PREFIX)
+        assert _rows(client) == 3 * opts.rollup_every
+        _appends(client, opts.rollup_every - 2)  # with the open's fence, 15 commits
+    finally:
+        client.stop()
+    assert not blob.keys_written(layout.ROLLUP_PREFIX)  # fewer than rollup_every: none
+
+    blob.reset()
+    client = _open(blob, name, opts)
+    try:
+        assert 0 < len(blob.keys_read(layout.LOG_PREFIX)) <= opts.rollup_every
+        assert _rows(client) == 4 * opts.rollup_every - 2
+    finally:
+        client.stop()
+
+
+def test_a_stop_whose_rollup_fails_still_stops_and_loses_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rollup at the stop is an optimization of the next open: when storage refuses it,
+    the stop still ends (lock released), and the next writer replays the log instead."""
+    name = uuid.uuid4().hex
+    blob = RecordingBlob(MemoryBlob(name))
+    opts = Options(rollup_every=8)
+    client = _open(blob, name, opts)
+    try:
+        _appends(client, 20)
+    finally:
+        from persist.errors import ExternalError
+        from persist.indexed.state import machine
+
+        def refused(*_: object, **__: object) -> str:
+            raise ExternalError("storage refused the rollup")
+
+        monkeypatch.setattr(machine.Machine, "write_rollup", refused)
+        client.stop()
+        monkeypatch.undo()
+    assert client.stopped
+    assert not blob.keys_written(layout.ROLLUP_PREFIX)
+    client = _open(blob, name, opts)  # the lock was released: this writer gets it at once
+    try:
+        assert len(blob.keys_read(layout.LOG_PREFIX)) >= 20
+        assert _rows(client) == 20
+    finally:
+        client.stop()
+
+
 def test_a_location_an_older_persist_trimmed_is_listed_once() -> None:
     name = uuid.uuid4().hex
     inner = MemoryBlob(name)

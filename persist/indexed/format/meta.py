@@ -585,6 +585,14 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     trim: Trim | msgspec.UnsetType = msgspec.UNSET
     #: :attr:`State.log_from` (format 7; UNSET: the log is not sharded).
     log_from: int | msgspec.UnsetType = msgspec.UNSET
+    #: The buckets whose piece holds forks (:func:`persist.indexed.state.refs.is_fork`), and
+    #: how many; every other piece holds none. UNSET: not counted (a manifest written before
+    #: the field, which a persist that predates it ignores: no format version of its own).
+    #: NB: a commit that retires a blob asks which collections are forks (only a fork can
+    #: still read it): with the counts, an open replaying one decodes only the pieces
+    #: holding forks, not every piece (W12 at 10,000 collections: 512 pieces, ~60 ms of a
+    #: 190 ms open). A count is checked against its piece when the piece is decoded.
+    forked: dict[int, int] | msgspec.UnsetType = msgspec.UNSET
 
 
 class _Versioned(msgspec.Struct):

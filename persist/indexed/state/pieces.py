@@ -58,6 +58,7 @@ from persist.indexed.format.meta import (
     State,
     Trim,
 )
+from persist.indexed.state.refs import is_fork
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -148,19 +149,28 @@ def read_rollup(blob: BlobRead, key: str, data: bytes, *,
                                         f"(bucket {ref.bucket}), which is not stored")
         return got
 
+    counts = None if isinstance(manifest.forked, msgspec.UnsetType) else manifest.forked
+    named = {r.bucket: r.count for r in refs}
+    if counts is not None and not all(0 < n <= named.get(b, 0) for b, n in counts.items()):
+        raise Corruption(key, f"rollup manifest {manifest.seq} counts forks in pieces it does "
+                              f"not name, or more than they hold: {counts}")
+
+    def forked(ref: PieceRef) -> int | None:
+        return None if counts is None else counts.get(ref.bucket, 0)
+
     held: dict[int, Held] = {}
     for ref in refs:
         if ref.bucket in held or not 0 <= ref.bucket < manifest.buckets:
             raise Corruption(key, f"rollup manifest {manifest.seq} names bucket {ref.bucket} "
                                   f"twice or outside its {manifest.buckets}")
         held[ref.bucket] = Held(ref, manifest.seq, manifest.buckets,
-                                fetch=functools.partial(fetch, ref))
+                                fetch=functools.partial(fetch, ref), forks=forked(ref))
     colls = Collections(manifest.buckets, held)
     if not lazy:
         datas = _map(fetch, refs)
         for ref, got in zip(refs, datas, strict=True):
             if check:
-                _check_piece(manifest, ref, got)
+                _check_piece(manifest, ref, got, forked(ref))
             held[ref.bucket].read(bytes(got))
         collections: dict[str, CollectionMeta] = {}
         for h in held.values():
@@ -199,15 +209,17 @@ def prefetch(held: Iterable[Held]) -> Future[None]:
     return done
 
 
-def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes) -> None:
+def _check_piece(manifest: Manifest, ref: PieceRef, data: bytes, forks: int | None) -> None:
     if layout.piece_key(digest(data)) != ref.key:
         raise Corruption(ref.key, "piece bytes do not match the digest it is named by")
-    _decode_piece(ref, manifest.buckets, data, f"rollup {manifest.seq}")
+    _decode_piece(ref, manifest.buckets, data, f"rollup {manifest.seq}", forks)
 
 
-def _decode_piece(ref: PieceRef, buckets: int, data: bytes, by: str) -> meta.Piece:
+def _decode_piece(ref: PieceRef, buckets: int, data: bytes, by: str,
+                  forks: int | None = None) -> meta.Piece:
     """The piece ``ref`` names, decoded from ``data``, checked against what the rollup
-    (``by``) says of it: its collections' count, its size, every collection of its bucket.
+    (``by``) says of it: its collections' count, its size, every collection of its bucket,
+    and the forks among them (``forks``; None: not counted, :attr:`Manifest.forked`).
 
     Raises:
         Corruption: it is not the piece ``ref`` describes.
@@ -217,11 +229,19 @@ def _decode_piece(ref: PieceRef, buckets: int, data: bytes, by: str) -> meta.Pie
         raise Corruption(ref.key, f"piece holds {len(piece.collections)} collections in "
                                   f"{len(data)} bytes; {by} says {ref.count} in "
                                   f"{ref.nbytes}")
+    if forks is not None and _forks(piece.collections) != forks:
+        raise Corruption(ref.key, f"piece holds {_forks(piece.collections)} forks; {by} "
+                                  f"says {forks}")
     stray = [n for n in piece.collections if bucket_of(n, buckets) != ref.bucket]
     if stray:
         raise Corruption(ref.key, f"piece of bucket {ref.bucket} holds collections of "
                                   f"other buckets: {stray[:5]}")
     return piece
+
+
+def _forks(members: Mapping[str, CollectionMeta]) -> int:
+    """How many of ``members`` are forks (:attr:`Manifest.forked`)."""
+    return sum(1 for c in members.values() if is_fork(c))
 
 
 def _map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
@@ -264,17 +284,19 @@ class Held:
     """
 
     __slots__ = ("_data", "_fetch", "_members", "_reading", "_version", "_where", "buckets",
-                 "ref", "seq")
+                 "forks", "ref", "seq")
 
     def __init__(self, ref: PieceRef, seq: int, buckets: int, *,
                  fetch: Callable[[], bytes] | None = None,
                  members: dict[str, CollectionMeta] | None = None,
-                 version: int | None = None) -> None:
+                 version: int | None = None, forks: int | None = None) -> None:
         """Holds piece ``ref`` of rollup ``seq`` (of ``buckets`` buckets): read by ``fetch``
         (or given to :meth:`read`) and decoded at the first use, or its decoded ``members``
-        and ``version``."""
+        and ``version``; ``forks``: how many of its collections are forks, as its manifest
+        counts them (checked when it is decoded; None: not counted)."""
         assert (fetch is None) != (members is None)
         self.ref, self.seq, self.buckets = ref, seq, buckets
+        self.forks = forks
         self._fetch = fetch
         self._data: bytes | None = None
         self._members, self._version = members, version
@@ -369,12 +391,25 @@ class Held:
         """
         got = self._where.get(pred)
         if got is None:
+            if pred is is_fork and self.forks == 0 and self._members is None:
+                # NB: the manifest counted none (checked when the piece is decoded): a commit
+                # that retires a blob looks for forks, and an open replaying one used to
+                # decode every piece for them
+                return []
             got = [(n, c) for n, c in self.members().items() if pred(c)]
             self._where[pred] = got
         return got
 
+    def counted(self) -> Held:
+        """This piece, its forks counted (:attr:`Manifest.forked`): if its manifest did not
+        count them (an older persist's), it is decoded and they are (once per location: every
+        rollup after counts them all)."""
+        if self.forks is None:
+            self.forks = _forks(self.members())
+        return self
+
     def _decode(self, data: bytes) -> tuple[dict[str, CollectionMeta], int]:
-        piece = _decode_piece(self.ref, self.buckets, data, "its rollup")
+        piece = _decode_piece(self.ref, self.buckets, data, "its rollup", self.forks)
         return piece.collections, piece.version
 
 
@@ -657,19 +692,19 @@ class Pieces:
             old = held.get(b) if buckets == known else None
             if isinstance(group, Held):
                 if old is not None and (old is group or old.ref.key == group.ref.key):
-                    now[b] = old
+                    now[b] = old.counted()
                     continue
                 members = group.members()
             else:
                 members = group
             if old is not None and _same(old.members(), members):
-                now[b] = old
+                now[b] = old.counted()
                 continue
             data = meta.encode_piece(members)
             ref = PieceRef(bucket=b, key=layout.piece_key(digest(data)), count=len(members),
                            nbytes=len(data))
             now[b] = Held(ref, state.seq, buckets, members=members,
-                          version=meta.version_of(ref.key, data))
+                          version=meta.version_of(ref.key, data), forks=_forks(members))
             fresh.append((ref.key, data))
         _map(lambda kd: _store(blob, kd), fresh)
         crashpoints.hit("rollup.pieces_written")
@@ -687,7 +722,8 @@ class Pieces:
             next_cid=state.next_cid, retired=state.retired, buckets=buckets,
             pieces=tuple(now[b].ref for b in sorted(now)),
             dropped=tuple(Dropped(k, s) for k, s in sorted(dropped.items())),
-            trim=msgspec.UNSET if trim is None else trim, log_from=state.log_from)
+            trim=msgspec.UNSET if trim is None else trim, log_from=state.log_from,
+            forked={b: h.forks for b, h in sorted(now.items()) if h.forks})
         try:
             blob.set(key, meta.encode_manifest(manifest))
         except BaseException:
