@@ -599,6 +599,9 @@ class Client:
     def stop(self) -> None:
         """Commits or fails everything queued, stops the threads, releases the lock.
 
+        A writer that committed anything but its open's fence since its last rollup writes one
+        of its final state first (one metadata write), so the next open replays no log.
+
         Idempotent. After it every write, and every wait for a newer state (``wait_for_upper``,
         ``snapshot(timeout=...)``, a listener past the last upper), fails with
         RuntimeShutdown. Reads answer from the last state the client had, deliberately:

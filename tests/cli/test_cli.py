@@ -33,7 +33,7 @@ from persist.indexed.maintenance import verify as verify_mod
 from persist.indexed.maintenance.compact import CompactionPolicy
 from persist.indexed.maintenance.verify import verify
 from persist.indexed.state.machine import Machine
-from tests.support.engine import Engine
+from tests.support.engine import Engine, stop_leaving_its_log
 
 EXE = shutil.which("persist", path=os.path.dirname(sys.executable))
 OPTIONS = persist.Options(inline_threshold=1200, rollup_every=4, gc_grace_seconds=3600,
@@ -300,12 +300,16 @@ def test_verify_finds_a_rollup_disagreeing_with_the_log(loc: Path) -> None:
 
 def test_verify_finds_a_log_gap(loc: Path) -> None:
     blob = FileBlob(loc)
-    # A few more commits past the newest rollup, then a hole in the middle of them.
+    # A few more commits past the newest rollup (a writer killed before its stop's rollup),
+    # then a hole in the middle of them.
     no_rollups = persist.Options(rollup_every=10_000, gc_grace_seconds=3600)
-    with persist.open(loc, reentrance_id="builder", options=no_rollups) as client:
+    client = persist.open(loc, reentrance_id="builder", options=no_rollups)
+    try:
         ew, _ = client.create_or_load("events", key_type=pa.string(), value_type=pa.int64())
         for t in range(6, 9):
             ew.append([((f"g{t}", t), t, 1)], t + 1).result()
+    finally:
+        stop_leaving_its_log(client)
     newest_rollup = layout.seq_of(blob.list_keys(layout.ROLLUP_PREFIX)[-1])
     later = [k for k in blob.list_keys(layout.LOG_PREFIX) if layout.seq_of(k) > newest_rollup + 1]
     blob.delete(later[0])

@@ -38,6 +38,7 @@ from tests.nemesis.seam_writer import OPTIONS, RID
 from tests.nemesis.test_crashpoints import _check_recovery, _parse
 from tests.runtime.pieces_writer import OTHERS
 from tests.runtime.test_trim import _open
+from tests.support.engine import stop_leaving_its_log
 from tests.support.recording import RecordingBlob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -358,7 +359,7 @@ def test_a_writer_open_reads_every_piece_and_decodes_only_those_it_uses(
         assert len(m.pieces) == m.buckets == 8
         _touch(client, "c1", 3)  # after the rollup: replayed at the next open
     finally:
-        client.stop()
+        stop_leaving_its_log(client)
     decoded = _counting_decodes(monkeypatch)
     blob.reset()
     client = _open(blob, name, OPTS)
@@ -422,11 +423,11 @@ def test_an_open_replaying_a_retirement_decodes_only_the_pieces_holding_forks(
         client.maintain()
         retired = {r.key for r in client.state.retired}
         assert any(r.seq > m.seq for r in client.state.retired), "nothing retired after it"
-        assert client.state.seq - m.seq < opts.rollup_every  # nor does the stop roll up
+        assert client.state.seq - m.seq < opts.rollup_every  # no round rolled up since
         shared = ({p.blob_key for p in client.state.collections[fork].parts} if with_fork
                   else set())
     finally:
-        client.stop()
+        stop_leaving_its_log(client)  # as a killed writer: the next open replays the merge
     decoded = _counting_decodes(monkeypatch)
     client = _open(blob, name, opts)
     try:

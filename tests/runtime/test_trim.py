@@ -144,9 +144,9 @@ def _appends(client: Client, n: int) -> None:
 
 
 def test_a_clean_stop_rolls_up_and_the_next_open_replays_nothing() -> None:
-    """A writer stopped with ``rollup_every`` commits or more since its last rollup writes one
-    of its final state, so the next open reads no log after it; with fewer, it writes none
-    (a session of a few commits does not cost a rollup each)."""
+    """A writer stopped with commits since its last rollup writes one of its final state, so
+    the next open reads no log after it; a session that committed nothing but its own fence
+    writes none (opening and closing costs no rollup)."""
     name = uuid.uuid4().hex
     blob = RecordingBlob(MemoryBlob(name))
     opts = Options(rollup_every=16)
@@ -160,21 +160,29 @@ def test_a_clean_stop_rolls_up_and_the_next_open_replays_nothing() -> None:
     assert [layout.seq_of(k) for k in blob.keys_written(layout.ROLLUP_PREFIX)] == [final]
 
     blob.reset()
-    client = _open(blob, name, opts)
+    client = _open(blob, name, opts)  # commits its fence, and nothing else
     try:
         assert blob.log_keys_listed() == 0
         assert not blob.keys_read(layout.LOG_PREFIX)
         assert _rows(client) == 3 * opts.rollup_every
-        _appends(client, opts.rollup_every - 2)  # with the open's fence, 15 commits
     finally:
         client.stop()
-    assert not blob.keys_written(layout.ROLLUP_PREFIX)  # fewer than rollup_every: none
+    assert not blob.keys_written(layout.ROLLUP_PREFIX)
 
     blob.reset()
     client = _open(blob, name, opts)
     try:
-        assert 0 < len(blob.keys_read(layout.LOG_PREFIX)) <= opts.rollup_every
-        assert _rows(client) == 4 * opts.rollup_every - 2
+        assert len(blob.keys_read(layout.LOG_PREFIX)) == 1  # the session before's fence
+        _appends(client, 2)
+        final = client.state.seq
+    finally:
+        client.stop()
+    assert [layout.seq_of(k) for k in blob.keys_written(layout.ROLLUP_PREFIX)] == [final]
+    blob.reset()
+    client = _open(blob, name, opts)
+    try:
+        assert not blob.keys_read(layout.LOG_PREFIX)
+        assert _rows(client) == 3 * opts.rollup_every + 2
     finally:
         client.stop()
 

@@ -135,3 +135,10 @@ def updates_between(client: persist.Client, name: str, lo: int, hi: int) -> list
     distributed read plans and reads it."""
     scan = client.info(name).changes(lo, hi)
     return [t for task in scan.tasks() for t in distributed.read_task(task)]
+
+
+def stop_leaving_its_log(client: persist.Client) -> None:
+    """Stops ``client`` without the rollup a clean stop writes: the commits after its last
+    rollup stay for the next open to replay, as a killed writer's do."""
+    client._ix.rollup_at_stop = lambda: False  # type: ignore[method-assign]
+    client.stop()
