@@ -66,7 +66,7 @@ from persist.indexed.format.meta import (
     SetHold,
     State,
 )
-from persist.indexed.maintenance import compact
+from persist.indexed.maintenance import compact, pending
 from persist.indexed.state import lease as staging
 from persist.indexed.state.transitions import collection, effective_since
 from persist.lock.base import Lease, WriterLock
@@ -639,18 +639,27 @@ class Runtime:
         # NB: the engine's round (its steps independent; it raises the first error after all
         # had their turn), then the named holds' desk, whatever the round raised.
         first: BaseException | None = None
+        # NB: a background round looks at a budget of the collections a load marked (the
+        # module docstring of persist.indexed.maintenance.pending); an explicit one at all
+        self.ix.work.allow(pending.VISIT_BUDGET if background else None)
         try:
-            did = self.ix.maintain_round(
-                lambda: self.published.state, self._commit_maintenance,
-                held=self.holds.frontier,
-                compaction=not background or self.ix.options.background_compaction,
-                budgeted=background, idle=self._queue.empty, stop=self._maint_stop.is_set)
-        except (ExternalError, InvalidUsage, Corruption) as e:
-            first, did = e, False
-        try:
-            did = self._serve_holds() or did
-        except (ExternalError, InvalidUsage) as e:
-            first = first or e
+            try:
+                did = self.ix.maintain_round(
+                    lambda: self.published.state, self._commit_maintenance,
+                    held=self.holds.frontier,
+                    compaction=not background or self.ix.options.background_compaction,
+                    budgeted=background, idle=self._queue.empty,
+                    stop=self._maint_stop.is_set)
+            except (ExternalError, InvalidUsage, Corruption) as e:
+                first, did = e, False
+            try:
+                did = self._serve_holds() or did
+            except (ExternalError, InvalidUsage) as e:
+                first = first or e
+        finally:
+            self.ix.work.allow(None)
+        # NB: collections a load marked are still to be looked at: the next round at once
+        did = did or self.ix.work.behind
         if did:
             self._maint_wake.set()  # more may be ready (cascading merges)
         if first is not None:

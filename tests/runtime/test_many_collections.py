@@ -9,11 +9,13 @@ import uuid
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from persist.blob.base import Blob
 from persist.blob.memory import MemoryBlob
 from persist.indexed.engine import Options
 from persist.indexed.format.columnar import Codec
+from persist.indexed.maintenance import compact, pending
 from persist.location import Location, open_writer
 from persist.lock.memory import MemoryLock
 from persist.runtime import commands as cmd
@@ -122,5 +124,42 @@ def test_a_hold_lapses_by_its_due_time_among_many() -> None:
         assert h.lapsed
         assert work.visited - before <= 2  # the lapse's commit changed that one collection
         assert [x.lapsed for x in client.holds("c01234")] == [True]
+    finally:
+        client.stop()
+
+
+def test_background_rounds_look_at_a_loaded_location_a_budget_at_a_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a load marks every collection, a background round visits those commits changed
+    and at most ``VISIT_BUDGET`` of the others, and asks for the next round while some are
+    left; the collection being appended to is planned in the first. An explicit round
+    (``Client.maintain``) visits them all."""
+    monkeypatch.setattr(pending, "VISIT_BUDGET", 300)
+    client, runtime, _ = _location(MANY)
+    try:
+        ix = runtime.ix
+        ix.work = pending.WorkIndex()  # as a writer's open starts: everything marked
+        hot = f"c{MANY - 1:05d}"  # last in the map's order: the backlog's last visit
+        w, r = client.create_or_load(hot, key_type=pa.string(), value_type=pa.int64())
+        for _ in range(8):
+            t = r.upper
+            w.append(_rows(t), upper=t + 1).result()
+        want = compact.plan(ix.state.collections[hot], ix.options.compaction)
+        before = ix.work.visited
+        assert runtime.maintain_once(background=True)  # more to look at: "did something"
+        assert ix.work.visited - before <= 300 + 1
+        assert ix.work.behind
+        planned = dict(ix.work.compactions(ix.state))
+        assert (hot in planned) == bool(want)
+        rounds = 1
+        while ix.work.behind:
+            runtime.maintain_once(background=True)
+            rounds += 1
+        assert rounds == -(-MANY // 300)
+        assert ix.work.visited - before >= MANY
+        ix.work = pending.WorkIndex()
+        client.maintain()
+        assert not ix.work.behind  # one explicit round went through them all
+        assert ix.work.visited >= MANY
     finally:
         client.stop()
