@@ -22,14 +22,15 @@ made from, so visiting a name twice costs a lookup and never re-plans stale meta
 Visiting too much costs time; visiting too little would leave work undone, which is why
 anything that replaces the state other than by a commit marks everything.
 
-A mark of everything is worked off in chunks by the background's rounds (:meth:`WorkIndex.
-allow`, set by the runtime for each of its rounds): the names changed by commits first, then
-at most :data:`VISIT_BUDGET` of the others a round. The first background round after a writer's open at 10,000 collections visited
-them all before anything else (the plans 0.2-0.45 s of the GIL, decoding every piece 0.19 s
-more), and merged nothing meanwhile, not even the collection being appended to; chunked,
-that collection's merges go on while the rest is looked at over the next rounds (a round that
-leaves some behind asks for the next one at once, :attr:`WorkIndex.behind`). An explicit
-round (``Client.maintain``) still visits everything.
+A mark of everything is worked off in chunks by the background's rounds
+(:meth:`WorkIndex.allow`, set by the runtime for each of its rounds): the names changed by
+commits first, then at most :data:`VISIT_BUDGET` of the others a round. The first background
+round after a writer's open at 10,000 collections visited them all before anything else (the
+plans 0.2-0.45 s of the GIL, decoding every piece 0.19 s more), and merged nothing meanwhile,
+not even the collection being appended to; chunked, that collection's merges go on while the
+rest is looked at over the next rounds (a round that leaves some behind asks for the next one
+at once, :attr:`WorkIndex.behind`). An explicit round (``Client.maintain``) still visits
+everything.
 
 Thread-safety: ``touched``/``everything`` run on the commit thread, everything else on the
 maintenance thread (rounds are serialized by the runtime's maintenance lock); the marks are
