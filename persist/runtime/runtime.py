@@ -742,9 +742,13 @@ class Runtime:
             # held: the rollup is of the final state, and no other writer's can follow it yet
             try:
                 self.ix.rollup_at_stop()
-            except PersistError as e:
+            except Exception as e:
+                # NB: any error: the rollup only spares the next open a replay, and nothing may
+                # keep the stop from releasing the lock. A client dropped at interpreter exit
+                # is stopped by its finalizer, when no thread can start any more (a rollup of
+                # several pieces raised RuntimeError there).
                 log.warning("rolling up at the stop failed (the next open replays the log "
-                            "instead): %s", e)
+                            "instead): %s: %s", type(e).__name__, e)
         for t in (self._maint_thread, self._meta_thread, self._hb_thread):
             if t is not None and t is not threading.current_thread():
                 t.join(timeout)

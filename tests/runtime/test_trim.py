@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -29,6 +31,8 @@ from persist.runtime.runtime import Runtime
 from tests.nemesis.seam_writer import OPTIONS, RID
 from tests.nemesis.test_crashpoints import _check_recovery, _parse, _spawn
 from tests.support.recording import RecordingBlob
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _open(blob: Blob, name: str, options: Options) -> Client:
@@ -185,6 +189,42 @@ def test_a_clean_stop_rolls_up_and_the_next_open_replays_nothing() -> None:
         assert _rows(client) == 3 * opts.rollup_every + 2
     finally:
         client.stop()
+
+
+_DROPPED_AT_EXIT = """
+import sys
+import pyarrow as pa
+import persist
+client = persist.open(sys.argv[1], reentrance_id="x")
+for i in range(80):  # more than one piece's worth: the rollup is a manifest and pieces
+    w, r = client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
+    w.append([((i, 1), 0, 1)], upper=1).result()
+client.maintain()
+for i in range(0, 80, 7):  # commits to collections of several pieces since that rollup
+    w, r = client.create_or_load(f"c{i}", key_type=pa.int64(), value_type=pa.int64())
+    w.append([((i, 2), 1, 1)], upper=2).result()
+print(client.state.seq)
+# no stop: the client's finalizer stops it at interpreter exit
+"""
+
+
+def test_a_writer_dropped_at_exit_rolls_up_quietly(tmp_path: Path) -> None:
+    """A client never stopped is stopped by its finalizer at interpreter exit, when no thread
+    can start: its rollup of several pieces is written by the exiting thread itself (it
+    raised RuntimeError from the thread pool and skipped the lock's release)."""
+    loc = tmp_path / "loc"
+    out = subprocess.run([sys.executable, "-c", _DROPPED_AT_EXIT, str(loc)],
+                         capture_output=True, text=True, timeout=120, check=False,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr, out.stderr
+    assert "failed" not in out.stderr, out.stderr
+    final = int(out.stdout.split()[-1])
+    blob = FileBlob(loc)
+    assert _seqs(blob, layout.ROLLUP_PREFIX)[-1] == final
+    data = blob.get(layout.rollup_key(final))
+    assert data is not None
+    assert meta.is_manifest(layout.rollup_key(final), bytes(data))
 
 
 def test_a_stop_whose_rollup_fails_still_stops_and_loses_nothing(

@@ -254,7 +254,14 @@ def _map(fn: Callable[[T], U], items: Iterable[T]) -> list[U]:
     # with a future each, most of it submitting against the GIL the readers held; the reads
     # alone 30 ms serially). An object store's requests still overlap n at a time.
     with ThreadPoolExecutor(n) as pool:
-        strides = list(pool.map(lambda i: [fn(x) for x in items[i::n]], range(n)))
+        try:
+            futures = [pool.submit(lambda i: [fn(x) for x in items[i::n]], i)
+                       for i in range(n)]
+        except RuntimeError:
+            # NB: the interpreter is exiting (a writer dropped at exit rolls up as its
+            # finalizer stops it): no thread can start, so this thread does it all
+            return [fn(x) for x in items]
+        strides = [f.result() for f in futures]
     out: list[U] = [None] * len(items)  # type: ignore[list-item]
     for i, got in enumerate(strides):
         out[i::n] = got
