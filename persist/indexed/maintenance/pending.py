@@ -26,7 +26,7 @@ A mark of everything is worked off in chunks by the background's rounds
 (:meth:`WorkIndex.allow`, set by the runtime for each of its rounds): the names changed by
 commits first, then at most :data:`VISIT_BUDGET` of the others a round. The first background
 round after a writer's open at 10,000 collections visited them all before anything else (the
-plans 0.2-0.45 s of the GIL, decoding every piece 0.19 s more), and merged nothing meanwhile,
+plans 118-140 ms of the GIL, decoding every piece 164-200 ms more), and merged nothing meanwhile,
 not even the collection being appended to; chunked, that collection's merges go on while the
 rest is looked at over the next rounds (a round that leaves some behind asks for the next one
 at once, :attr:`WorkIndex.behind`). An explicit round (``Client.maintain``) still visits
@@ -48,7 +48,7 @@ from persist.indexed.maintenance import compact
 from persist.indexed.state import holds
 
 #: Collections a background round looks at, at most, of those a mark of everything named
-#: (besides those commits changed): ~20-45 ms of plans at 10,000 collections.
+#: (besides those commits changed): ~12-14 ms of plans (10,000 took 118-140 ms).
 VISIT_BUDGET = 1_000
 
 
